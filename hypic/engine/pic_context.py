@@ -1,0 +1,169 @@
+"""ForwardContext of a PIC forward: live tokens of many requests, cached bodies spliced in.
+
+Per linear layer (architecture.md section 2): (a) zero-start summaries of all live elements in one
+varlen call, (b) one scan over every request's chain of summaries (live elements and cached
+bodies) for the state entering each live element, (c) one varlen forward of the live elements
+from those states. The short conv runs over maximal runs of live elements, each warmed up from
+the true preceding tail (a cached body's stored tail, the prefix checkpoint, or zeros).
+
+Per full-attention layer: each request's keys are its prefix checkpoints' K, its live K and its
+cached bodies' K (re-rotated by the shift between where the body was cached and where it now
+sits, unless the mode keeps it as cached), gathered once into a packed varlen key set; live
+queries attend by absolute position.
+
+What the runner needs afterwards (final states, conv tails, K/V, summaries of written elements)
+is recorded per layer in :attr:`PicContext.records`.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+from hypic.engine.context import ForwardContext
+from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
+from hypic.models.config import ModelSpec
+from hypic.ops.attention import varlen_attention
+from hypic.ops.conv import causal_conv1d
+from hypic.ops.linear.gated_delta import gated_delta_forward, gated_delta_summarize
+from hypic.ops.linear.summary import DenseSummary, scan_chain
+from hypic.ops.rope import apply_rotary
+
+
+class LinearRecord:
+    """What one linear layer leaves behind for the runner."""
+
+    def __init__(self) -> None:
+        self.tails: Optional[torch.Tensor] = None  # [NT, D, W-1] conv inputs before each tail end
+        self.final_states: Optional[torch.Tensor] = None  # [B, HV, K, V]
+        self.write_summaries: Optional[DenseSummary] = None  # one per write (segment writes)
+        self.write_states: Optional[torch.Tensor] = None  # [NW, HV, K, V] state after each write
+
+
+class AttentionRecord:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys = keys  # [Tk, Hkv, D] every request's keys in position order (packed)
+        self.values = values
+
+
+class PicContext(ForwardContext):
+    def __init__(self, spec: ModelSpec, layout: PackedLayout) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.records: Dict[int, object] = {}
+        self._state_dtype = torch.float32
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.layout.positions
+
+    # -- short conv -----------------------------------------------------------------------------
+    def _run_initial_conv_states(self, layer_idx: int, x: torch.Tensor, width: int) -> torch.Tensor:
+        lay = self.layout
+        num_runs = lay.cu_runs.numel() - 1
+        init = x.new_zeros(num_runs, x.shape[1], width - 1)
+        for r, (kind, idx) in enumerate(lay.run_init):
+            if kind == "body":
+                tail = lay.bodies[idx][1].entry.linear[layer_idx].conv_tail
+            elif kind == "prefix":
+                tail = lay.requests[idx].prefix[-1].linear[layer_idx].conv_state
+            else:
+                continue
+            init[r] = tail.to(device=x.device, dtype=x.dtype)
+        return init
+
+    def short_conv(self, layer_idx, x, weight, bias):
+        lay = self.layout
+        width = weight.shape[1]
+        init = self._run_initial_conv_states(layer_idx, x, width)
+        y, _ = causal_conv1d(x, weight, bias, cu_seqlens=lay.cu_runs, initial_state=init, activation="silu")
+        # Tails: the last W-1 conv inputs before each recorded end (writes, then each request's end).
+        src = torch.cat([x, init.transpose(1, 2).reshape(-1, x.shape[1])])
+        tails = src.index_select(0, lay.tail_index).view(-1, width - 1, x.shape[1]).transpose(1, 2)
+        rec = self.records.setdefault(layer_idx, LinearRecord())
+        rec.tails = tails.to(self._state_dtype if x.dtype != torch.float64 else torch.float64)
+        return y
+
+    # -- linear attention -----------------------------------------------------------------------
+    def _body_summaries(self, layer_idx: int, like: DenseSummary) -> Optional[DenseSummary]:
+        lay = self.layout
+        if not lay.bodies:
+            return None
+        parts = [b.entry.linear[layer_idx].summary for _, b in lay.bodies]
+        summ = DenseSummary.cat([p.to(like.device) for p in parts])
+        if summ.dtype != like.dtype:
+            summ = DenseSummary(summ.transition.to(like.dtype), summ.state.to(like.dtype))
+        if bool(lay.body_drop_transition.any()):
+            # `addition` mode: the cached body's T is replaced by the identity (S <- S + S_body).
+            eye = torch.eye(summ.key_dim, dtype=summ.dtype, device=summ.device)
+            drop = lay.body_drop_transition.to(summ.device)[:, None, None, None]
+            summ = DenseSummary(torch.where(drop, eye.expand_as(summ.transition), summ.transition), summ.state)
+        return summ
+
+    def _initial_states(self, layer_idx: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+        lay = self.layout
+        if not any(lay.chain_has_prefix):
+            return None
+        hv, k, v = like.shape[1:]
+        out = like.new_zeros(len(lay.requests), hv, k, v)
+        for b, req in enumerate(lay.requests):
+            if req.prefix:
+                out[b] = req.prefix[-1].linear[layer_idx].state.to(device=like.device, dtype=like.dtype)
+        return out
+
+    def linear_attention(self, layer_idx, q, k, v, g, beta):
+        lay = self.layout
+        live = gated_delta_summarize(k, v, g, beta, cu_seqlens=lay.cu_spans)
+        body = self._body_summaries(layer_idx, live)
+        chain = live if body is None else DenseSummary.cat([live, body])
+        chain = chain.index(lay.chain_perm)
+        init = self._initial_states(layer_idx, live.state)
+        incoming, final = scan_chain(chain, lay.cu_chains, init)
+        span_init = incoming.index_select(0, lay.span_chain_pos)
+        o, _ = gated_delta_forward(q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_state=span_init)
+        rec = self.records.setdefault(layer_idx, LinearRecord())
+        rec.final_states = final
+        if lay.writes:
+            spans = torch.tensor([s for _, s, _ in lay.writes], dtype=torch.long, device=live.device)
+            rec.write_summaries = live.index(spans)
+            # State after each written element: the next element's incoming state, or the final.
+            after = []
+            for (b, _, w), pos in zip(lay.writes, lay.write_chain_pos):
+                if w.kind != WRITE_CHECKPOINT:
+                    after.append(None)
+                    continue
+                end = int(lay.cu_chains[b + 1])
+                after.append(incoming[pos + 1] if pos + 1 < end else final[b])
+            if any(a is not None for a in after):
+                zero = torch.zeros_like(final[0])
+                rec.write_states = torch.stack([zero if a is None else a for a in after])
+        return o
+
+    # -- full attention -------------------------------------------------------------------------
+    def attention(self, layer_idx, q, k, v, scale, rotary):
+        lay = self.layout
+        if lay.cached_pieces:
+            ck = torch.cat([e.attention[layer_idx].key.to(k.device) for e in lay.cached_pieces]).to(k.dtype)
+            cv = torch.cat([e.attention[layer_idx].value.to(v.device) for e in lay.cached_pieces]).to(v.dtype)
+            if lay.any_rerotate:
+                # RoPE composes: R(p + d) = R(d) R(p), so rotating cached K by its shift d moves it.
+                cos, sin = rotary.cos_sin(lay.cached_delta)
+                ck = apply_rotary(ck, cos, sin)
+            keys = torch.cat([k, ck]).index_select(0, lay.key_index)
+            values = torch.cat([v, cv]).index_select(0, lay.key_index)
+        else:
+            keys = k.index_select(0, lay.key_index)
+            values = v.index_select(0, lay.key_index)
+        self.records[layer_idx] = AttentionRecord(keys, values)
+        return varlen_attention(
+            q, keys, values,
+            cu_seqlens_q=lay.cu_live_per_request, cu_seqlens_k=lay.cu_keys,
+            positions_q=lay.positions, positions_k=lay.positions_k, scale=scale,
+        )
+
+    def select_logits_rows(self, hidden):
+        return hidden.index_select(0, self.layout.logits_rows)
+
+
+__all__: List[str] = ["PicContext", "LinearRecord", "AttentionRecord"]

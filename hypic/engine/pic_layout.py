@@ -1,0 +1,275 @@
+"""The packed layout of one PIC forward: which tokens are live, and how each request's chain of
+live spans and cached bodies fits together (architecture.md section 2).
+
+A request becomes a chain of *elements* in prompt order:
+
+* :class:`LiveElement` - tokens computed in this forward (a HIT's seam window, a MISS, the query);
+  it may carry a :class:`Write`: record what the store needs at its end (a segment body entry or a
+  prefix-cache checkpoint).
+* :class:`BodyElement` - a reused body from a store entry (per linear layer its summary and conv
+  tail, per full-attention layer its K/V).
+
+plus, for ``prefix_cache``, the checkpoints of the reused prefix (their K/V, and the last one's
+linear and conv states as the starting point).
+
+:func:`build_layout` turns the requests of a batch into index tensors, computed once per batch on
+the host; every layer then works with batched tensor ops only (no Python loop per head; per layer,
+one Python-level pass over the batch's cached pieces to gather their tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from hypic.pic.keys import StoreKey
+from hypic.pic.payload import SegmentEntry
+
+WRITE_SEGMENT = "segment"
+WRITE_CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class Write:
+    """Store write recorded at the end of a live element: ``kind`` is ``segment`` (a body entry:
+    the element's zero-start summary, its conv tail, its K/V) or ``checkpoint`` (prefix cache: the
+    running state and conv state at the element's end, and the element's K/V)."""
+
+    kind: str
+    key: StoreKey
+    origin_position: int  # absolute position of the segment's first token in this forward
+
+
+@dataclass(frozen=True)
+class LiveElement:
+    token_ids: Tuple[int, ...]
+    start: int  # absolute position of the first token
+    write: Optional[Write] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class BodyElement:
+    entry: SegmentEntry
+    start: int  # absolute position of the body's first token in this request
+    num_tokens: int
+    segment_start: int  # absolute position of the segment's first token in this request
+
+
+@dataclass(frozen=True)
+class RequestLayout:
+    """One request of a PIC forward. ``elements`` are contiguous in positions, starting right after
+    the prefix; the last one must be live (its last token's logits are sampled)."""
+
+    elements: Tuple[object, ...]
+    prefix: Tuple[SegmentEntry, ...] = ()  # prefix_cache checkpoints, root first
+    use_transition: bool = True  # False: `addition` mode (T of cached bodies dropped)
+    rerotate_keys: bool = True  # move cached K to its new positions
+    need_logits: bool = True
+
+    @property
+    def prefix_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.prefix)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefix_tokens + sum(e.num_tokens for e in self.elements)
+
+
+@dataclass
+class PackedLayout:
+    """Index tensors of a batch (all on ``device``)."""
+
+    requests: List[RequestLayout]
+    input_ids: torch.Tensor  # [T] live tokens, request after request
+    positions: torch.Tensor  # [T]
+    cu_live_per_request: torch.Tensor  # [B+1] live tokens of each request
+    cu_spans: torch.Tensor  # [S+1] live elements
+    # chain of every request: live elements and bodies in prompt order
+    cu_chains: torch.Tensor  # [B+1]
+    chain_perm: torch.Tensor  # [M] -> index into cat(live summaries [S], body summaries [NB])
+    span_chain_pos: torch.Tensor  # [S] chain position of each live element
+    bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
+    body_drop_transition: torch.Tensor  # [NB] bool: addition mode
+    chain_has_prefix: List[bool]
+    # conv runs: maximal runs of consecutive live elements of one request
+    cu_runs: torch.Tensor  # [R+1]
+    run_init: List[Tuple[str, int]]  # ("zero", -1) | ("body", body index) | ("prefix", request)
+    tail_index: torch.Tensor  # [NT * (W-1)] rows of cat(x [T], run inits [R*(W-1)])
+    # tails recorded: per write (in `writes` order) then per request's final conv state
+    writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
+    write_chain_pos: List[int]  # chain position of each write's element
+    # attention keys per request: cat(live k [T], cached k [C]) gathered by key_index
+    key_index: torch.Tensor  # [Tk]
+    positions_k: torch.Tensor  # [Tk]
+    cu_keys: torch.Tensor  # [B+1]
+    cached_pieces: List[SegmentEntry]  # entries whose K/V rows follow the live rows, in order
+    cached_delta: torch.Tensor  # [C] RoPE shift of each cached row (0 = keep)
+    any_rerotate: bool
+    logits_rows: torch.Tensor  # [B'] packed row of each request's last token (need_logits only)
+    write_key_rows: List[Tuple[int, int]]  # per write: its rows [a, b) in the packed keys
+    final_tail_slots: List[int]  # per request: index of its final conv state among the tails
+
+
+def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: torch.device) -> PackedLayout:
+    if not requests:
+        raise ValueError("a PIC forward needs at least one request")
+    w1 = conv_width - 1
+    ids: List[int] = []
+    pos: List[int] = []
+    cu_req = [0]
+    cu_spans = [0]
+    cu_chains = [0]
+    chain_src: List[Tuple[str, int]] = []  # ("live", s) | ("body", b)
+    span_chain_pos: List[int] = []
+    bodies: List[Tuple[int, BodyElement]] = []
+    drop_t: List[bool] = []
+    runs: List[Tuple[int, int]] = []  # (first live token, num tokens)
+    run_init: List[Tuple[str, int]] = []
+    tail_ends: List[Tuple[int, int]] = []  # (run index, run-local end) of each recorded tail
+    writes: List[Tuple[int, int, Write]] = []
+    write_chain_pos: List[int] = []
+    write_key_rows: List[Tuple[int, int]] = []
+    key_index: List[int] = []
+    pos_k: List[int] = []
+    cu_keys = [0]
+    cached_pieces: List[SegmentEntry] = []
+    cached_delta: List[int] = []
+    logits_rows: List[int] = []
+    final_tail_for_request: List[int] = []
+
+    # Cached rows are numbered after all live rows; count them in a first pass.
+    total_live = 0
+    for r in requests:
+        total_live += sum(e.num_tokens for e in r.elements if isinstance(e, LiveElement))
+    cached_count = 0
+
+    for b, req in enumerate(requests):
+        if not req.elements or not isinstance(req.elements[-1], LiveElement):
+            raise ValueError(f"request {b}: the last element must be live (the query)")
+        position = req.prefix_tokens
+        # prefix checkpoints: their K/V as cached rows at their own positions (never shifted)
+        p0 = 0
+        for ckpt in req.prefix:
+            n = ckpt.num_tokens
+            cached_pieces.append(ckpt)
+            key_index.extend(range(total_live + cached_count, total_live + cached_count + n))
+            pos_k.extend(range(p0, p0 + n))
+            cached_delta.extend([0] * n)
+            cached_count += n
+            p0 += n
+        prev_live = False
+        run_local = 0
+        for e in req.elements:
+            if e.start != position:
+                raise ValueError(f"request {b}: element starts at {e.start}, expected {position}")
+            if e.num_tokens <= 0:
+                raise ValueError(f"request {b}: empty element")
+            if isinstance(e, LiveElement):
+                first = len(ids)
+                ids.extend(e.token_ids)
+                pos.extend(range(e.start, e.start + e.num_tokens))
+                s = len(cu_spans) - 1
+                cu_spans.append(len(ids))
+                span_chain_pos.append(len(chain_src))
+                chain_src.append(("live", s))
+                if not prev_live:  # a new conv run
+                    if len(chain_src) - 1 == cu_chains[-1]:  # first element of the chain
+                        run_init.append(("prefix", b) if req.prefix else ("zero", -1))
+                    else:
+                        run_init.append(("body", len(bodies) - 1))
+                    runs.append((first, 0))
+                    run_local = 0
+                r0, rn = runs[-1]
+                runs[-1] = (r0, rn + e.num_tokens)
+                run_local += e.num_tokens
+                k_first = len(key_index)
+                key_index.extend(range(first, first + e.num_tokens))
+                pos_k.extend(range(e.start, e.start + e.num_tokens))
+                if e.write is not None:
+                    writes.append((b, s, e.write))
+                    write_chain_pos.append(len(chain_src) - 1)
+                    tail_ends.append((len(runs) - 1, run_local))
+                    write_key_rows.append((k_first, k_first + e.num_tokens))
+                prev_live = True
+            elif isinstance(e, BodyElement):
+                if e.entry.num_body_tokens != e.num_tokens:
+                    raise ValueError(
+                        f"request {b}: body has {e.num_tokens} tokens, its entry {e.entry.num_body_tokens}"
+                    )
+                bodies.append((b, e))
+                drop_t.append(not req.use_transition)
+                chain_src.append(("body", len(bodies) - 1))
+                n = e.num_tokens
+                cached_pieces.append(e.entry)
+                key_index.extend(range(total_live + cached_count, total_live + cached_count + n))
+                pos_k.extend(range(e.start, e.start + n))
+                shift = e.segment_start - e.entry.origin_position if req.rerotate_keys else 0
+                cached_delta.extend([shift] * n)
+                cached_count += n
+                prev_live = False
+            else:
+                raise ValueError(f"request {b}: unknown element type {type(e).__name__}")
+            position += e.num_tokens
+        final_tail_for_request.append(len(tail_ends))
+        tail_ends.append((len(runs) - 1, run_local))
+        cu_chains.append(len(chain_src))
+        cu_req.append(len(ids))
+        cu_keys.append(len(key_index))
+        if req.need_logits:
+            logits_rows.append(len(ids) - 1)
+
+    # Tail rows: run-local index j (0-based over [init (W-1 rows), run tokens]) maps to
+    # the run's init row j (j < W-1) or live row run_start + j - (W-1).
+    run_init_offset = total_live
+    tail_index: List[int] = []
+    for run_idx, end in tail_ends:
+        start, _ = runs[run_idx]
+        for j in range(end, end + w1):  # ext coordinates: tail = ext[end : end + W-1]
+            if j < w1:
+                tail_index.append(run_init_offset + run_idx * w1 + j)
+            else:
+                tail_index.append(start + j - w1)
+
+    num_spans = len(cu_spans) - 1
+    perm = [s if kind == "live" else num_spans + s for kind, s in chain_src]
+    cu_runs = [0]
+    for _, n in runs:
+        cu_runs.append(cu_runs[-1] + n)
+
+    def t(x, dtype=torch.long):
+        return torch.tensor(x, dtype=dtype, device=device)
+
+    layout = PackedLayout(
+        requests=list(requests),
+        input_ids=t(ids),
+        positions=t(pos),
+        cu_live_per_request=t(cu_req),
+        cu_spans=t(cu_spans),
+        cu_chains=t(cu_chains),
+        chain_perm=t(perm),
+        span_chain_pos=t(span_chain_pos),
+        bodies=bodies,
+        body_drop_transition=t(drop_t, torch.bool),
+        chain_has_prefix=[bool(r.prefix) for r in requests],
+        cu_runs=t(cu_runs),
+        run_init=run_init,
+        tail_index=t(tail_index),
+        writes=writes,
+        write_chain_pos=write_chain_pos,
+        key_index=t(key_index),
+        positions_k=t(pos_k),
+        cu_keys=t(cu_keys),
+        cached_pieces=cached_pieces,
+        cached_delta=t(cached_delta),
+        any_rerotate=any(d != 0 for d in cached_delta),
+        logits_rows=t(logits_rows),
+        write_key_rows=write_key_rows,
+        final_tail_slots=final_tail_for_request,
+    )
+    return layout

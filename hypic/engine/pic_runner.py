@@ -1,0 +1,186 @@
+"""Executes PIC request plans on a model: the only place where layers meet the segment store.
+
+``PicRunner.prefill(plans)`` does, for a batch of planned requests:
+
+1. **standalone** cold segments (the ``standalone`` policy): every distinct one is prefilled alone
+   at position 0, all of them in one varlen forward with attention local to each segment, which
+   writes canonical store entries;
+2. the main forward over the live tokens of every request (see :mod:`hypic.engine.pic_context`);
+3. store writes (segment bodies, prefix-cache checkpoints) from what the layers recorded, and a
+   :class:`~hypic.engine.context.SequenceCache` per request, after which it decodes like any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
+from hypic.engine.context import LinearLayerCache as DecodeLinearCache
+from hypic.engine.context import SequenceCache
+from hypic.engine.pic_context import AttentionRecord, LinearRecord, PicContext
+from hypic.engine.pic_layout import (
+    WRITE_CHECKPOINT,
+    WRITE_SEGMENT,
+    BodyElement,
+    LiveElement,
+    RequestLayout,
+    Write,
+    build_layout,
+)
+from hypic.models.config import LINEAR_ATTENTION, ModelSpec
+from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
+from hypic.pic.plan import ENTRY_FROM_STANDALONE, RequestPlan, SpanKind
+from hypic.pic.store import SegmentHandle, SegmentStore
+
+
+@dataclass
+class PrefillResult:
+    logits: Optional[torch.Tensor]  # [vocab] at the last prompt token
+    cache: SequenceCache
+    live_tokens: int
+    standalone_tokens: int
+
+
+class PicRunner:
+    def __init__(self, model: torch.nn.Module, spec: ModelSpec, store: Optional[SegmentStore],
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.spec = spec
+        self.store = store
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.linear_layers = [i for i, t in enumerate(spec.layer_types) if t == LINEAR_ATTENTION]
+        self.attention_layers = [i for i, t in enumerate(spec.layer_types) if t != LINEAR_ATTENTION]
+
+    # ---------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, plans: Sequence[RequestPlan]) -> List[PrefillResult]:
+        standalone = self._run_standalone(plans)
+        try:
+            layouts = [self._request_layout(p, standalone) for p in plans]
+            logits, caches, ctx = self._forward(layouts)
+            self._write_entries(ctx)
+        finally:
+            for h in standalone.values():
+                h.release()
+        out = []
+        for i, plan in enumerate(plans):
+            out.append(PrefillResult(
+                logits=logits[i], cache=caches[i], live_tokens=plan.live_tokens,
+                standalone_tokens=plan.standalone_tokens,
+            ))
+        return out
+
+    # ---------------------------------------------------------------------------------------------
+    def _run_standalone(self, plans: Sequence[RequestPlan]) -> Dict[object, SegmentHandle]:
+        """Prefill every distinct standalone segment alone at position 0 (one varlen forward)."""
+        todo: Dict[object, Tuple[Tuple[int, ...], int]] = {}
+        for plan in plans:
+            for s in plan.spans:
+                if s.kind is SpanKind.HIT and s.entry_source == ENTRY_FROM_STANDALONE and s.key not in todo:
+                    todo[s.key] = (plan.prompt.segments[s.segment_index], s.body_start)
+        if not todo:
+            return {}
+        if self.store is None:
+            raise ValueError("the standalone cold policy needs a segment store")
+        layouts = []
+        for key, (tokens, body_start) in todo.items():
+            elems = []
+            if body_start > 0:
+                elems.append(LiveElement(tuple(tokens[:body_start]), 0))
+            elems.append(LiveElement(tuple(tokens[body_start:]), body_start, Write(WRITE_SEGMENT, key, 0)))
+            layouts.append(RequestLayout(tuple(elems), need_logits=False))
+        _, _, ctx = self._forward(layouts, want_caches=False)
+        entries = self._write_entries(ctx, insert=False)
+        handles: Dict[object, SegmentHandle] = {}
+        try:
+            for entry in entries:
+                handles[entry.key] = self.store.insert(entry, acquire=True)
+        except BaseException:
+            for h in handles.values():
+                h.release()
+            raise
+        return handles
+
+    def _request_layout(self, plan: RequestPlan, standalone: Dict[object, SegmentHandle]) -> RequestLayout:
+        prompt = plan.prompt
+        mode = plan.policy.mode
+        elems: List[object] = []
+        prefix: List[SegmentEntry] = []
+        for s in plan.spans:
+            tokens = prompt.query if s.kind is SpanKind.QUERY else prompt.segments[s.segment_index]
+            if s.kind is SpanKind.PREFIX:
+                prefix.append(plan.handles[s.entry_index].entry)
+            elif s.kind is SpanKind.HIT:
+                if s.live_end > 0:
+                    elems.append(LiveElement(tuple(tokens[: s.live_end]), s.start))
+                handle = standalone[s.key] if s.entry_source == ENTRY_FROM_STANDALONE else plan.handles[s.entry_index]
+                elems.append(BodyElement(handle.entry, s.start + s.body_start, s.num_tokens - s.body_start, s.start))
+            elif s.kind is SpanKind.MISS and s.writes_entry:
+                kind = WRITE_CHECKPOINT if mode.uses_prefix_checkpoints else WRITE_SEGMENT
+                if s.body_start > 0:
+                    elems.append(LiveElement(tuple(tokens[: s.body_start]), s.start))
+                elems.append(LiveElement(tuple(tokens[s.body_start:]), s.start + s.body_start,
+                                         Write(kind, s.key, s.start)))
+            else:  # MISS that writes nothing, or the query
+                elems.append(LiveElement(tuple(tokens), s.start))
+        return RequestLayout(tuple(elems), tuple(prefix), use_transition=mode.use_transition,
+                             rerotate_keys=mode.rerotate_keys)
+
+    # ---------------------------------------------------------------------------------------------
+    def _forward(self, layouts: Sequence[RequestLayout], want_caches: bool = True):
+        width = self.spec.conv_kernel_size
+        layout = build_layout(layouts, width, self.device)
+        ctx = PicContext(self.spec, layout)
+        logits = self.model(layout.input_ids, layout.positions, ctx)
+        caches = self._decode_caches(ctx) if want_caches else []
+        return logits, caches, ctx
+
+    def _decode_caches(self, ctx: PicContext) -> List[SequenceCache]:
+        lay = ctx.layout
+        cu_keys = lay.cu_keys.tolist()
+        out = []
+        for b, req in enumerate(lay.requests):
+            layers = []
+            for i, kind in enumerate(self.spec.layer_types):
+                rec = ctx.records[i]
+                if kind == LINEAR_ATTENTION:
+                    assert isinstance(rec, LinearRecord)
+                    cache = DecodeLinearCache(rec.final_states[b].clone(), rec.tails[lay.final_tail_slots[b]].clone())
+                    cache.num_tokens = req.num_tokens
+                else:
+                    assert isinstance(rec, AttentionRecord)
+                    cache = DecodeAttentionCache(self.spec.num_key_value_heads, self.spec.head_dim,
+                                                 rec.keys.dtype, rec.keys.device)
+                    a, z = cu_keys[b], cu_keys[b + 1]
+                    cache.append(rec.keys[a:z], rec.values[a:z], lay.positions_k[a:z])
+                layers.append(cache)
+            out.append(SequenceCache(layers))
+        return out
+
+    def _write_entries(self, ctx: PicContext, insert: bool = True) -> List[SegmentEntry]:
+        lay = ctx.layout
+        entries = []
+        for i, (_, _, w) in enumerate(lay.writes):
+            a, z = lay.write_key_rows[i]
+            linear, attention = {}, {}
+            for layer in self.linear_layers:
+                rec = ctx.records[layer]
+                tail = rec.tails[i].clone()
+                if w.kind == WRITE_CHECKPOINT:
+                    linear[layer] = LinearStateCheckpoint(rec.write_states[i].clone(), tail)
+                else:
+                    linear[layer] = LinearLayerCache(rec.write_summaries.index(
+                        torch.tensor([i], device=rec.tails.device)), tail)
+            for layer in self.attention_layers:
+                rec = ctx.records[layer]
+                attention[layer] = AttentionLayerCache(rec.keys[a:z].clone(), rec.values[a:z].clone())
+            entries.append(SegmentEntry(key=w.key, linear=linear, attention=attention,
+                                        origin_position=w.origin_position))
+        if insert and self.store is not None:
+            for e in entries:
+                self.store.insert(e)
+        return entries
