@@ -1,0 +1,170 @@
+"""Store keys for segment entries and prefix-cache checkpoints.
+
+A key's ``digest`` is a hash (sha256 by default; injectable so tests can force collisions) of
+
+    kind | model id | dtype | tenant salt | body start (the seam setting, resolved) | token ids
+
+The seam enters as the resolved body start ``w_eff`` (the entry stores the body ``[w_eff, L)``),
+so two seam settings that give the same body share entries and those that do not never mix.
+A digest match alone is never trusted: :class:`StoreKey` equality also compares the full key
+material (namespace and token ids), so a colliding digest is a miss, not a wrong hit. Python's
+dict then chains colliding keys for free; the store counts the collisions it sees.
+
+Checkpoint keys (``prefix_cache`` mode) chain: checkpoint i hashes checkpoint i-1's digest and
+segment i's tokens, and its material is the tuple of all segments' token tuples up to i.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
+
+HashFn = Callable[[bytes], bytes]
+
+KIND_SEGMENT = "segment"
+KIND_CHECKPOINT = "checkpoint"
+
+
+def sha256_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _field(b: bytes) -> bytes:
+    # Length-prefixed so that no two different field lists serialise to the same bytes.
+    return struct.pack("<Q", len(b)) + b
+
+
+def _token_bytes(token_ids: Sequence[int]) -> bytes:
+    return np.asarray(token_ids, dtype="<i8").tobytes()
+
+
+@dataclass(frozen=True)
+class KeyNamespace:
+    """What besides the tokens decides an entry's content: model, dtype, tenant."""
+
+    model_id: str
+    dtype: str
+    tenant_salt: Optional[str] = None
+
+    def __post_init__(self):
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise ValueError("model_id: must be a non-empty string")
+        if not isinstance(self.dtype, str) or not self.dtype:
+            raise ValueError("dtype: must be a non-empty string (e.g. 'float32', 'bfloat16')")
+        if self.tenant_salt is not None and not isinstance(self.tenant_salt, str):
+            raise ValueError("tenant_salt: must be a string or None")
+
+    def with_salt(self, tenant_salt: Optional[str]) -> "KeyNamespace":
+        return KeyNamespace(self.model_id, self.dtype, tenant_salt)
+
+    def encode(self) -> bytes:
+        salt = b"\x00" if self.tenant_salt is None else b"\x01" + self.tenant_salt.encode()
+        return _field(self.model_id.encode()) + _field(self.dtype.encode()) + _field(salt)
+
+
+@dataclass(frozen=True, eq=False)
+class StoreKey:
+    """Key of one store entry. Hash = digest; equality = digest and full material."""
+
+    digest: bytes
+    kind: str
+    namespace: KeyNamespace
+    body_start: int
+    # Segment: the segment's token ids. Checkpoint: tuple of each segment's token-id tuple.
+    material: tuple = field(repr=False)
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, StoreKey):
+            return NotImplemented
+        if self is other:
+            return True
+        return (
+            self.digest == other.digest
+            and self.kind == other.kind
+            and self.body_start == other.body_start
+            and self.namespace == other.namespace
+            and self.material == other.material
+        )
+
+    @property
+    def token_ids(self) -> Tuple[int, ...]:
+        """Segment: its tokens. Checkpoint: the tokens of the last segment of the chain."""
+        return self.material if self.kind == KIND_SEGMENT else self.material[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def short(self) -> str:
+        return self.digest[:8].hex()
+
+
+@dataclass(frozen=True)
+class Keyer:
+    """Builds keys; ``hash_fn`` maps bytes to a digest (default sha256)."""
+
+    namespace: KeyNamespace
+    hash_fn: HashFn = sha256_digest
+
+    def __post_init__(self):
+        if not isinstance(self.namespace, KeyNamespace):
+            raise ValueError(f"namespace: expected KeyNamespace, got {type(self.namespace).__name__}")
+        if not callable(self.hash_fn):
+            raise ValueError("hash_fn: must be callable bytes -> bytes")
+
+    def _digest(self, data: bytes) -> bytes:
+        d = self.hash_fn(data)
+        if not isinstance(d, (bytes, bytearray)) or len(d) == 0:
+            raise ValueError("hash_fn: must return non-empty bytes")
+        return bytes(d)
+
+    def segment_key(
+        self, token_ids: Sequence[int], body_start: int, *, tenant_salt: Optional[str] = None
+    ) -> StoreKey:
+        tokens = tuple(int(t) for t in token_ids)
+        if not tokens:
+            raise ValueError("token_ids: a segment key needs at least one token")
+        if isinstance(body_start, bool) or not isinstance(body_start, int):
+            raise ValueError(f"body_start: expected int, got {type(body_start).__name__}")
+        if not 0 <= body_start <= len(tokens):
+            raise ValueError(f"body_start: {body_start} outside [0, {len(tokens)}]")
+        ns = self.namespace if tenant_salt is None else self.namespace.with_salt(tenant_salt)
+        data = (
+            _field(KIND_SEGMENT.encode())
+            + ns.encode()
+            + _field(struct.pack("<q", body_start))
+            + _field(_token_bytes(tokens))
+        )
+        return StoreKey(self._digest(data), KIND_SEGMENT, ns, body_start, tokens)
+
+    def checkpoint_keys(
+        self, segments: Sequence[Sequence[int]], *, tenant_salt: Optional[str] = None
+    ) -> Tuple[StoreKey, ...]:
+        """Key of the checkpoint after each segment boundary: ``keys[i]`` covers segments[0..i]."""
+        ns = self.namespace if tenant_salt is None else self.namespace.with_salt(tenant_salt)
+        keys = []
+        parent = b""
+        chain: tuple = ()
+        for i, seg in enumerate(segments):
+            tokens = tuple(int(t) for t in seg)
+            if not tokens:
+                raise ValueError(f"segments[{i}]: empty segment")
+            chain = chain + (tokens,)
+            data = (
+                _field(KIND_CHECKPOINT.encode())
+                + ns.encode()
+                + _field(parent)
+                + _field(_token_bytes(tokens))
+            )
+            digest = self._digest(data)
+            keys.append(StoreKey(digest, KIND_CHECKPOINT, ns, 0, chain))
+            parent = digest
+        return tuple(keys)

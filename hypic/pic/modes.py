@@ -1,0 +1,156 @@
+"""PIC modes, seam windows and cold policies (architecture.md section 3).
+
+| mode              | segment store | linear layers          | full-attention K      | seam   |
+| ----------------- | ------------- | ---------------------- | --------------------- | ------ |
+| full_recompute    | no            | all live               | live                  | -      |
+| prefix_cache      | checkpoints   | resume at longest      | live after prefix     | -      |
+|                   |               | cached segment prefix  |                       |        |
+| addition          | yes           | S <- S + S_body        | as cached             | 0      |
+| transition        | yes           | S <- T S + S_body      | as cached             | 0      |
+| transition_rope   | yes           | as transition, RoPE'd  | re-rotated            | 0      |
+|                   |               | summaries re-rotated   |                       |        |
+| hypic             | yes           | as transition_rope     | re-rotated            | w (8)  |
+
+``transition_rope_recompute`` (the published system's name for the full method) is an alias of
+``hypic``. Modes are chosen per engine (:class:`PICConfig`) and may be overridden per request
+(:meth:`PICConfig.resolve`).
+
+Seam window ``w``: an ``int >= 0`` is a token count; a ``float`` in (0, 1] is a fraction of the
+segment, ``w_eff = ceil(w * L)`` (with a 1e-9 tolerance so 0.3 * 10 is 3, not 4). Either way
+``w_eff`` is clipped to ``L``: a window covering the whole segment makes it entirely live.
+
+Cold policies: ``inline`` (a MISS runs live with its true prefix; its entry is summarised from
+those activations) and ``standalone`` (MISS segments are first prefilled alone at position 0, which
+writes canonical entries; then the request runs as all-HIT).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+SeamSetting = Union[int, float]
+
+COLD_INLINE = "inline"
+COLD_STANDALONE = "standalone"
+COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE)
+DEFAULT_SEAM = 8
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    uses_segment_store: bool  # HIT/MISS spans over segment entries
+    uses_prefix_checkpoints: bool  # prefix_cache: resume from boundary checkpoints
+    use_transition: bool  # linear: apply T (False: add zero-init states, T dropped)
+    rerotate_keys: bool  # move cached K / RoPE'd linear summaries to their true positions
+    fixed_seam: Optional[int]  # the mode's own seam (0), or None = configurable w
+
+    @property
+    def seam_configurable(self) -> bool:
+        return self.uses_segment_store and self.fixed_seam is None
+
+
+MODES = {
+    "full_recompute": ModeSpec("full_recompute", False, False, True, True, None),
+    "prefix_cache": ModeSpec("prefix_cache", False, True, True, True, None),
+    "addition": ModeSpec("addition", True, False, False, False, 0),
+    "transition": ModeSpec("transition", True, False, True, False, 0),
+    "transition_rope": ModeSpec("transition_rope", True, False, True, True, 0),
+    "hypic": ModeSpec("hypic", True, False, True, True, None),
+}
+MODE_ALIASES = {"transition_rope_recompute": "hypic"}
+
+
+def get_mode(name: Union[str, ModeSpec]) -> ModeSpec:
+    """Look a mode up by name (or pass a ModeSpec through). Unknown -> ValueError listing modes."""
+    if isinstance(name, ModeSpec):
+        return name
+    if not isinstance(name, str):
+        raise ValueError(f"mode: expected str, got {type(name).__name__}")
+    name = MODE_ALIASES.get(name, name)
+    if name not in MODES:
+        raise ValueError(
+            f"unknown mode {name!r}; valid modes: {', '.join(MODES)} "
+            f"(alias: {', '.join(f'{a} = {b}' for a, b in MODE_ALIASES.items())})"
+        )
+    return MODES[name]
+
+
+def validate_seam(seam: SeamSetting) -> SeamSetting:
+    if isinstance(seam, bool):
+        raise ValueError("seam: expected int >= 0 or float in (0, 1], got bool")
+    if isinstance(seam, int):
+        if seam < 0:
+            raise ValueError(f"seam: token count must be >= 0, got {seam}")
+        return seam
+    if isinstance(seam, float):
+        if not (0.0 < seam <= 1.0) or math.isnan(seam):
+            raise ValueError(f"seam: a fraction must be in (0, 1], got {seam}")
+        return seam
+    raise ValueError(f"seam: expected int >= 0 or float in (0, 1], got {type(seam).__name__}")
+
+
+def seam_tokens(seam: SeamSetting, num_tokens: int) -> int:
+    """Effective seam window ``w_eff`` of a segment of ``num_tokens`` tokens (0 <= w_eff <= L)."""
+    seam = validate_seam(seam)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        raise ValueError(f"num_tokens: expected int >= 0, got {num_tokens!r}")
+    if isinstance(seam, int):
+        return min(seam, num_tokens)
+    return min(num_tokens, math.ceil(seam * num_tokens - 1e-9))
+
+
+def validate_cold_policy(policy: str) -> str:
+    if policy not in COLD_POLICIES:
+        raise ValueError(f"unknown cold policy {policy!r}; valid: {', '.join(COLD_POLICIES)}")
+    return policy
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """A request's resolved mode, seam and cold policy."""
+
+    mode: ModeSpec
+    seam: SeamSetting
+    cold_policy: str
+
+    def seam_tokens(self, num_tokens: int) -> int:
+        return seam_tokens(self.seam, num_tokens)
+
+
+@dataclass(frozen=True)
+class PICConfig:
+    """Engine-wide defaults; :meth:`resolve` applies per-request overrides."""
+
+    mode: str = "hypic"
+    seam: SeamSetting = DEFAULT_SEAM
+    cold_policy: str = COLD_INLINE
+
+    def __post_init__(self):
+        get_mode(self.mode)
+        validate_seam(self.seam)
+        validate_cold_policy(self.cold_policy)
+
+    def resolve(
+        self,
+        mode: Optional[str] = None,
+        seam: Optional[SeamSetting] = None,
+        cold_policy: Optional[str] = None,
+    ) -> RequestPolicy:
+        """Per-request policy. Modes with a fixed seam (addition, transition, transition_rope) use
+        it; an explicit conflicting per-request ``seam`` is an error rather than silently ignored."""
+        spec = get_mode(self.mode if mode is None else mode)
+        policy = validate_cold_policy(self.cold_policy if cold_policy is None else cold_policy)
+        if seam is not None:
+            validate_seam(seam)
+        if spec.fixed_seam is not None:
+            if seam is not None and seam != spec.fixed_seam:
+                raise ValueError(
+                    f"seam: mode {spec.name!r} has a fixed seam of {spec.fixed_seam}, got {seam!r}"
+                )
+            resolved: SeamSetting = spec.fixed_seam
+        else:
+            resolved = self.seam if seam is None else seam
+        return RequestPolicy(spec, resolved, policy)

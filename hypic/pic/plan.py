@@ -1,0 +1,267 @@
+"""Request plans: a prompt becomes ordered spans with absolute positions and live token ranges.
+
+Span kinds (architecture.md section 2):
+
+| kind   | live range (relative)  | reused                                  |
+| ------ | ---------------------- | --------------------------------------- |
+| HIT    | ``[0, w_eff)`` (seam)  | the body ``[w_eff, L)`` from the entry  |
+| MISS   | ``[0, L)``             | nothing; the body may be written        |
+| QUERY  | ``[0, L)``             | nothing, never cached                   |
+| PREFIX | empty                  | ``prefix_cache`` only: the segment lies |
+|        |                        | inside the longest checkpointed prefix  |
+
+Rules
+* The **first** segment's window is recomputed too. For a segment at position 0 whose entry was
+  made at position 0 (standalone, or the same first segment earlier) the seam then runs from the
+  zero state exactly as in the cached run, so the HIT is exact.
+* A segment whose window covers it (``w_eff == L``) has no body: it is planned as MISS with
+  ``writes_entry=False`` and never touches the store.
+* **Repeated segments in one request** (same document twice): the store is consulted once per
+  distinct key. If the entry exists, every occurrence is a HIT on that one handle. If it does not:
+  with the ``inline`` policy **every occurrence is a MISS** (computed live with its true prefix,
+  so an all-MISS request stays exactly equal to full recompute) and only the first occurrence
+  writes the entry (``writes_entry``); with the ``standalone`` policy the segment is prefilled once
+  at position 0 and every occurrence is a HIT on that fresh entry (``entry_source="standalone"``).
+* ``prefix_cache``: checkpoints are keyed by the chain of segments (:meth:`Keyer.checkpoint_keys`);
+  the plan holds checkpoints ``0..k-1`` of the longest stored chain (their K/V cover the prefix;
+  the last one's linear state is the resume point). Later segments are MISS and each writes its
+  checkpoint. ``full_recompute`` makes every segment a MISS without store access.
+
+A :class:`RequestPlan` holds store handles for everything it reuses, so nothing it planned on can
+be evicted; release it (``with plan:`` or ``plan.release()``) when the request's prefill is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, List, Optional, Tuple
+
+from hypic.pic.keys import Keyer, StoreKey
+from hypic.pic.modes import COLD_STANDALONE, RequestPolicy
+from hypic.pic.segments import SegmentedPrompt
+from hypic.pic.store import SegmentHandle, SegmentStore
+
+
+class SpanKind(str, Enum):
+    HIT = "hit"
+    MISS = "miss"
+    QUERY = "query"
+    PREFIX = "prefix"
+
+
+ENTRY_FROM_STORE = "store"
+ENTRY_FROM_STANDALONE = "standalone"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One segment (or the query) of a request. Ranges are relative to the span's start."""
+
+    kind: SpanKind
+    segment_index: int  # -1 for the query
+    start: int  # absolute position of the span's first token
+    num_tokens: int
+    live_end: int  # live tokens are [0, live_end); 0 for PREFIX, w_eff for HIT, L otherwise
+    body_start: int  # body = [body_start, num_tokens): reused (HIT) or stored (MISS writer)
+    key: Optional[StoreKey] = None  # segment key (store modes) or checkpoint key (prefix_cache)
+    entry_index: int = -1  # index into RequestPlan.handles (HIT from store, PREFIX); else -1
+    entry_source: Optional[str] = None  # HIT: "store" or "standalone"
+    writes_entry: bool = False  # MISS: this occurrence's body (or checkpoint) goes to the store
+
+    @property
+    def live_num_tokens(self) -> int:
+        return self.live_end
+
+    @property
+    def body_num_tokens(self) -> int:
+        return self.num_tokens - self.body_start
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(eq=False)
+class RequestPlan:
+    """A request's spans plus the store handles it holds while it runs."""
+
+    prompt: SegmentedPrompt
+    policy: RequestPolicy
+    spans: Tuple[Span, ...]
+    handles: Tuple[SegmentHandle, ...]
+    prefix_num_segments: int = 0  # prefix_cache: checkpoints 0..k-1 are handles[0..k-1]
+    request_id: Any = None
+
+    def __post_init__(self):
+        self._released = False
+
+    # -- reporting -------------------------------------------------------------------------
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt.num_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens reused from segment entries that were already stored (segment hits)."""
+        return sum(
+            s.body_num_tokens for s in self.spans
+            if s.kind is SpanKind.HIT and s.entry_source == ENTRY_FROM_STORE
+        )
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.spans if s.kind is SpanKind.PREFIX)
+
+    @property
+    def live_tokens(self) -> int:
+        """Tokens computed in the request's own (main) pass."""
+        return sum(s.live_num_tokens for s in self.spans)
+
+    @property
+    def standalone_segments(self) -> Tuple[int, ...]:
+        """Segment indices (first occurrences) to prefill alone at position 0 before the main pass."""
+        seen, out = set(), []
+        for s in self.spans:
+            if s.entry_source == ENTRY_FROM_STANDALONE and s.key not in seen:
+                seen.add(s.key)
+                out.append(s.segment_index)
+        return tuple(out)
+
+    @property
+    def standalone_tokens(self) -> int:
+        return sum(len(self.prompt.segments[i]) for i in self.standalone_segments)
+
+    @property
+    def resume_handle(self) -> Optional[SegmentHandle]:
+        """prefix_cache: the checkpoint whose linear state the request resumes from."""
+        return self.handles[self.prefix_num_segments - 1] if self.prefix_num_segments else None
+
+    # -- lifetime --------------------------------------------------------------------------
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            for h in self.handles:
+                h.release()
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def __enter__(self) -> "RequestPlan":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _check_context(prompt: SegmentedPrompt, max_model_len: Optional[int]) -> None:
+    if max_model_len is None:
+        return
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
+        raise ValueError(f"max_model_len: expected int > 0, got {max_model_len!r}")
+    if prompt.num_tokens > max_model_len:
+        raise ValueError(
+            f"prompt has {prompt.num_tokens} tokens, more than the context length {max_model_len}"
+        )
+
+
+def plan_request(
+    prompt: SegmentedPrompt,
+    policy: RequestPolicy,
+    *,
+    store: Optional[SegmentStore] = None,
+    keyer: Optional[Keyer] = None,
+    max_model_len: Optional[int] = None,
+    tenant_salt: Optional[str] = None,
+    request_id: Any = None,
+) -> RequestPlan:
+    """Plan one request, acquiring store handles for what it reuses.
+
+    Raises ValueError (before acquiring anything) on bad input, so an engine can reject this
+    request and keep serving others.
+    """
+    if not isinstance(prompt, SegmentedPrompt):
+        raise ValueError(f"prompt: expected SegmentedPrompt, got {type(prompt).__name__}")
+    if not isinstance(policy, RequestPolicy):
+        raise ValueError(f"policy: expected RequestPolicy, got {type(policy).__name__}")
+    _check_context(prompt, max_model_len)
+    mode = policy.mode
+    needs_store = mode.uses_segment_store or mode.uses_prefix_checkpoints
+    if needs_store and (store is None or keyer is None):
+        raise ValueError(f"mode {mode.name!r} needs a store and a keyer")
+    starts = prompt.segment_starts
+    handles: List[SegmentHandle] = []
+    try:
+        if mode.uses_segment_store:
+            spans, prefix = _plan_segments(prompt, policy, store, keyer, tenant_salt, handles), 0
+        elif mode.uses_prefix_checkpoints:
+            spans, prefix = _plan_prefix(prompt, store, keyer, tenant_salt, handles)
+        else:
+            spans = [
+                Span(SpanKind.MISS, i, starts[i], len(s), len(s), len(s))
+                for i, s in enumerate(prompt.segments)
+            ]
+            prefix = 0
+        q = len(prompt.query)
+        spans.append(Span(SpanKind.QUERY, -1, starts[-1], q, q, q))
+    except BaseException:
+        for h in handles:
+            h.release()
+        raise
+    return RequestPlan(prompt, policy, tuple(spans), tuple(handles), prefix, request_id)
+
+
+def _plan_segments(prompt, policy, store, keyer, tenant_salt, handles) -> List[Span]:
+    starts = prompt.segment_starts
+    standalone = policy.cold_policy == COLD_STANDALONE
+    hit_index = {}  # key -> index into handles
+    pending = set()  # keys prefilled standalone for this request
+    missed = set()  # keys already planned as an (inline) MISS in this request
+    spans: List[Span] = []
+    for i, seg in enumerate(prompt.segments):
+        num = len(seg)
+        w = policy.seam_tokens(num)
+        if w == num:  # the seam covers the segment: no body, nothing to reuse or store
+            spans.append(Span(SpanKind.MISS, i, starts[i], num, num, num))
+            continue
+        key = keyer.segment_key(seg, w, tenant_salt=tenant_salt)
+        if key not in hit_index and key not in pending and key not in missed:
+            handle = store.acquire(key)
+            if handle is not None:
+                hit_index[key] = len(handles)
+                handles.append(handle)
+            elif standalone:
+                pending.add(key)
+            else:
+                missed.add(key)
+                spans.append(Span(SpanKind.MISS, i, starts[i], num, num, w, key, writes_entry=True))
+                continue
+        if key in hit_index:
+            spans.append(Span(SpanKind.HIT, i, starts[i], num, w, w, key, hit_index[key],
+                              ENTRY_FROM_STORE))
+        elif key in pending:
+            spans.append(Span(SpanKind.HIT, i, starts[i], num, w, w, key, -1, ENTRY_FROM_STANDALONE))
+        else:  # a repeated cold segment under the inline policy: live again, not written again
+            spans.append(Span(SpanKind.MISS, i, starts[i], num, num, w, key))
+    return spans
+
+
+def _plan_prefix(prompt, store, keyer, tenant_salt, handles):
+    starts = prompt.segment_starts
+    keys = keyer.checkpoint_keys(prompt.segments, tenant_salt=tenant_salt)
+    for key in keys:
+        handle = store.acquire(key)
+        if handle is None:
+            break
+        handles.append(handle)
+    prefix = len(handles)
+    spans: List[Span] = []
+    for i, seg in enumerate(prompt.segments):
+        num = len(seg)
+        if i < prefix:
+            spans.append(Span(SpanKind.PREFIX, i, starts[i], num, 0, 0, keys[i], i, ENTRY_FROM_STORE))
+        else:
+            # Checkpoint writes hold the whole segment's K/V and the state at its end: body = all.
+            spans.append(Span(SpanKind.MISS, i, starts[i], num, num, 0, keys[i], writes_entry=True))
+    return spans, prefix

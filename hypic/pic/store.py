@@ -1,0 +1,366 @@
+"""The segment store: two tiers (device, host), exact byte accounting, LRU, refcounted handles.
+
+Semantics
+* ``acquire(key)`` returns a :class:`SegmentHandle` on a hit (the entry is then on the device
+  tier and pinned there until the handle is released) or ``None`` on a miss. A host-tier hit is
+  **promoted** (copied to the device; ``non_blocking`` when the host copy is pinned, which is
+  stream-ordered before any later kernel on the current stream).
+* A key whose digest matches a stored key but whose material (tokens, namespace, seam) differs is
+  a miss; it is counted in ``collisions``. Colliding keys can both be stored (dict chaining).
+* ``insert(entry)`` stores an entry as most recently used. A duplicate key keeps the existing
+  entry (the new payload is discarded; ``duplicate_inserts`` counts it).
+* Device budget: after every insert / promotion / release, least recently used **unheld**
+  entries are evicted until the device bytes fit. An entry held by a request is never evicted,
+  moved or mutated; if held entries alone exceed the budget, the device tier stays over budget
+  until they are released (the budget is a cap on what the store keeps, not a reason to fail
+  running requests).
+* Host tier: evicted entries **spill** there (copied, pinned when CUDA is available) if they fit
+  in ``host_budget_bytes``, dropping least recently used host entries to make room; otherwise they
+  are dropped. ``host_budget_bytes=0`` disables the tier.
+* One re-entrant lock guards all state; copies between tiers happen under it (correct first: a
+  handle never observes a half-moved entry).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Dict, Optional, Union
+
+import torch
+
+from hypic.pic.keys import StoreKey
+from hypic.pic.payload import SegmentEntry, compact_payload, move_payload
+
+TIER_DEVICE = "device"
+TIER_HOST = "host"
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    hits: int
+    misses: int
+    collisions: int
+    insertions: int
+    duplicate_inserts: int
+    evictions: int  # entries removed from the device tier (spilled or dropped)
+    spills: int  # evictions that landed in the host tier
+    promotions: int  # host-tier hits copied back to the device
+    drops: int  # entries gone from the store entirely (no host room, or host LRU)
+    device_bytes: int
+    host_bytes: int
+    device_entries: int
+    host_entries: int
+    held_entries: int
+    device_body_tokens: int  # cached (reused) tokens represented on the device tier
+    host_body_tokens: int
+    device_budget_bytes: Optional[int]
+    host_budget_bytes: int
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    @property
+    def bytes_per_cached_token(self) -> float:
+        n = self.device_body_tokens + self.host_body_tokens
+        return (self.device_bytes + self.host_bytes) / n if n else 0.0
+
+
+class _Slot:
+    __slots__ = ("entry", "tier", "refcount", "nbytes")
+
+    def __init__(self, entry: SegmentEntry, tier: str, nbytes: int):
+        self.entry = entry
+        self.tier = tier
+        self.refcount = 0
+        self.nbytes = nbytes
+
+
+class SegmentHandle:
+    """A running request's hold on one device-resident entry. Release it (or use ``with``)."""
+
+    __slots__ = ("_store", "_slot", "_released")
+
+    def __init__(self, store: "SegmentStore", slot: _Slot):
+        self._store = store
+        self._slot = slot
+        self._released = False
+
+    @property
+    def entry(self) -> SegmentEntry:
+        if self._released:
+            raise RuntimeError("SegmentHandle: entry accessed after release()")
+        return self._slot.entry
+
+    @property
+    def key(self) -> StoreKey:
+        return self._slot.entry.key
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Drop the hold. Idempotent: a second call does nothing."""
+        if not self._released:
+            self._released = True
+            self._store._release_slot(self._slot)
+
+    def __enter__(self) -> "SegmentHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "held"
+        return f"SegmentHandle({self._slot.entry.key.short}, {state})"
+
+
+class SegmentStore:
+    """Device + host tiers of :class:`SegmentEntry`, LRU within each tier."""
+
+    def __init__(
+        self,
+        device_budget_bytes: Optional[int],
+        host_budget_bytes: int = 0,
+        *,
+        device: Union[str, torch.device] = "cpu",
+        pin_host_memory: Optional[bool] = None,
+    ):
+        if device_budget_bytes is not None and (
+            isinstance(device_budget_bytes, bool)
+            or not isinstance(device_budget_bytes, int)
+            or device_budget_bytes < 0
+        ):
+            raise ValueError(f"device_budget_bytes: expected int >= 0 or None, got {device_budget_bytes!r}")
+        if isinstance(host_budget_bytes, bool) or not isinstance(host_budget_bytes, int) \
+                or host_budget_bytes < 0:
+            raise ValueError(f"host_budget_bytes: expected int >= 0, got {host_budget_bytes!r}")
+        self.device = torch.device(device)
+        self.device_budget_bytes = device_budget_bytes
+        self.host_budget_bytes = host_budget_bytes
+        if pin_host_memory is None:
+            pin_host_memory = torch.cuda.is_available()
+        self.pin_host_memory = bool(pin_host_memory)
+        self._lock = threading.RLock()
+        self._device: "OrderedDict[StoreKey, _Slot]" = OrderedDict()  # first = least recently used
+        self._host: "OrderedDict[StoreKey, _Slot]" = OrderedDict()
+        self._digests: Counter = Counter()  # digest -> number of stored keys with it
+        self._device_bytes = 0
+        self._host_bytes = 0
+        self._counts: Dict[str, int] = dict.fromkeys(
+            ("hits", "misses", "collisions", "insertions", "duplicate_inserts", "evictions",
+             "spills", "promotions", "drops"), 0)
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def tier_of(self, key: StoreKey) -> Optional[str]:
+        """Where ``key`` is stored (no stats, no LRU update); None if absent."""
+        with self._lock:
+            if key in self._device:
+                return TIER_DEVICE
+            if key in self._host:
+                return TIER_HOST
+            return None
+
+    def __contains__(self, key: StoreKey) -> bool:
+        return self.tier_of(key) is not None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._device) + len(self._host)
+
+    def device_lru_order(self):
+        """Device-tier keys, least recently used first (for inspection and tests)."""
+        with self._lock:
+            return list(self._device)
+
+    def host_lru_order(self):
+        with self._lock:
+            return list(self._host)
+
+    def snapshot(self):
+        """All stored entries (host tier first, then device; least recently used first).
+        Entries are immutable, so the caller may read them (e.g. to persist) without the lock."""
+        with self._lock:
+            return [s.entry for s in self._host.values()] + [s.entry for s in self._device.values()]
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return StoreStats(
+                **self._counts,
+                device_bytes=self._device_bytes,
+                host_bytes=self._host_bytes,
+                device_entries=len(self._device),
+                host_entries=len(self._host),
+                held_entries=sum(1 for s in self._device.values() if s.refcount > 0),
+                device_body_tokens=sum(s.entry.num_body_tokens for s in self._device.values()),
+                host_body_tokens=sum(s.entry.num_body_tokens for s in self._host.values()),
+                device_budget_bytes=self.device_budget_bytes,
+                host_budget_bytes=self.host_budget_bytes,
+            )
+
+    def check_consistency(self) -> None:
+        """Recount bytes and tiers from the entries; raise AssertionError on any mismatch."""
+        with self._lock:
+            for tier, table, total in ((TIER_DEVICE, self._device, self._device_bytes),
+                                       (TIER_HOST, self._host, self._host_bytes)):
+                recount = 0
+                for key, slot in table.items():
+                    assert slot.entry.key is key or slot.entry.key == key, "key mismatch"
+                    assert slot.tier == tier, f"{key.short}: tier {slot.tier} in the {tier} table"
+                    assert slot.nbytes == slot.entry.nbytes, f"{key.short}: stale byte count"
+                    if tier == TIER_HOST:
+                        assert slot.refcount == 0, f"{key.short}: held entry on the host tier"
+                    recount += slot.nbytes
+                assert recount == total, f"{tier}: counted {total} bytes, entries hold {recount}"
+            assert not set(self._device) & set(self._host), "key on both tiers"
+            assert self._host_bytes <= self.host_budget_bytes, "host tier over budget"
+            if self.device_budget_bytes is not None:
+                unheld = sum(s.nbytes for s in self._device.values() if s.refcount == 0)
+                assert unheld == 0 or self._device_bytes <= self.device_budget_bytes, \
+                    "device over budget while holding evictable entries"
+
+    # ---- acquire / insert / release -------------------------------------------------------
+
+    def acquire(self, key: StoreKey) -> Optional[SegmentHandle]:
+        """Hold the entry for ``key`` (promoting it from the host tier); None on a miss."""
+        if not isinstance(key, StoreKey):
+            raise ValueError(f"key: expected StoreKey, got {type(key).__name__}")
+        with self._lock:
+            slot = self._device.get(key)
+            if slot is None:
+                slot = self._host.get(key)
+                if slot is not None:
+                    self._promote(slot)
+            if slot is None:
+                self._counts["misses"] += 1
+                if self._digests[key.digest] > 0:
+                    self._counts["collisions"] += 1
+                return None
+            self._counts["hits"] += 1
+            handle = self._hold(slot)
+            self._enforce_device_budget()  # a promotion may have pushed the device over budget
+            return handle
+
+    def insert(self, entry: SegmentEntry, *, acquire: bool = False) -> Optional[SegmentHandle]:
+        """Store ``entry`` (moved to the device, compacted). Returns a handle if ``acquire``."""
+        if not isinstance(entry, SegmentEntry):
+            raise ValueError(f"entry: expected SegmentEntry, got {type(entry).__name__}")
+        key = entry.key
+        with self._lock:
+            existing = self._device.get(key)
+            if existing is None and key in self._host:
+                existing = self._host[key]
+            if existing is not None:
+                self._counts["duplicate_inserts"] += 1
+                if not acquire:
+                    return None
+                if existing.tier == TIER_HOST:
+                    self._promote(existing)
+                handle = self._hold(existing)
+                self._enforce_device_budget()
+                return handle
+            if self._digests[key.digest] > 0:
+                self._counts["collisions"] += 1
+            # Move to the device tier without an extra copy when already there, then compact so
+            # that bytes are exactly the tensors' bytes.
+            stored = entry.map_payload(
+                lambda o: compact_payload(move_payload(o, self.device, copy=False))
+            )
+            slot = _Slot(stored, TIER_DEVICE, stored.nbytes)
+            self._device[key] = slot
+            self._device_bytes += slot.nbytes
+            self._digests[key.digest] += 1
+            self._counts["insertions"] += 1
+            handle = self._hold(slot) if acquire else None
+            self._enforce_device_budget()
+            return handle
+
+    def clear(self) -> int:
+        """Drop every entry no request holds (both tiers). Returns how many were dropped."""
+        with self._lock:
+            n = 0
+            for key in [k for k, s in self._device.items() if s.refcount == 0]:
+                slot = self._device.pop(key)
+                self._device_bytes -= slot.nbytes
+                self._forget(key)
+                n += 1
+            for key in list(self._host):
+                slot = self._host.pop(key)
+                self._host_bytes -= slot.nbytes
+                self._forget(key)
+                n += 1
+            return n
+
+    # ---- internals (lock held) -----------------------------------------------------------
+
+    def _hold(self, slot: _Slot) -> SegmentHandle:
+        assert slot.tier == TIER_DEVICE
+        slot.refcount += 1
+        self._device.move_to_end(slot.entry.key)
+        return SegmentHandle(self, slot)
+
+    def _release_slot(self, slot: _Slot) -> None:
+        with self._lock:
+            if slot.refcount <= 0:
+                raise RuntimeError("SegmentStore: release of an entry that is not held")
+            slot.refcount -= 1
+            if slot.refcount == 0:
+                self._enforce_device_budget()
+
+    def _forget(self, key: StoreKey) -> None:
+        self._digests[key.digest] -= 1
+        if self._digests[key.digest] == 0:
+            del self._digests[key.digest]
+
+    def _promote(self, slot: _Slot) -> None:
+        key = slot.entry.key
+        del self._host[key]
+        self._host_bytes -= slot.nbytes
+        non_blocking = self.pin_host_memory and self.device.type == "cuda"
+        slot.entry = slot.entry.map_payload(
+            lambda o: move_payload(o, self.device, non_blocking=non_blocking)
+        )
+        slot.tier = TIER_DEVICE
+        self._device[key] = slot
+        self._device_bytes += slot.nbytes
+        self._counts["promotions"] += 1
+
+    def _enforce_device_budget(self) -> None:
+        if self.device_budget_bytes is None or self._device_bytes <= self.device_budget_bytes:
+            return
+        for key in list(self._device):  # least recently used first
+            if self._device_bytes <= self.device_budget_bytes:
+                break
+            slot = self._device[key]
+            if slot.refcount > 0:
+                continue
+            del self._device[key]
+            self._device_bytes -= slot.nbytes
+            self._counts["evictions"] += 1
+            self._spill(slot)
+
+    def _spill(self, slot: _Slot) -> None:
+        key = slot.entry.key
+        if slot.nbytes > self.host_budget_bytes:
+            self._counts["drops"] += 1
+            self._forget(key)
+            return
+        while self._host_bytes + slot.nbytes > self.host_budget_bytes:
+            _, old = self._host.popitem(last=False)
+            self._host_bytes -= old.nbytes
+            self._counts["drops"] += 1
+            self._forget(old.entry.key)
+        # Blocking copy: the host copy must be complete before the device memory is reused.
+        slot.entry = slot.entry.map_payload(
+            lambda o: move_payload(o, "cpu", pin_memory=self.pin_host_memory)
+        )
+        slot.tier = TIER_HOST
+        self._host[key] = slot
+        self._host_bytes += slot.nbytes
+        self._counts["spills"] += 1

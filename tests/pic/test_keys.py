@@ -1,0 +1,66 @@
+import hashlib
+
+import pytest
+
+from hypic.pic.keys import KIND_CHECKPOINT, KIND_SEGMENT, Keyer, KeyNamespace
+from tests.pic.helpers import keyer
+
+
+def test_segment_key_is_sha256_and_deterministic():
+    k1 = keyer().segment_key([1, 2, 3], 1)
+    k2 = keyer().segment_key((1, 2, 3), 1)
+    assert k1 == k2 and hash(k1) == hash(k2)
+    assert len(k1.digest) == hashlib.sha256().digest_size
+    assert k1.kind == KIND_SEGMENT and k1.token_ids == (1, 2, 3) and k1.num_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda: keyer().segment_key([1, 2, 4], 1),  # tokens
+        lambda: keyer().segment_key([1, 2, 3], 2),  # seam (body start)
+        lambda: keyer(model_id="other").segment_key([1, 2, 3], 1),  # model
+        lambda: keyer(dtype="bfloat16").segment_key([1, 2, 3], 1),  # dtype
+        lambda: keyer().segment_key([1, 2, 3], 1, tenant_salt="t1"),  # tenant
+    ],
+)
+def test_every_key_field_changes_the_digest(other):
+    base = keyer().segment_key([1, 2, 3], 1)
+    k = other()
+    assert k.digest != base.digest and k != base
+
+
+def test_forced_collision_is_not_equal():
+    kr = keyer(hash_fn=lambda data: b"same")
+    a, b = kr.segment_key([1, 2], 0), kr.segment_key([3, 4], 0)
+    assert a.digest == b.digest and hash(a) == hash(b)
+    assert a != b
+    assert len({a: 1, b: 2}) == 2  # dict chaining keeps both
+    assert a == kr.segment_key([1, 2], 0)
+
+
+def test_checkpoint_keys_chain():
+    kr = keyer()
+    ab = kr.checkpoint_keys([[1, 2], [3]])
+    abc = kr.checkpoint_keys([[1, 2], [3], [4, 5]])
+    ba = kr.checkpoint_keys([[3], [1, 2]])
+    assert ab == abc[:2]
+    assert ab[0].kind == KIND_CHECKPOINT and ab[1].token_ids == (3,)
+    assert abc[1] != ba[0] and ab[1] != ba[1]  # order matters
+    # A checkpoint never equals a segment key with the same tokens.
+    assert kr.checkpoint_keys([[3]])[0] != kr.segment_key([3], 0)
+
+
+def test_key_errors():
+    with pytest.raises(ValueError, match="at least one token"):
+        keyer().segment_key([], 0)
+    with pytest.raises(ValueError, match="body_start"):
+        keyer().segment_key([1], 2)
+    with pytest.raises(ValueError, match="body_start"):
+        keyer().segment_key([1], True)
+    with pytest.raises(ValueError, match="model_id"):
+        KeyNamespace("", "float32")
+    with pytest.raises(ValueError, match="hash_fn"):
+        Keyer(KeyNamespace("m", "f"), hash_fn=lambda b: b"").segment_key([1], 0)
+    with pytest.raises(ValueError, match="empty segment"):
+        keyer().checkpoint_keys([[1], []])

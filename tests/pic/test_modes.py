@@ -1,0 +1,55 @@
+import pytest
+
+from hypic.pic.modes import MODES, PICConfig, get_mode, seam_tokens, validate_seam
+
+
+def test_mode_table():
+    assert set(MODES) == {"full_recompute", "prefix_cache", "addition", "transition",
+                          "transition_rope", "hypic"}
+    add, tr, trr, hy = (get_mode(n) for n in ("addition", "transition", "transition_rope", "hypic"))
+    assert (add.use_transition, tr.use_transition, trr.use_transition, hy.use_transition) == (
+        False, True, True, True)
+    assert (add.rerotate_keys, tr.rerotate_keys, trr.rerotate_keys, hy.rerotate_keys) == (
+        False, False, True, True)
+    assert add.fixed_seam == tr.fixed_seam == trr.fixed_seam == 0 and hy.fixed_seam is None
+    assert get_mode("prefix_cache").uses_prefix_checkpoints
+    assert not get_mode("full_recompute").uses_segment_store
+    assert get_mode("transition_rope_recompute") is hy
+
+
+def test_unknown_mode_lists_valid_modes():
+    with pytest.raises(ValueError, match="unknown mode 'fast'.*full_recompute.*hypic"):
+        get_mode("fast")
+    with pytest.raises(ValueError, match="unknown mode"):
+        PICConfig(mode="fast")
+
+
+@pytest.mark.parametrize(
+    "seam, length, expected",
+    [(8, 20, 8), (8, 5, 5), (0, 5, 0), (0.25, 7, 2), (0.25, 8, 2), (0.3, 10, 3), (1.0, 9, 9),
+     (0.01, 5, 1), (3, 0, 0)],
+)
+def test_seam_tokens(seam, length, expected):
+    assert seam_tokens(seam, length) == expected
+
+
+@pytest.mark.parametrize("bad", [-1, 0.0, 1.5, float("nan"), True, "8", None])
+def test_bad_seam(bad):
+    with pytest.raises(ValueError, match="seam"):
+        validate_seam(bad)
+
+
+def test_resolve_per_request_overrides():
+    cfg = PICConfig()  # hypic, w = 8, inline
+    p = cfg.resolve()
+    assert (p.mode.name, p.seam, p.cold_policy) == ("hypic", 8, "inline")
+    p = cfg.resolve(mode="transition", cold_policy="standalone")
+    assert (p.mode.name, p.seam, p.cold_policy) == ("transition", 0, "standalone")
+    assert cfg.resolve(seam=0.5).seam_tokens(10) == 5
+    with pytest.raises(ValueError, match="fixed seam"):
+        cfg.resolve(mode="addition", seam=4)
+    assert cfg.resolve(mode="addition", seam=0).seam == 0
+    with pytest.raises(ValueError, match="cold policy"):
+        cfg.resolve(cold_policy="lukewarm")
+    with pytest.raises(ValueError, match="seam"):
+        PICConfig(seam=-2)
