@@ -1,0 +1,241 @@
+"""LLMEngine: requests in, tokens out. Each ``step()`` is schedule -> run -> postprocess.
+
+* schedule: the :class:`~hypic.engine.scheduler.Scheduler` picks a prefill batch (bounded by a
+  token budget, long prompts chunked) or a decode step over all running requests;
+* run: the batch's live tokens are packed (no batch dimension), each request brings its own
+  :class:`~hypic.engine.context.SequenceCache`, one forward computes logits only for the rows
+  that sample, and :func:`~hypic.engine.sampling.sample` draws one token per request with the
+  request's own generator;
+* postprocess: tokens are appended, stop rules applied, finished requests release their cache.
+
+Every input check happens in :meth:`LLMEngine.add_request`, before the request joins the queue,
+so a bad request raises there (ValueError) and never reaches a batch shared with others.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hypic.assets import resolve_model_path
+from hypic.engine.context import PlainContext, SequenceCache
+from hypic.engine.outputs import RequestOutput
+from hypic.engine.request import Request
+from hypic.engine.sampling import SamplingParams, sample
+from hypic.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from hypic.engine.tokenizer import Tokenizer
+from hypic.models.config import load_spec
+from hypic.models.loader import load_model
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None / "auto" -> cuda when available, else cpu."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is not a valid torch device") from e
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """"auto" / None: float32 on CPU (the reference precision), bfloat16 on accelerators."""
+    if dtype is None or dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"dtype {dtype!r} is not one of: auto, {', '.join(_DTYPES)}")
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters (tokens and steps) since the engine started."""
+
+    num_prefill_steps: int = 0
+    num_decode_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+
+class LLMEngine:
+    """Continuous-batching generation over one model.
+
+    model: a checkpoint folder or an embedded name ("tiny"). dtype: "auto" | "float32" |
+    "bfloat16" | "float16" | "float64" or a torch dtype. device: "auto" | "cpu" | "cuda[:i]".
+    max_model_len: prompt + output tokens per request (default: the model's
+    max_position_embeddings). seed: seeds the per-request generators of requests that do not
+    set their own seed (and dummy weights). load_format: "safetensors" or "dummy".
+    """
+
+    def __init__(
+        self,
+        model: str | Path = "tiny",
+        *,
+        dtype: str | torch.dtype | None = "auto",
+        device: str | torch.device | None = "auto",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 64,
+        load_format: str = "safetensors",
+    ) -> None:
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        self.model_path = resolve_model_path(model)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        # Check cheap arguments against config.json before loading any weights.
+        limit = load_spec(str(self.model_path)).max_position_embeddings
+        if max_model_len is None:
+            max_model_len = limit
+        elif not isinstance(max_model_len, int) or isinstance(max_model_len, bool) or not 1 <= max_model_len <= limit:
+            raise ValueError(f"max_model_len must be an int in [1, {limit}] (max_position_embeddings), got {max_model_len!r}")
+        self.max_model_len = max_model_len
+        has_tokenizer = (self.model_path / "tokenizer.json").is_file()
+        self.tokenizer = Tokenizer(self.model_path) if has_tokenizer else None
+        self.spec, self.model = load_model(
+            str(self.model_path), dtype=self.dtype, device=self.device, load_format=load_format, seed=seed
+        )
+        eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.spec.eos_token_ids
+        self.eos_token_ids = tuple(eos_ids)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_model_len, max_num_batched_tokens, max_num_seqs),
+            eos_token_ids=self.eos_token_ids,
+            detokenize=self.tokenizer.decode if self.tokenizer else None,
+        )
+        # Seeds for requests without their own: drawn in arrival order, so a run is reproducible.
+        self._seed_generator = torch.Generator().manual_seed(seed)
+        self._request_counter = itertools.count()
+        self.stats = EngineStats()
+
+    # ---- requests --------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int] | dict,
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; returns its id. ``prompt``: text, token ids, or a vLLM-style dict
+        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``. Raises ValueError for input that cannot be served
+        (empty prompt, token ids outside the vocabulary, prompt longer than max_model_len, ...)."""
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if request_id is None:
+            request_id = str(next(self._request_counter))
+        prompt_text, prompt_ids = self._prompt_token_ids(prompt, request_id)
+        request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text)
+        self.scheduler.check_request(request)
+        seed = sampling_params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+        request.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.scheduler.add(request)
+        return request_id
+
+    def _prompt_token_ids(self, prompt, request_id: str) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt dicts
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, str):
+                    raise ValueError(f"request {request_id}: prompt_token_ids must be a list of ints")
+                return prompt.get("prompt"), self._prompt_token_ids(ids, request_id)[1]
+            if "prompt" in prompt:
+                return self._prompt_token_ids(prompt["prompt"], request_id)
+            raise ValueError(f"request {request_id}: a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"request {request_id}: text prompt but {self.model_path} has no tokenizer.json; pass token ids")
+            ids = self.tokenizer.encode(prompt)
+            text = prompt
+        elif isinstance(prompt, (list, tuple)):
+            ids, text = list(prompt), None
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ValueError(f"request {request_id}: token-id prompt must be a list of ints")
+        else:
+            raise ValueError(f"request {request_id}: prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError(f"request {request_id}: prompt is empty")
+        vocab = self.spec.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {request_id}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return text, ids
+
+    def abort_request(self, request_id: str) -> bool:
+        request = self.scheduler.abort(request_id)
+        if request is None:
+            return False
+        request.cache = None
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return self.scheduler.num_unfinished
+
+    # ---- the loop --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; returns an output for every request that got a token."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        token_ids = self._run(batch)
+        updated = self.scheduler.postprocess(batch, token_ids)
+        if batch.is_prefill:
+            self.stats.num_prefill_steps += 1
+            self.stats.num_prefill_tokens += batch.num_tokens
+        else:
+            self.stats.num_decode_steps += 1
+            self.stats.num_decode_tokens += batch.num_tokens
+        outputs = []
+        for request in updated:
+            if request.is_finished:
+                request.cache = None  # release the K/V and recurrent state now
+            outputs.append(RequestOutput.from_request(request))
+        return outputs
+
+    @torch.inference_mode()
+    def _run(self, batch: ScheduledBatch) -> list[int]:
+        for request in batch.requests:
+            if request.cache is None:
+                request.cache = SequenceCache.allocate(self.spec, self.device, self.dtype)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        logits_rows: list[int] = []
+        for i, (start, n) in enumerate(zip(batch.start_positions, batch.num_scheduled_tokens)):
+            input_ids.extend(batch.token_ids(i))
+            positions.extend(range(start, start + n))
+            if batch.samples[i]:
+                logits_rows.append(len(input_ids) - 1)
+        ctx = PlainContext(
+            self.spec,
+            [r.cache for r in batch.requests],
+            batch.num_scheduled_tokens,
+            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+            logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=self.device),
+        )
+        logits = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), ctx.positions, ctx)
+        sampling = batch.sampling_requests
+        if not sampling:
+            return []
+        tokens = sample(logits, [r.sampling_params for r in sampling], [r.generator for r in sampling])
+        return tokens.tolist()

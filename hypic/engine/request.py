@@ -1,0 +1,135 @@
+"""A generation request and its life cycle (plain Python: no torch needed to build or test one).
+
+States: WAITING (queued, or part-way through a chunked prefill) -> RUNNING (prompt fully
+prefilled, decoding one token per step) -> FINISHED. Finish reasons follow vLLM: ``"stop"``
+(end-of-sequence token, a stop token id or a stop string) and ``"length"`` (max_tokens or the
+context length reached); ``"abort"`` when the caller aborts it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hypic.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock timestamps (``time.monotonic()`` seconds) and token counts of one request."""
+
+    arrival_time: float
+    prompt_tokens: int
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    generation_tokens: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token in seconds (arrival -> first sampled token)."""
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+
+class Request:
+    """One prompt being served. ``num_computed_tokens`` counts tokens whose state is in the cache.
+
+    ``cache`` and ``generator`` are opaque here (set by the engine): the per-sequence model cache
+    and the request's ``torch.Generator``.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+            raise ValueError(f"request {request_id}: prompt_token_ids must be a non-empty list of ints")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt_token_ids):
+            raise ValueError(f"request {request_id}: prompt_token_ids must hold ints >= 0")
+        if not isinstance(sampling_params, SamplingParams):
+            raise ValueError(
+                f"request {request_id}: sampling_params must be SamplingParams, "
+                f"got {type(sampling_params).__name__}"
+            )
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.output_token_ids: list[int] = []
+        self.output_text = ""
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that fired
+        self.num_computed_tokens = 0
+        now = time.monotonic() if arrival_time is None else arrival_time
+        self.metrics = RequestMetrics(arrival_time=now, prompt_tokens=len(self.prompt_token_ids))
+        # Incremental detokenisation window (vLLM's prefix/read offsets into output_token_ids):
+        # text of [prefix_offset, read_offset) is already in output_text.
+        self.detok_prefix_offset = 0
+        self.detok_read_offset = 0
+        self.cache: Any = None
+        self.generator: Any = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed_prompt_tokens(self) -> int:
+        return max(self.num_prompt_tokens - self.num_computed_tokens, 0)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def finish(self, reason: str, stop_reason: int | str | None = None, now: float | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.metrics.finished_time = time.monotonic() if now is None else now
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"computed={self.num_computed_tokens}, output={self.num_output_tokens})"
+        )

@@ -1,0 +1,97 @@
+"""The batched token sampler (greedy, temperature, top-k, top-p, per-request generators).
+
+Each row of a batch is sampled with its own ``torch.Generator`` so a seeded request draws the
+same tokens whichever requests share its batch. Masks (top-k, top-p) are vectorised over the
+batch; only the random draw loops over rows, because generators cannot be batched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hypic.engine.sampling_params import SamplingParams
+
+__all__ = ["SamplingParams", "apply_top_k", "apply_top_p", "sample"]
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Set all but the ``top_k[i]`` largest logits of row i to -inf (top_k <= 0: keep all).
+
+    Ties at the k-th value are all kept, so a row may keep more than k tokens.
+    logits: [N, V] float; top_k: LongTensor [N].
+    """
+    _check_rows(logits, top_k, "top_k")
+    vocab_size = logits.shape[1]
+    k = torch.where(top_k <= 0, torch.full_like(top_k, vocab_size), top_k.clamp(max=vocab_size))
+    sorted_logits = logits.sort(dim=1, descending=True).values
+    kth_value = sorted_logits.gather(1, (k - 1).unsqueeze(1))
+    return logits.masked_fill(logits < kth_value, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most probable tokens whose probability mass reaches ``top_p[i]``.
+
+    A token is kept when the mass of the tokens strictly more probable than it is < top_p, so
+    the most probable token is always kept. logits: [N, V] float; top_p: float tensor [N].
+    """
+    _check_rows(logits, top_p, "top_p")
+    sorted_logits, order = logits.sort(dim=1, descending=True)
+    probs = sorted_logits.softmax(dim=1)
+    mass_before = probs.cumsum(dim=1) - probs
+    remove_sorted = mass_before >= top_p.to(probs.dtype).unsqueeze(1)
+    remove_sorted[:, 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def _check_rows(logits: torch.Tensor, values: torch.Tensor, name: str) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    if values.shape != (logits.shape[0],):
+        raise ValueError(f"{name} must be [N={logits.shape[0]}], got shape {tuple(values.shape)}")
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:
+    """Sample one token per row. logits [N, V] (any float dtype; maths in fp32) -> LongTensor [N].
+
+    Greedy rows take the argmax. Other rows: divide by temperature, mask with top-k then top-p,
+    and draw with the row's generator (``None``: the global torch RNG) using the exponential
+    race ``argmax(p / E)``, E ~ Exp(1), which samples from p exactly.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+    num_rows = logits.shape[0]
+    if len(params) != num_rows or len(generators) != num_rows:
+        raise ValueError(
+            f"params ({len(params)}) and generators ({len(generators)}) must have one entry "
+            f"per logits row ({num_rows})"
+        )
+    logits = logits.float()
+    result = logits.argmax(dim=1)
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not random_rows:
+        return result
+    device = logits.device
+    rows = torch.tensor(random_rows, device=device, dtype=torch.long)
+    temperature = torch.tensor([params[i].temperature for i in random_rows], device=device)
+    scaled = logits.index_select(0, rows) / temperature.unsqueeze(1)
+    if any(params[i].top_k > 0 for i in random_rows):
+        top_k = torch.tensor([params[i].top_k for i in random_rows], device=device)
+        scaled = apply_top_k(scaled, top_k)
+    if any(params[i].top_p < 1.0 for i in random_rows):
+        top_p = torch.tensor([params[i].top_p for i in random_rows], device=device)
+        scaled = apply_top_p(scaled, top_p)
+    probs = scaled.softmax(dim=1)
+    noise = torch.empty_like(probs)
+    for j, i in enumerate(random_rows):
+        noise[j].exponential_(generator=generators[i])
+    # exponential_ can return exactly 0; p / 0 would pick a masked (p = 0 -> nan) token.
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+    drawn = (probs / noise).argmax(dim=1)
+    return result.index_copy(0, rows, drawn)

@@ -1,0 +1,274 @@
+"""Continuous-batching scheduler (plain Python, testable without torch).
+
+Each step is either
+
+* a **prefill** step: waiting requests in arrival order, each given as many of its remaining
+  prompt tokens as fit in the ``max_num_batched_tokens`` budget; a prompt longer than what is
+  left of the budget is prefilled in chunks over several steps (the runner carries its state);
+  or
+* a **decode** step: one token for every running request.
+
+Prefill goes first whenever a waiting request can be admitted (fewer than ``max_num_seqs``
+requests hold a cache); requests join and leave between steps. The scheduler decides how many
+tokens each request computes; :meth:`Scheduler.postprocess` appends the sampled tokens and
+applies the stop rules (eos / stop token ids / stop strings -> ``"stop"``; max_tokens or the
+context length -> ``"length"``). Stop strings are matched on the detokenised output text, and
+the text is cut before the stop string (vLLM's behaviour without include_stop_str_in_output).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from hypic.engine.request import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Request,
+    RequestStatus,
+)
+
+# detokenize(token_ids, skip_special_tokens) -> text
+Detokenize = Callable[[list[int], bool], str]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """max_model_len: prompt + output tokens per request. max_num_batched_tokens: token budget
+    of one prefill step. max_num_seqs: requests holding a cache at once (running + part-way
+    through prefill)."""
+
+    max_model_len: int
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work. ``num_scheduled_tokens[i]`` tokens of ``requests[i]`` are computed,
+    starting at position ``start_positions[i]``; ``samples[i]`` says whether a token is sampled
+    for it (False only for a prefill chunk that does not finish the prompt)."""
+
+    is_prefill: bool
+    requests: list[Request]
+    num_scheduled_tokens: list[int]
+    start_positions: list[int]
+    samples: list[bool]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    @property
+    def sampling_requests(self) -> list[Request]:
+        return [r for r, s in zip(self.requests, self.samples) if s]
+
+    def token_ids(self, index: int) -> list[int]:
+        """Input token ids of ``requests[index]`` for this step."""
+        request = self.requests[index]
+        start, n = self.start_positions[index], self.num_scheduled_tokens[index]
+        if self.is_prefill:
+            return request.prompt_token_ids[start : start + n]
+        return [request.all_token_ids[start]]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        eos_token_ids: Iterable[int] = (),
+        detokenize: Detokenize | None = None,
+    ) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.detokenize = detokenize
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    # ---- admission -------------------------------------------------------------------------
+    def check_request(self, request: Request) -> None:
+        """Raise ValueError if ``request`` can never be served (nothing is enqueued)."""
+        if request.num_prompt_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: prompt has {request.num_prompt_tokens} tokens, "
+                f"longer than the maximum context length max_model_len={self.config.max_model_len}"
+            )
+        if request.sampling_params.stop and self.detokenize is None:
+            raise ValueError(
+                f"request {request.request_id}: stop strings need a tokenizer, and this engine has none"
+            )
+        if request.request_id in self._ids():
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+
+    def add(self, request: Request) -> None:
+        self.check_request(request)
+        if request.status != RequestStatus.WAITING or request.num_computed_tokens:
+            raise ValueError(f"request {request.request_id} is not a fresh request: {request!r}")
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Finish the request with reason "abort"; returns it (None if unknown or finished)."""
+        for queue in (self.waiting, self.running):
+            for request in queue:
+                if request.request_id == request_id:
+                    queue.remove(request)
+                    request.finish(FINISH_ABORT)
+                    return request
+        return None
+
+    def _ids(self) -> set[str]:
+        return {r.request_id for r in self.waiting} | {r.request_id for r in self.running}
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- scheduling ------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """The next step's batch, or None when nothing is left to do."""
+        batch = self._schedule_prefill()
+        if batch is not None:
+            return batch
+        if not self.running:
+            return None
+        now = time.monotonic()
+        for request in self.running:
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+        return ScheduledBatch(
+            is_prefill=False,
+            requests=list(self.running),
+            num_scheduled_tokens=[1] * len(self.running),
+            start_positions=[r.num_tokens - 1 for r in self.running],
+            samples=[True] * len(self.running),
+        )
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        budget = self.config.max_num_batched_tokens
+        # Requests part-way through a chunked prefill already hold a cache slot.
+        holding = len(self.running) + sum(1 for r in self.waiting if r.num_computed_tokens)
+        requests, counts, starts, samples = [], [], [], []
+        now = time.monotonic()
+        for request in self.waiting:
+            if budget == 0:
+                break
+            if request.num_computed_tokens == 0:
+                if holding >= self.config.max_num_seqs:
+                    break  # strict arrival order: a later request never overtakes this one
+                holding += 1
+            remaining = request.num_uncomputed_prompt_tokens
+            n = min(remaining, budget)
+            budget -= n
+            requests.append(request)
+            counts.append(n)
+            starts.append(request.num_computed_tokens)
+            samples.append(n == remaining)
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+        if not requests:
+            return None
+        return ScheduledBatch(True, requests, counts, starts, samples)
+
+    # ---- after the model ran ---------------------------------------------------------------
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: list[int]) -> list[Request]:
+        """Record a step's results. ``sampled_token_ids`` has one id per sampling request, in
+        batch order. Returns the requests that received a token (finished ones included, and
+        already removed from the running set)."""
+        sampling = batch.sampling_requests
+        if len(sampled_token_ids) != len(sampling):
+            raise ValueError(
+                f"sampled_token_ids has {len(sampled_token_ids)} entries for "
+                f"{len(sampling)} sampling requests"
+            )
+        now = time.monotonic()
+        for request, n in zip(batch.requests, batch.num_scheduled_tokens):
+            request.num_computed_tokens += n
+        updated = []
+        sampled = iter(sampled_token_ids)
+        for request, samples in zip(batch.requests, batch.samples):
+            if not samples or request.is_finished:  # aborted while the step ran
+                if samples:
+                    next(sampled)
+                continue
+            if batch.is_prefill:
+                self.waiting.remove(request)
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+            token_id = int(next(sampled))
+            request.output_token_ids.append(token_id)
+            request.metrics.generation_tokens += 1
+            if request.metrics.first_token_time is None:
+                request.metrics.first_token_time = now
+            self._check_stop(request, token_id, now)
+            updated.append(request)
+        self.running = [r for r in self.running if not r.is_finished]
+        return updated
+
+    def _check_stop(self, request: Request, token_id: int, now: float) -> None:
+        params = request.sampling_params
+        # A token that ends the request by id is not part of the output text.
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            request.finish(FINISH_STOP, None, now)
+            self._update_text(request, flush=True, exclude_last=True)
+            return
+        if token_id in params.stop_token_ids:
+            request.finish(FINISH_STOP, token_id, now)
+            self._update_text(request, flush=True, exclude_last=True)
+            return
+        num_new_chars = self._update_text(request)
+        if params.stop and num_new_chars and self._check_stop_strings(request, num_new_chars, now):
+            return
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+            request.finish(FINISH_LENGTH, None, now)
+            self._update_text(request, flush=True)
+
+    def _update_text(self, request: Request, flush: bool = False, exclude_last: bool = False) -> int:
+        """Append the text of newly decodable output tokens to ``request.output_text``; returns
+        the number of characters added.
+
+        Decodes only a window of the last tokens (vLLM's incremental detokenisation), so a step
+        costs O(1) in the output length. Text ending in U+FFFD is held back (an incomplete UTF-8
+        sequence of a byte-level token) unless ``flush``. ``exclude_last`` leaves out the last
+        token (the stop token that ended the request).
+        """
+        if self.detokenize is None:
+            return 0
+        skip = request.sampling_params.skip_special_tokens
+        ids = request.output_token_ids[:-1] if exclude_last else request.output_token_ids
+        prefix, read = request.detok_prefix_offset, request.detok_read_offset
+        prefix_text = self.detokenize(ids[prefix:read], skip)
+        new_text = self.detokenize(ids[prefix:], skip)
+        if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not flush):
+            return 0
+        delta = new_text[len(prefix_text) :]
+        request.output_text += delta
+        request.detok_prefix_offset, request.detok_read_offset = read, len(ids)
+        return len(delta)
+
+    def _check_stop_strings(self, request: Request, num_new_chars: int, now: float) -> bool:
+        text = request.output_text
+        old_len = len(text) - num_new_chars
+        # Only matches overlapping the new characters are new; the earliest one wins.
+        best: tuple[int, str] | None = None
+        for stop in request.sampling_params.stop:
+            index = text.find(stop, max(0, old_len - len(stop) + 1))
+            if index >= 0 and (best is None or index < best[0]):
+                best = (index, stop)
+        if best is None:
+            return False
+        request.finish(FINISH_STOP, best[1], now)
+        request.output_text = text[: best[0]]
+        return True

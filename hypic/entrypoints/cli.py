@@ -1,0 +1,178 @@
+"""The ``hypic`` command line.
+
+    hypic generate --model tiny --prompt "hello" [--max-tokens 32 --temperature 0 ...]
+    hypic bench <name> ...
+
+``bench`` is a subcommand group filled from a registry: a module ``hypic/bench/<x>.py`` that
+defines ``BENCH_COMMAND = BenchCommand(name, help, add_arguments, run)`` is discovered
+automatically (modules are imported only when ``hypic bench`` is invoked), and code can also
+call :func:`register_bench_command` before :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class BenchCommand:
+    """``add_arguments(parser)`` declares the options; ``run(args)`` returns an exit code
+    (None = 0)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+_BENCH_COMMANDS: dict[str, BenchCommand] = {}
+
+
+def register_bench_command(command: BenchCommand) -> None:
+    if not isinstance(command, BenchCommand):
+        raise ValueError(f"command must be a BenchCommand, got {type(command).__name__}")
+    existing = _BENCH_COMMANDS.get(command.name)
+    if existing is not None and existing is not command:
+        raise ValueError(f"bench command {command.name!r} is already registered")
+    _BENCH_COMMANDS[command.name] = command
+
+
+def bench_commands() -> dict[str, BenchCommand]:
+    return dict(_BENCH_COMMANDS)
+
+
+def discover_bench_commands() -> None:
+    """Import ``hypic.bench`` submodules and register their ``BENCH_COMMAND``s. A module that
+    fails to import is reported and skipped, so one broken benchmark does not break the rest."""
+    import hypic.bench
+
+    for info in pkgutil.iter_modules(hypic.bench.__path__):
+        if info.name.startswith("_"):
+            continue
+        name = f"hypic.bench.{info.name}"
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - report and skip this module only
+            warnings.warn(f"hypic bench: skipping {name}: {type(e).__name__}: {e}", stacklevel=2)
+            continue
+        command = getattr(module, "BENCH_COMMAND", None)
+        if isinstance(command, BenchCommand):
+            register_bench_command(command)
+
+
+# ---- generate -------------------------------------------------------------------------------
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="checkpoint folder or 'tiny' (embedded model)")
+    parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 | float64")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--load-format", default="safetensors", choices=["safetensors", "dummy"])
+
+
+def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_engine_arguments(parser)
+    parser.add_argument("--prompt", action="append", required=True,
+                        help="prompt text (repeat for several prompts)")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template as a user turn")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from hypic.engine.sampling import SamplingParams
+    from hypic.entrypoints.llm import LLM
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+        seed=args.seed,
+    )
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
+        max_model_len=args.max_model_len, load_format=args.load_format,
+    )
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    if args.chat:
+        conversations = [[{"role": "user", "content": p}] for p in args.prompt]
+        outputs = llm.chat(conversations, params, use_tqdm=False)
+    else:
+        outputs = llm.generate(args.prompt, params, use_tqdm=False)
+    gen_s = time.perf_counter() - t1
+    for out in outputs:
+        completion = out.outputs[0]
+        print(f"=== prompt: {out.prompt!r}")
+        print(completion.text)
+        ttft = out.metrics.ttft
+        ttft_text = "n/a" if ttft is None else f"{ttft * 1000:.1f} ms"
+        print(
+            f"--- prompt_tokens={out.metrics.prompt_tokens} output_tokens={len(completion.token_ids)} "
+            f"finish_reason={completion.finish_reason} ttft={ttft_text}"
+        )
+    engine = llm.llm_engine
+    num_out = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(
+        f"--- model={engine.model_path} dtype={str(engine.dtype).removeprefix('torch.')} device={engine.device} "
+        f"load={load_s:.2f} s generate={gen_s:.2f} s output_tokens={num_out} "
+        f"({num_out / gen_s if gen_s > 0 else 0.0:.1f} tok/s)"
+    )
+    return 0
+
+
+# ---- entry point ----------------------------------------------------------------------------
+
+
+def build_parser(with_bench_discovery: bool = False) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hypic", description="hypic: serving engine for hybrid-attention LLMs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    _add_generate_arguments(gen)
+    gen.set_defaults(func=_run_generate)
+    bench = sub.add_parser("bench", help="benchmarks (see `hypic bench -h`)")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    bench_sub.required = True
+    if with_bench_discovery:
+        discover_bench_commands()
+    for command in sorted(_BENCH_COMMANDS.values(), key=lambda c: c.name):
+        p = bench_sub.add_parser(command.name, help=command.help)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Importing every benchmark module costs time: only do it when a bench command is asked for.
+    parser = build_parser(with_bench_discovery=bool(argv) and argv[0] == "bench")
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except ValueError as e:
+        # Input errors (missing folder, bad sampling settings, too-long prompt): a message, not a trace.
+        print(f"hypic: error: {e}", file=sys.stderr)
+        return 2
+    return 0 if code is None else int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Offline API: ``hypic.LLM(model=...).generate(prompts, sampling_params)`` as in vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hypic.engine.engine import LLMEngine
+from hypic.engine.outputs import RequestOutput
+from hypic.engine.sampling import SamplingParams
+
+Prompt = str | list[int] | dict
+
+
+class LLM:
+    """Generate completions for a batch of prompts with continuous batching.
+
+    >>> llm = LLM(model="tiny", seed=0)
+    >>> out = llm.generate(["Hello", "The model"], SamplingParams(temperature=0, max_tokens=8))
+    >>> out[0].outputs[0].text, out[0].outputs[0].finish_reason, out[0].metrics.ttft
+
+    Arguments as :class:`~hypic.engine.engine.LLMEngine`.
+    """
+
+    def __init__(
+        self,
+        model: str | Path = "tiny",
+        *,
+        dtype: str | torch.dtype | None = "auto",
+        device: str | torch.device | None = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 64,
+        load_format: str = "safetensors",
+    ) -> None:
+        self.llm_engine = LLMEngine(
+            model,
+            dtype=dtype,
+            device=device,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            load_format=load_format,
+        )
+        self._request_counter = 0
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One :class:`RequestOutput` per prompt, in prompt order.
+
+        prompts: a string, a list of token ids, a vLLM-style dict (``{"prompt": ...}`` or
+        ``{"prompt_token_ids": ...}``), or a list of any of these.
+        sampling_params: one for all prompts, or a list with one per prompt (default:
+        ``SamplingParams()``). Every prompt is validated before any runs: a bad one raises
+        ValueError naming its index and nothing is generated.
+        """
+        prompt_list = _normalize_prompts(prompts)
+        params_list = _normalize_params(sampling_params, len(prompt_list))
+        engine = self.llm_engine
+        request_ids: list[str] = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                request_id = f"gen-{self._request_counter}"
+                self._request_counter += 1
+                try:
+                    engine.add_request(prompt, params, request_id=request_id)
+                except ValueError as e:
+                    raise ValueError(f"prompt {i}: {e}") from e
+                request_ids.append(request_id)
+        except ValueError:
+            for request_id in request_ids:  # leave the engine as we found it
+                engine.abort_request(request_id)
+            raise
+        return self._run_engine(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the checkpoint's chat template to one conversation (a list of messages) or a
+        list of conversations, then :meth:`generate`."""
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs a tokenizer, and this model folder has none")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        conversations = messages if isinstance(messages[0], list) else [messages]
+        prompts = [
+            tokenizer.encode(
+                tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt),
+                add_special_tokens=False,
+            )
+            for c in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        pending = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm and len(request_ids) > 1:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(request_ids), desc="Generating", unit="req", dynamic_ncols=True)
+        try:
+            while pending:
+                for output in engine.step():
+                    if output.finished and output.request_id in pending:
+                        pending.discard(output.request_id)
+                        finished[output.request_id] = output
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+            for request_id in pending:  # interrupted: do not leave orphans in the engine
+                engine.abort_request(request_id)
+        return [finished[r] for r in request_ids]
+
+
+def _is_token_ids(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in x
+    )
+
+
+def _normalize_prompts(prompts) -> list[Prompt]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if _is_token_ids(prompts):
+        return [list(prompts)]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a str, a list of str, token ids, or a list of token-id lists (non-empty)")
+    out: list[Prompt] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, dict)):
+            out.append(p)
+        elif _is_token_ids(p):
+            out.append(list(p))
+        else:
+            raise ValueError(f"prompt {i}: must be a str, a dict or a non-empty list of token ids, got {p!r:.80}")
+    return out
+
+
+def _normalize_params(sampling_params, num_prompts: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_prompts
+    params = list(sampling_params)
+    if len(params) != num_prompts:
+        raise ValueError(f"sampling_params has {len(params)} entries for {num_prompts} prompts")
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling_params[{i}] must be SamplingParams, got {type(p).__name__}")
+    return params

@@ -1,0 +1,294 @@
+"""Scheduler and request life cycle, in plain Python (no torch, no model)."""
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hypic.engine.request import Request, RequestStatus
+from hypic.engine.sampling_params import SamplingParams
+from hypic.engine.scheduler import Scheduler, SchedulerConfig
+
+EOS = 0
+# A toy vocabulary: id -> text; id 0 is the special eos, 1 a special "<x>".
+VOCAB = {0: "</s>", 1: "<x>"} | {i: chr(ord("a") + i - 2) for i in range(2, 28)} | {28: " ", 29: "!"}
+SPECIAL = {0, 1}
+
+
+def detok(ids, skip_special_tokens):
+    return "".join(VOCAB[i] for i in ids if not (skip_special_tokens and i in SPECIAL))
+
+
+def tok(text):
+    inv = {v: k for k, v in VOCAB.items()}
+    return [inv[c] for c in text]
+
+
+def make_scheduler(max_model_len=64, budget=16, max_num_seqs=8):
+    return Scheduler(
+        SchedulerConfig(max_model_len, budget, max_num_seqs), eos_token_ids=[EOS], detokenize=detok
+    )
+
+
+def req(rid, n_prompt, **params):
+    params.setdefault("max_tokens", 100)
+    return Request(rid, list(range(2, 2 + n_prompt)), SamplingParams(**params))
+
+
+def run_step(s, next_tokens):
+    """Schedule one batch, "sample" next_tokens[request_id] for every sampling request."""
+    batch = s.schedule()
+    assert batch is not None
+    sampled = [next_tokens[r.request_id] for r in batch.sampling_requests]
+    return batch, s.postprocess(batch, sampled)
+
+
+def test_scheduler_modules_do_not_import_torch():
+    code = "import sys, hypic.engine.scheduler, hypic.engine.request; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        SchedulerConfig(10, 0)
+    with pytest.raises(ValueError, match="max_model_len"):
+        SchedulerConfig(0)
+
+
+def test_request_validation():
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        Request("a", [], SamplingParams())
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        Request("a", [1, -2], SamplingParams())
+    with pytest.raises(ValueError, match="sampling_params"):
+        Request("a", [1], {"temperature": 0})
+
+
+def test_prefill_respects_token_budget_and_chunks_long_prompts():
+    s = make_scheduler(budget=10)
+    for rid, n in [("a", 4), ("b", 4), ("c", 7)]:
+        s.add(req(rid, n))
+    batch = s.schedule()
+    assert batch.is_prefill
+    assert [r.request_id for r in batch.requests] == ["a", "b", "c"]
+    assert batch.num_scheduled_tokens == [4, 4, 2] and batch.num_tokens == 10
+    assert batch.start_positions == [0, 0, 0]
+    assert batch.samples == [True, True, False]  # c's prompt is not done: no token for it
+    assert batch.token_ids(2) == [2, 3]
+    updated = s.postprocess(batch, [5, 6])
+    assert [r.request_id for r in updated] == ["a", "b"]
+    assert [r.request_id for r in s.running] == ["a", "b"]
+    c = s.waiting[0]
+    assert c.status == RequestStatus.WAITING and c.num_computed_tokens == 2
+    # next step finishes c's prompt (prefill has priority over decode)
+    batch = s.schedule()
+    assert batch.is_prefill and batch.num_scheduled_tokens == [5] and batch.start_positions == [2]
+    assert batch.token_ids(0) == list(range(4, 9))
+    s.postprocess(batch, [7])
+    assert c.status == RequestStatus.RUNNING and c.output_token_ids == [7]
+    # now a decode step over all three, each feeding its last token at the next position
+    batch = s.schedule()
+    assert not batch.is_prefill and batch.num_scheduled_tokens == [1, 1, 1]
+    assert batch.start_positions == [4, 4, 7]
+    assert [batch.token_ids(i) for i in range(3)] == [[5], [6], [7]]
+
+
+def test_prompt_longer_than_budget_takes_several_steps():
+    s = make_scheduler(budget=4)
+    s.add(req("a", 11))
+    counts = []
+    while not s.running:
+        batch, _ = run_step(s, {"a": 9})
+        counts.append(batch.num_scheduled_tokens[0])
+    assert counts == [4, 4, 3]
+
+
+def test_join_and_leave_between_steps():
+    s = make_scheduler()
+    s.add(req("a", 3, max_tokens=3))
+    run_step(s, {"a": 5})  # prefill a
+    run_step(s, {"a": 5})  # decode a
+    s.add(req("b", 2, max_tokens=2))  # joins while a runs
+    batch, _ = run_step(s, {"b": 6})
+    assert batch.is_prefill and [r.request_id for r in batch.requests] == ["b"]
+    batch, updated = run_step(s, {"a": 7, "b": 8})
+    assert [r.request_id for r in batch.requests] == ["a", "b"]
+    assert all(r.is_finished and r.finish_reason == "length" for r in updated)
+    assert not s.has_unfinished() and s.schedule() is None
+
+
+def test_max_num_seqs_limits_admission_in_arrival_order():
+    s = make_scheduler(max_num_seqs=2)
+    for rid in "abc":
+        s.add(req(rid, 2, max_tokens=2))
+    batch, _ = run_step(s, {"a": 5, "b": 5})
+    assert [r.request_id for r in batch.requests] == ["a", "b"]
+    batch, updated = run_step(s, {"a": 5, "b": 5})  # c must wait: decode a, b
+    assert not batch.is_prefill and len(updated) == 2 and all(r.is_finished for r in updated)
+    batch, _ = run_step(s, {"c": 5})
+    assert [r.request_id for r in batch.requests] == ["c"]
+
+
+def test_finish_on_eos_unless_ignored():
+    s = make_scheduler()
+    a, b = req("a", 2), req("b", 2, ignore_eos=True, max_tokens=2)
+    s.add(a)
+    s.add(b)
+    run_step(s, {"a": tok("h")[0], "b": EOS})
+    _, updated = run_step(s, {"a": EOS, "b": EOS})
+    assert a.finish_reason == "stop" and a.stop_reason is None
+    assert a.output_token_ids == [tok("h")[0], EOS] and a.output_text == "h"
+    assert b.finish_reason == "length" and b.output_token_ids == [EOS, EOS]
+
+
+def test_stop_token_ids_and_text_excludes_the_stop_token():
+    s = make_scheduler()
+    a = req("a", 2, stop_token_ids=[tok("z")[0]], skip_special_tokens=False)
+    s.add(a)
+    for t in tok("hiz"):
+        run_step(s, {"a": t})
+    assert a.finish_reason == "stop" and a.stop_reason == tok("z")[0]
+    assert a.output_token_ids == tok("hiz") and a.output_text == "hi"
+
+
+def test_stop_string_trims_text_and_keeps_tokens():
+    s = make_scheduler()
+    a = req("a", 2, stop=["lo w", "xyz"])
+    s.add(a)
+    text = "hello world"
+    for t in tok(text):
+        run_step(s, {"a": t})
+        if a.is_finished:
+            break
+    assert a.finish_reason == "stop" and a.stop_reason == "lo w"
+    assert a.output_text == "hel"
+    assert a.output_token_ids == tok("hello w")
+
+
+def test_earliest_stop_string_wins():
+    s = make_scheduler()
+    a = req("a", 2, stop=["cd", "bcde"])
+    s.add(a)
+    for t in tok("abcde"):
+        run_step(s, {"a": t})
+        if a.is_finished:
+            break
+    # "cd" completes first (at token d), so it fires even though "bcde" would start earlier
+    assert a.stop_reason == "cd" and a.output_text == "ab"
+
+
+def test_special_tokens_skipped_in_text():
+    s = make_scheduler()
+    a, b = req("a", 2, max_tokens=3), req("b", 2, max_tokens=3, skip_special_tokens=False)
+    s.add(a)
+    s.add(b)
+    for t in [tok("h")[0], 1, tok("i")[0]]:
+        run_step(s, {"a": t, "b": t})
+    assert a.output_text == "hi" and b.output_text == "h<x>i"
+
+
+def test_max_model_len_finishes_with_length():
+    s = make_scheduler(max_model_len=6)
+    a = req("a", 4)
+    s.add(a)
+    run_step(s, {"a": 5})
+    run_step(s, {"a": 5})
+    assert a.is_finished and a.finish_reason == "length" and a.num_tokens == 6
+
+
+def test_prompt_too_long_is_rejected_and_others_continue():
+    s = make_scheduler(max_model_len=8)
+    s.add(req("ok", 3, max_tokens=2))
+    with pytest.raises(ValueError, match="longer than the maximum context length"):
+        s.add(req("long", 9))
+    with pytest.raises(ValueError, match="already in use"):
+        s.add(req("ok", 2))
+    run_step(s, {"ok": 5})
+    run_step(s, {"ok": 5})
+    assert not s.has_unfinished()
+
+
+def test_stop_strings_need_a_detokenizer():
+    s = Scheduler(SchedulerConfig(16))
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        s.add(req("a", 2, stop=["x"]))
+
+
+def test_abort_removes_request():
+    s = make_scheduler()
+    s.add(req("a", 2))
+    s.add(req("b", 2))
+    run_step(s, {"a": 5, "b": 5})
+    aborted = s.abort("a")
+    assert aborted.finish_reason == "abort" and aborted.is_finished
+    assert s.abort("zzz") is None
+    batch = s.schedule()
+    assert [r.request_id for r in batch.requests] == ["b"]
+
+
+def test_metrics_timestamps():
+    s = make_scheduler()
+    a = req("a", 3, max_tokens=2)
+    s.add(a)
+    run_step(s, {"a": 5})
+    run_step(s, {"a": 5})
+    m = a.metrics
+    assert m.prompt_tokens == 3 and m.generation_tokens == 2
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+    assert m.ttft is not None and m.ttft >= 0 and m.e2e_latency >= m.ttft
+
+
+def test_postprocess_checks_token_count():
+    s = make_scheduler()
+    s.add(req("a", 2))
+    batch = s.schedule()
+    with pytest.raises(ValueError, match="sampled_token_ids"):
+        s.postprocess(batch, [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompt_lens=st.lists(st.integers(1, 30), min_size=1, max_size=8),
+    max_tokens=st.lists(st.integers(1, 6), min_size=8, max_size=8),
+    arrival_steps=st.lists(st.integers(0, 6), min_size=8, max_size=8),
+    budget=st.integers(1, 20),
+    max_num_seqs=st.integers(1, 4),
+)
+def test_random_workloads_keep_invariants(prompt_lens, max_tokens, arrival_steps, budget, max_num_seqs):
+    """Every request finishes with exactly max_tokens tokens; no step exceeds the token budget or
+    max_num_seqs; each request's computed positions are contiguous from 0 with no gaps."""
+    s = make_scheduler(max_model_len=64, budget=budget, max_num_seqs=max_num_seqs)
+    requests = [req(f"r{i}", n, max_tokens=max_tokens[i]) for i, n in enumerate(prompt_lens)]
+    arrivals = {i: arrival_steps[i] for i in range(len(requests))}
+    next_position = {r.request_id: 0 for r in requests}
+    step = 0
+    while step < 1000:
+        for i, r in enumerate(requests):
+            if arrivals[i] == step:
+                s.add(r)
+        batch = s.schedule()
+        if batch is None:
+            if all(a < step for a in arrivals.values()):
+                break
+            step += 1
+            continue
+        assert len(batch.requests) <= max_num_seqs
+        if batch.is_prefill:
+            assert 1 <= batch.num_tokens <= budget
+        in_batch = {r.request_id for r in batch.requests}
+        holders = {r.request_id for r in s.running} | {
+            r.request_id for r in s.waiting if r.num_computed_tokens or r.request_id in in_batch
+        }
+        assert len(holders) <= max_num_seqs
+        for r, start, n in zip(batch.requests, batch.start_positions, batch.num_scheduled_tokens):
+            assert start == next_position[r.request_id]
+            next_position[r.request_id] += n
+        s.postprocess(batch, [7] * len(batch.sampling_requests))
+        step += 1
+    assert not s.has_unfinished()
+    for r in requests:
+        assert r.finish_reason == "length" and r.num_output_tokens == r.sampling_params.max_tokens
+        # positions fed: the whole prompt, then every output token but the last
+        assert next_position[r.request_id] == r.num_prompt_tokens + r.num_output_tokens - 1

@@ -1,0 +1,89 @@
+"""hypic.LLM: the vLLM-shaped offline API on the embedded tiny model."""
+
+import pytest
+import torch
+
+import hypic
+from hypic import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield LLM(model="tiny", dtype="float32", device="cpu", seed=0)
+    torch.set_num_threads(previous)
+
+
+def test_top_level_exports():
+    assert hypic.LLM is LLM and hypic.SamplingParams is SamplingParams
+
+
+def test_generate_prompt_forms_and_output_shape(llm):
+    tokenizer = llm.get_tokenizer()
+    prompts = ["Hello there", "a much longer prompt about the river and the old tree"]
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=True)
+    assert [o.prompt for o in outputs] == prompts
+    for out, prompt in zip(outputs, prompts):
+        assert isinstance(out.request_id, str) and out.finished
+        assert out.prompt_token_ids == tokenizer.encode(prompt)
+        completion = out.outputs[0]
+        assert len(completion.token_ids) == 4 and completion.finish_reason == "length"
+        assert completion.text == tokenizer.decode(completion.token_ids)
+        assert out.metrics.prompt_tokens == len(out.prompt_token_ids)
+        assert out.metrics.ttft > 0
+    assert len({o.request_id for o in outputs}) == 2
+    # a single string, a single token-id list and a list of token-id lists give the same tokens
+    single = llm.generate(prompts[0], GREEDY, use_tqdm=False)
+    ids = tokenizer.encode(prompts[0])
+    from_ids = llm.generate(ids, GREEDY, use_tqdm=False)
+    from_id_lists = llm.generate([ids, tokenizer.encode(prompts[1])], GREEDY, use_tqdm=False)
+    assert len(single) == len(from_ids) == 1
+    assert single[0].outputs[0].token_ids == from_ids[0].outputs[0].token_ids == outputs[0].outputs[0].token_ids
+    assert from_ids[0].prompt is None and from_ids[0].prompt_token_ids == ids
+    assert [o.outputs[0].token_ids for o in from_id_lists] == [o.outputs[0].token_ids for o in outputs]
+    # vLLM-style dict prompts
+    from_dicts = llm.generate([{"prompt_token_ids": ids}, {"prompt": prompts[1]}], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in from_dicts] == [o.outputs[0].token_ids for o in outputs]
+    assert from_dicts[1].prompt == prompts[1]
+    with pytest.raises(ValueError, match="needs 'prompt' or 'prompt_token_ids'"):
+        llm.generate({"text": "x"}, GREEDY, use_tqdm=False)
+
+
+def test_per_prompt_sampling_params(llm):
+    params = [
+        SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+        SamplingParams(temperature=0.9, max_tokens=5, seed=3, ignore_eos=True),
+    ]
+    outputs = llm.generate(["x", "y"], params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [2, 5]
+    again = llm.generate(["y"], params[1], use_tqdm=False)
+    assert again[0].outputs[0].token_ids == outputs[1].outputs[0].token_ids  # seeded
+
+
+def test_chat(llm):
+    out = llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)
+    tokenizer = llm.get_tokenizer()
+    expected = tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert out[0].prompt_token_ids == expected
+    two = llm.chat([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]], GREEDY, use_tqdm=False)
+    assert len(two) == 2 and two[0].outputs[0].token_ids == out[0].outputs[0].token_ids
+
+
+def test_bad_input_raises_and_leaves_engine_clean(llm):
+    too_long = "word " * 5000
+    with pytest.raises(ValueError, match="prompt 1: .*longer than the maximum context length"):
+        llm.generate(["fine", too_long], GREEDY, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="sampling_params has 1 entries for 2 prompts"):
+        llm.generate(["a", "b"], [GREEDY], use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt 0"):
+        llm.generate([None], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="prompts must be"):
+        llm.generate([], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([[1, 99999]], GREEDY, use_tqdm=False)
+    # and the engine still serves
+    assert llm.generate("ok", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
