@@ -1,0 +1,315 @@
+"""Qwen3-Next and Qwen3.5 (dense and MoE) hybrid models, Hugging Face shaped.
+
+One module serves the whole family; the only architectural switch is the Gated DeltaNet input
+projection layout (``spec.gdn_layout``):
+
+* ``"fused"`` (Qwen3-Next): ``in_proj_qkvz`` / ``in_proj_ba``, grouped **per key head**
+  (``[q_h | k_h | v_h.. | z_h..]`` for each key head h), which is un-interleaved here;
+* ``"split"`` (Qwen3.5): ``in_proj_qkv`` (already ``[q | k | v]``), ``in_proj_z``, ``in_proj_b``,
+  ``in_proj_a``.
+
+Parameter names equal the checkpoint's (with the ``model.`` prefix), except routed experts, which
+are held fused as ``mlp.experts.gate_up_proj [E, 2I, H]`` / ``mlp.experts.down_proj [E, H, I]``
+(the loader assembles them from per-expert checkpoint tensors when needed).
+
+No serving logic lives here: the forward runs over ``T`` packed live tokens with explicit
+positions, and every cache interaction goes through the ``ctx`` (docs/contracts.md,
+"hypic.models <-> hypic.engine"): ``ctx.short_conv``, ``ctx.linear_attention``, ``ctx.attention``
+and ``ctx.select_logits_rows``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hypic.models.config import LINEAR_ATTENTION, ModelSpec
+from hypic.ops.moe import moe_experts, route_topk_softmax
+from hypic.ops.norms import gated_rms_norm, l2_normalize, rms_norm_zero_centered
+from hypic.ops.rope import RotaryEmbedding, apply_rotary
+
+# transformers' l2norm inside the GDN kernels uses eps 1e-6 regardless of rms_norm_eps.
+QK_L2NORM_EPS = 1e-6
+
+
+def _math_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMSNorm with output ``x_hat * (1 + weight)``; weight stored zero-centred."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_zero_centered(x, self.weight, self.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """GDN output norm: ``weight * rmsnorm(x) * silu(gate)`` per value head (weight around 1)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return gated_rms_norm(x, gate, self.weight, self.eps)
+
+
+class DepthwiseConvWeight(nn.Module):
+    """Holds the short conv's ``weight [D, 1, W]`` (checkpoint shape); the conv itself runs in
+    the context, which owns the conv state."""
+
+    def __init__(self, channels: int, kernel_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+
+
+def _linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
+    # Weights are always filled by the loader (checkpoint or dummy); the loader builds the model
+    # on the meta device, so nn.Linear's own init costs nothing.
+    return nn.Linear(n_in, n_out, bias=bias)
+
+
+class Qwen3NextGatedDeltaNet(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.layout = spec.gdn_layout
+        self.num_k_heads = spec.linear_num_key_heads
+        self.num_v_heads = spec.linear_num_value_heads
+        self.head_k_dim = spec.linear_key_head_dim
+        self.head_v_dim = spec.linear_value_head_dim
+        self.key_dim = spec.linear_key_dim
+        self.value_dim = spec.linear_value_dim
+        self.conv_dim = spec.conv_dim
+        hidden = spec.hidden_size
+        if self.layout == "fused":
+            self.in_proj_qkvz = _linear(hidden, 2 * self.key_dim + 2 * self.value_dim)
+            self.in_proj_ba = _linear(hidden, 2 * self.num_v_heads)
+        else:
+            self.in_proj_qkv = _linear(hidden, 2 * self.key_dim + self.value_dim)
+            self.in_proj_z = _linear(hidden, self.value_dim)
+            self.in_proj_b = _linear(hidden, self.num_v_heads)
+            self.in_proj_a = _linear(hidden, self.num_v_heads)
+        self.conv1d = DepthwiseConvWeight(self.conv_dim, spec.conv_kernel_size)
+        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, spec.rms_norm_eps)
+        self.out_proj = _linear(self.value_dim, hidden)
+
+    def _project(self, x: torch.Tensor):
+        """-> mixed_qkv [T, conv_dim] in conv order [q | k | v], z [T, HV, dv], b, a [T, HV]."""
+        num_tokens = x.shape[0]
+        if self.layout == "split":
+            mixed = self.in_proj_qkv(x)
+            z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)
+            return mixed, z, self.in_proj_b(x), self.in_proj_a(x)
+        # Fused layout groups everything per key head h: [q_h, k_h, v_(h,0..r), z_(h,0..r)], and
+        # [b_(h,0..r), a_(h,0..r)]; value head j = h * r + i belongs to key head j // r.
+        ratio = self.num_v_heads // self.num_k_heads
+        vdim = ratio * self.head_v_dim
+        qkvz = self.in_proj_qkvz(x).view(num_tokens, self.num_k_heads, 2 * self.head_k_dim + 2 * vdim)
+        q, k, v, z = torch.split(qkvz, [self.head_k_dim, self.head_k_dim, vdim, vdim], dim=-1)
+        ba = self.in_proj_ba(x).view(num_tokens, self.num_k_heads, 2 * ratio)
+        b, a = torch.split(ba, [ratio, ratio], dim=-1)
+        mixed = torch.cat(
+            [q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1)], dim=-1
+        )
+        z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
+        return mixed, z, b.reshape(num_tokens, self.num_v_heads), a.reshape(num_tokens, self.num_v_heads)
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        mixed, z, b, a = self._project(x)
+        # Short causal conv + SiLU over q, k, v only; the context supplies/keeps the conv state.
+        mixed = ctx.short_conv(self.layer_idx, mixed, self.conv1d.weight[:, 0, :], None)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2_normalize(q.reshape(num_tokens, self.num_k_heads, self.head_k_dim), QK_L2NORM_EPS)
+        k = l2_normalize(k.reshape(num_tokens, self.num_k_heads, self.head_k_dim), QK_L2NORM_EPS)
+        v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
+        math = _math_dtype(x)
+        beta = torch.sigmoid(b.to(math))
+        # log decay g = -exp(A_log) * softplus(a + dt_bias) <= 0, computed in fp32 (fp16 A overflows)
+        g = -self.A_log.to(math).exp() * F.softplus(a.to(math) + self.dt_bias.to(math))
+        o = ctx.linear_attention(self.layer_idx, q, k, v, g, beta)  # [T, HV, dv]
+        o = self.norm(o.to(x.dtype), z)
+        return self.out_proj(o.reshape(num_tokens, self.value_dim))
+
+
+class Qwen3NextAttention(nn.Module):
+    """Gated GQA: q_proj gives query and a per-head sigmoid output gate; zero-centred q/k norm;
+    partial RoPE at absolute positions (applied here); cached K/V handled by ``ctx.attention``."""
+
+    def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = spec.num_attention_heads
+        self.num_kv_heads = spec.num_key_value_heads
+        self.head_dim = spec.head_dim
+        self.scale = self.head_dim**-0.5
+        hidden, bias = spec.hidden_size, spec.attention_bias
+        self.q_proj = _linear(hidden, self.num_heads * self.head_dim * 2, bias)
+        self.k_proj = _linear(hidden, self.num_kv_heads * self.head_dim, bias)
+        self.v_proj = _linear(hidden, self.num_kv_heads * self.head_dim, bias)
+        self.o_proj = _linear(self.num_heads * self.head_dim, hidden, bias)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, spec.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, spec.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: RotaryEmbedding, ctx: Any
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        query, gate = torch.chunk(self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim), 2, dim=-1)
+        gate = gate.reshape(num_tokens, self.num_heads * self.head_dim)
+        q = self.q_norm(query)
+        k = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        o = ctx.attention(self.layer_idx, q, k, v, self.scale, rotary)  # [T, Hq, D]
+        o = o.reshape(num_tokens, self.num_heads * self.head_dim) * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+
+class Qwen3NextMLP(nn.Module):
+    """Dense SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = _linear(hidden, intermediate)
+        self.up_proj = _linear(hidden, intermediate)
+        self.down_proj = _linear(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3NextExperts(nn.Module):
+    """Routed experts, fused for grouped GEMM: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+
+class Qwen3NextSparseMoeBlock(nn.Module):
+    """Softmax top-k routed experts plus a sigmoid-gated shared expert."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.top_k = spec.num_experts_per_tok
+        self.renormalize = spec.norm_topk_prob
+        self.gate = _linear(spec.hidden_size, spec.num_experts)
+        self.experts = Qwen3NextExperts(spec.num_experts, spec.hidden_size, spec.moe_intermediate_size)
+        self.has_shared = spec.shared_expert_intermediate_size > 0
+        if self.has_shared:
+            self.shared_expert = Qwen3NextMLP(spec.hidden_size, spec.shared_expert_intermediate_size)
+            self.shared_expert_gate = _linear(spec.hidden_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route_topk_softmax(self.gate(x), self.top_k, self.renormalize)
+        # transformers rounds the routing weights to the activation dtype before mixing.
+        out = moe_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights.to(x.dtype), ids)
+        if self.has_shared:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+class Qwen3NextDecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_type = spec.layer_types[layer_idx]
+        if self.layer_type == LINEAR_ATTENTION:
+            self.linear_attn = Qwen3NextGatedDeltaNet(spec, layer_idx)
+        else:
+            self.self_attn = Qwen3NextAttention(spec, layer_idx)
+        if spec.moe_layers[layer_idx]:
+            self.mlp: nn.Module = Qwen3NextSparseMoeBlock(spec)
+        else:
+            self.mlp = Qwen3NextMLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x, cos, sin, rotary, ctx) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.layer_type == LINEAR_ATTENTION:
+            h = self.linear_attn(h, ctx)
+        else:
+            h = self.self_attn(h, cos, sin, rotary, ctx)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3NextModel(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        # Kept outside the module tree (plain dict, not a buffer) so meta-device construction and
+        # to_empty() never leave the RoPE tables uninitialised; one instance per device.
+        self._rotary: Dict[torch.device, RotaryEmbedding] = {}
+
+    def rotary(self, device: torch.device) -> RotaryEmbedding:
+        device = torch.device(device)
+        if device not in self._rotary:
+            with torch.device(device):
+                rot = RotaryEmbedding(self.spec.head_dim, self.spec.rotary_dim, self.spec.rope_theta)
+            if isinstance(rot, nn.Module):
+                rot = rot.to(device)
+            self._rotary[device] = rot
+        return self._rotary[device]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """input_ids, positions ``[T]`` (packed live tokens) -> final hidden states ``[T, H]``
+        before the final norm (the caller selects the rows it needs first)."""
+        if input_ids.dim() != 1 or input_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"input_ids must be a 1-D integer tensor [T], got {tuple(input_ids.shape)} {input_ids.dtype}")
+        if positions.shape != input_ids.shape or positions.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"positions must be an integer tensor of shape {tuple(input_ids.shape)}, "
+                f"got {tuple(positions.shape)} {positions.dtype}"
+            )
+        x = self.embed_tokens(input_ids)
+        rotary = self.rotary(x.device)
+        cos, sin = rotary.cos_sin(positions)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, rotary, ctx)
+        return x
+
+
+class Qwen3NextForCausalLM(nn.Module):
+    """``logits = model(input_ids [T], positions [T], ctx)`` -> fp32 logits of the rows
+    ``ctx.select_logits_rows`` keeps (e.g. the last token of each span)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = Qwen3NextModel(spec)
+        if not spec.tie_word_embeddings:
+            self.lm_head = _linear(spec.hidden_size, spec.vocab_size)
+
+    def output_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
+        hidden = self.model(input_ids, positions, ctx)
+        hidden = ctx.select_logits_rows(hidden)
+        hidden = self.model.norm(hidden)
+        return F.linear(hidden, self.output_weight()).float()
+
+
+# Qwen3.5 checkpoints run on the same classes (spec.gdn_layout == "split").
+Qwen3_5ForCausalLM = Qwen3NextForCausalLM
+Qwen3_5MoeForCausalLM = Qwen3NextForCausalLM

@@ -1,0 +1,133 @@
+"""Reference varlen causal attention by absolute position.
+
+Queries of N sequences are packed ``[Tq, Hq, D]``; each sequence's keys are packed ``[Tk, Hkv, D]``
+(cached + live, in any order). A query at position ``p`` attends to the keys of **its own sequence**
+whose position is ``<= p``. Positions, not indices, define causality, so cached keys of a reused
+segment and live keys interleave freely (architecture §2).
+
+Memory stays bounded: one sequence at a time, queries in blocks, one ``[block, keys]`` boolean
+mask per block handed to ``scaled_dot_product_attention`` - never an ``n x n`` mask over the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Elements of one [Hq, block, keys] score tile; bounds memory of the math backend on CPU.
+_MAX_TILE_ELEMENTS = 1 << 24
+# On CUDA the fused SDPA kernels never materialise scores: only the [block, keys] mask counts.
+_MAX_CUDA_MASK_ELEMENTS = 1 << 27
+
+
+def _check_cu(name: str, cu: torch.Tensor, total: int) -> None:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be a 1-D integer tensor [N+1]")
+    if cu.numel() < 1 or int(cu[0]) != 0 or int(cu[-1]) != total:
+        raise ValueError(f"{name} must start at 0 and end at {total}, got {cu.tolist()}")
+    if bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing, got {cu.tolist()}")
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    positions_q: torch.Tensor,
+    positions_k: torch.Tensor,
+    scale: Optional[float] = None,
+    block_size: Optional[int] = None,
+) -> torch.Tensor:
+    """Causal-by-position GQA attention over packed varlen sequences.
+
+    q ``[Tq, Hq, D]``, k ``[Tk, Hkv, D]``, v ``[Tk, Hkv, Dv]`` (``Hq % Hkv == 0``: query head h
+    reads kv head ``h // (Hq // Hkv)``); ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[N+1]``;
+    ``positions_q [Tq]``, ``positions_k [Tk]`` absolute positions. Returns ``[Tq, Hq, Dv]`` in q's
+    dtype. Every query must see at least one key (itself, normally).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a rank-3 tensor [T, H, D], got {getattr(t, 'shape', t)}")
+        if t.dtype not in _FLOAT:
+            raise ValueError(f"{name} must be floating point, got {t.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    num_q, num_heads, head_dim = q.shape
+    num_k, num_kv_heads, _ = k.shape
+    if k.shape[2] != head_dim:
+        raise ValueError(f"k head dim {k.shape[2]} != q head dim {head_dim}")
+    if v.shape[0] != num_k or v.shape[1] != num_kv_heads:
+        raise ValueError(f"v shape {tuple(v.shape)} must match k on tokens and heads {tuple(k.shape[:2])}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads ({num_kv_heads})")
+    _check_cu("cu_seqlens_q", cu_seqlens_q, num_q)
+    _check_cu("cu_seqlens_k", cu_seqlens_k, num_k)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(
+            f"cu_seqlens_q has {cu_seqlens_q.numel() - 1} sequences, cu_seqlens_k {cu_seqlens_k.numel() - 1}"
+        )
+    for name, pos, n in (("positions_q", positions_q, num_q), ("positions_k", positions_k, num_k)):
+        if not isinstance(pos, torch.Tensor) or pos.shape != (n,) or pos.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an integer tensor of shape [{n}]")
+    if scale is None:
+        scale = head_dim**-0.5
+    if block_size is not None and block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+
+    out = q.new_empty(num_q, num_heads, v.shape[2])
+    cu_q = cu_seqlens_q.tolist()
+    cu_k = cu_seqlens_k.tolist()
+    groups = num_heads // num_kv_heads
+    for i in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            raise ValueError(f"sequence {i} has queries but no keys")
+        # [H, L, D] layout for SDPA; kv heads expanded for GQA (view + reshape, one copy).
+        keys = _expand_heads(k[k0:k1], groups)
+        values = _expand_heads(v[k0:k1], groups)
+        pos_k = positions_k[k0:k1]
+        keys_sorted = bool((pos_k[1:] >= pos_k[:-1]).all()) if k1 - k0 > 1 else True
+        if block_size is not None:
+            block = block_size
+        elif q.is_cuda:
+            block = max(1, _MAX_CUDA_MASK_ELEMENTS // (k1 - k0))
+        else:
+            block = max(1, _MAX_TILE_ELEMENTS // (num_heads * (k1 - k0)))
+        for b0 in range(q0, q1, block):
+            b1 = min(q1, b0 + block)
+            pos_q = positions_q[b0:b1]
+            limit = k1 - k0
+            if keys_sorted:
+                # Keys after the block's last visible position can never be attended: trim them.
+                limit = int(torch.searchsorted(pos_k, pos_q.max(), right=True))
+                if limit == 0:
+                    raise ValueError(f"a query of sequence {i} has no key at or before its position")
+            mask = pos_k[None, :limit] <= pos_q[:, None]  # [block, keys]
+            if not bool(mask.any(-1).all()):
+                raise ValueError(f"a query of sequence {i} has no key at or before its position")
+            o = F.scaled_dot_product_attention(
+                q[b0:b1].transpose(0, 1),
+                keys[:, :limit],
+                values[:, :limit],
+                attn_mask=mask,
+                scale=scale,
+            )
+            out[b0:b1] = o.transpose(0, 1)
+    return out
+
+
+def _expand_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[L, Hkv, D] -> [Hkv * groups, L, D] with head h = kv head h // groups."""
+    x = x.transpose(0, 1)
+    if groups == 1:
+        return x
+    hkv, length, dim = x.shape
+    return x[:, None].expand(hkv, groups, length, dim).reshape(hkv * groups, length, dim)

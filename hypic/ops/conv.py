@@ -1,0 +1,133 @@
+"""Short causal depthwise convolution (kernel W, usually 4) with explicit state in and out.
+
+Used in front of the Gated DeltaNet, KDA and Mamba2 mixers. The state of a sequence is the last
+``W - 1`` **inputs** before the span (zeros = cold start), so a cached segment can start from the
+true tail of whatever precedes it (conv warm-up) and can store its own tail. Spans shorter than
+``W - 1`` carry part of the incoming state into their final state.
+
+Maths per channel d: ``y_t = act(bias_d + sum_{w < W} weight[d, w] * x_{t - (W - 1) + w})`` where
+``x`` before the span start reads from the state.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from hypic.ops.linear._checks import (
+    FLOAT_DTYPES,
+    check_cu_seqlens,
+    check_same_device,
+    check_tensor,
+    compute_dtype,
+    cu_seqlens_to_list,
+)
+from hypic.ops.linear._dispatch import cuda_fast_path
+
+ACTIVATIONS = ("silu", None)
+
+
+def _check_common(x_dim: int, weight: object, bias: object, activation: object) -> int:
+    check_tensor("weight", weight, (x_dim, None), FLOAT_DTYPES)
+    width = weight.shape[1]
+    if width < 1:
+        raise ValueError(f"weight must have kernel width >= 1, got {width}")
+    if bias is not None:
+        check_tensor("bias", bias, (x_dim,), FLOAT_DTYPES)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+    return width
+
+
+def _activate(y: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+    return torch.nn.functional.silu(y) if activation == "silu" else y
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    cu_seqlens: torch.Tensor,
+    initial_state: Optional[torch.Tensor] = None,
+    activation: Optional[str] = "silu",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Varlen causal depthwise conv.
+
+    x ``[T, D]``; weight ``[D, W]``; bias ``[D]`` or None; cu_seqlens ``[N+1]``; initial_state
+    ``[N, D, W-1]`` in x's dtype or None (zeros). Returns ``(y [T, D] in x.dtype,
+    final_state [N, D, W-1] in x.dtype)``: the last W-1 inputs of ``initial_state ++ span``.
+    """
+    check_tensor("x", x, (None, None), FLOAT_DTYPES)
+    num_tokens, dim = x.shape
+    width = _check_common(dim, weight, bias, activation)
+    check_cu_seqlens(cu_seqlens, num_tokens)
+    num_seqs = cu_seqlens.numel() - 1
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, (num_seqs, dim, width - 1), (x.dtype,))
+    check_same_device(x=x, weight=weight, bias=bias, initial_state=initial_state)
+    fast = cuda_fast_path("causal_conv1d", x)
+    if fast is not None:
+        return fast(x, weight, bias, cu_seqlens=cu_seqlens, initial_state=initial_state, activation=activation)
+
+    bounds = cu_seqlens_to_list(cu_seqlens, num_tokens)
+    hist = width - 1
+    if initial_state is None:
+        initial_state = x.new_zeros(num_seqs, dim, hist)
+    # Extended packed buffer: each sequence's W-1 state inputs followed by its tokens.
+    pieces: List[torch.Tensor] = []
+    token_pos: List[torch.Tensor] = []
+    tail_pos: List[torch.Tensor] = []
+    offset = 0
+    for n in range(num_seqs):
+        length = bounds[n + 1] - bounds[n]
+        pieces.append(initial_state[n].transpose(0, 1))
+        pieces.append(x[bounds[n] : bounds[n + 1]])
+        token_pos.append(torch.arange(offset + hist, offset + hist + length))
+        tail_pos.append(torch.arange(offset + length, offset + length + hist))
+        offset += hist + length
+    ext = torch.cat(pieces, 0) if pieces else x.new_zeros(0, dim)
+    dtype = compute_dtype(x, weight)
+    ext_c = ext.to(dtype)
+    w_c = weight.to(dtype)
+    positions = torch.cat(token_pos).to(x.device) if token_pos else torch.zeros(0, dtype=torch.long)
+    y = x.new_zeros(num_tokens, dim, dtype=dtype)
+    for w in range(width):
+        # Tap w reads the input (W-1-w) steps back.
+        y += w_c[:, w] * ext_c.index_select(0, positions - (hist - w))
+    if bias is not None:
+        y += bias.to(dtype)
+    y = _activate(y, activation).to(x.dtype)
+    if num_seqs == 0:
+        return y, x.new_zeros(0, dim, hist)
+    tails = torch.cat(tail_pos).to(x.device)
+    final_state = ext.index_select(0, tails).reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
+    return y, final_state
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = "silu",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: x ``[N, D]``, state ``[N, D, W-1]`` (x's dtype).
+
+    Returns ``(y [N, D], new_state [N, D, W-1])``; the input state is not modified."""
+    check_tensor("x", x, (None, None), FLOAT_DTYPES)
+    num_seqs, dim = x.shape
+    width = _check_common(dim, weight, bias, activation)
+    check_tensor("state", state, (num_seqs, dim, width - 1), (x.dtype,))
+    check_same_device(x=x, state=state, weight=weight, bias=bias)
+    fast = cuda_fast_path("causal_conv1d_update", x)
+    if fast is not None:
+        return fast(x, state, weight, bias, activation)
+    window = torch.cat([state, x[:, :, None]], dim=-1)  # [N, D, W]
+    dtype = compute_dtype(x, weight)
+    y = (window.to(dtype) * weight.to(dtype)[None]).sum(-1)
+    if bias is not None:
+        y = y + bias.to(dtype)
+    y = _activate(y, activation).to(x.dtype)
+    return y, window[:, :, 1:].contiguous()

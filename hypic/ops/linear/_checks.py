@@ -1,0 +1,104 @@
+"""Argument validation shared by the linear-attention ops.
+
+Every public op checks ranks, shapes, dtypes and head counts up front and raises ``ValueError``
+naming the offending argument, so that nothing broadcasts silently.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Gates are log decays: keep them at least fp32 (bf16 rounds decays near 1 to exactly 1).
+GATE_DTYPES = (torch.float32, torch.float64)
+STATE_DTYPES = (torch.float32, torch.float64)
+
+
+def check_tensor(
+    name: str,
+    tensor: object,
+    shape: Sequence[Optional[int]],
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+) -> torch.Tensor:
+    """Check that ``tensor`` is a tensor of rank ``len(shape)``; ``None`` entries match any size."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() != len(shape):
+        raise ValueError(
+            f"{name} must have rank {len(shape)} (expected shape {_fmt(shape)}), "
+            f"got shape {tuple(tensor.shape)}"
+        )
+    for axis, (got, want) in enumerate(zip(tensor.shape, shape)):
+        if want is not None and got != want:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, expected {_fmt(shape)} "
+                f"(mismatch on axis {axis})"
+            )
+    if tensor.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name} has dtype {tensor.dtype}, expected one of: {allowed}")
+    return tensor
+
+
+def _fmt(shape: Sequence[Optional[int]]) -> str:
+    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+def check_same_device(**tensors: Optional[torch.Tensor]) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        detail = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+        raise ValueError(f"all tensors must be on one device: {detail}")
+
+
+def check_head_ratio(num_value_heads: int, num_key_heads: int, what: str = "key") -> int:
+    """GVA: value head j reads key head j // (HV // H); HV must be a multiple of H."""
+    if num_key_heads <= 0 or num_value_heads % num_key_heads != 0:
+        raise ValueError(
+            f"number of value heads ({num_value_heads}) must be a positive multiple of the "
+            f"number of {what} heads ({num_key_heads})"
+        )
+    return num_value_heads // num_key_heads
+
+
+def check_cu_seqlens(cu_seqlens: object, num_tokens: int) -> torch.Tensor:
+    """Shape/dtype check (no device sync). Values are checked by ``cu_seqlens_to_list``."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens must be a LongTensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"cu_seqlens must be int64 (or int32), got {cu_seqlens.dtype}")
+    return cu_seqlens
+
+
+def cu_seqlens_to_list(cu_seqlens: torch.Tensor, num_tokens: int, name: str = "cu_seqlens") -> list:
+    """Value check: starts at 0, non-decreasing, ends at ``num_tokens``. Returns a Python list."""
+    values = [int(x) for x in cu_seqlens.tolist()]
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {values[0]}")
+    if values[-1] != num_tokens:
+        raise ValueError(f"{name} must end at the number of tokens ({num_tokens}), got {values[-1]}")
+    if any(b < a for a, b in zip(values[:-1], values[1:])):
+        raise ValueError(f"{name} must be non-decreasing, got {values}")
+    return values
+
+
+def compute_dtype(*tensors: Optional[torch.Tensor]) -> torch.dtype:
+    """fp32 math, or fp64 when any input is fp64 (the exactness tests run in fp64)."""
+    for t in tensors:
+        if t is not None and t.dtype == torch.float64:
+            return torch.float64
+    return torch.float32
+
+
+def check_scale(scale: Optional[float], key_dim: int) -> float:
+    if scale is None:
+        return key_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ValueError(f"scale must be a float or None, got {type(scale).__name__}")
+    return float(scale)

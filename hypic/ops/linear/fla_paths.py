@@ -1,0 +1,597 @@
+"""GPU fast paths for hypic.ops.linear on fla-core 0.6.0 Triton kernels (CUDA tensors only).
+
+The public reference functions (``gated_delta.py``, ``kda.py``, ...) look up a function of the same
+name here when they see CUDA tensors (``_dispatch.cuda_fast_path``); names and signatures match the
+reference exactly. fla and Triton are imported inside function bodies only, so importing this
+module never needs them.
+
+Layout: hypic packs tokens without a batch dim (q ``[T, H, K]``); fla wants ``[B=1, T, H, K]`` with
+``cu_seqlens``. States are ``[N, HV, K, V]`` fp32 (fla's default K-first layout). Gates are natural
+log decays (fla's wrappers convert to log2 internally; the private calls below do it explicitly with
+``chunk_local_cumsum(..., scale=RCP_LN2)``).
+
+Delta-rule families (GDN, DeltaNet, KDA): the summaries come from fla's context-parallel affine
+summary kernel ``chunk_cp_fwd_h`` (``[S(C|0) | T_C]`` per span, T chain in fp32 with tf32x3) after
+the intra-chunk WY step (``w, u``). ``*_forward_and_summarize`` shares that WY step between the
+varlen forward and the summaries. fla-core is pinned to 0.6.0: these are private APIs.
+
+float64 inputs cannot use fla: they are computed by the CPU reference and moved back.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from hypic.ops.linear.triton_scan import scan_chain_torch, scan_chain_triton
+
+CHUNK_SIZE = 64  # fla chunk length (tokens); summaries are exact for any span length
+MAX_KEY_DIM = 256  # fla's delta-rule state kernels assert K <= 256
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+def _summary_classes():
+    from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary
+
+    return DenseSummary, DiagonalSummary, ScalarSummary
+
+
+def _any_fp64(*tensors) -> bool:
+    return any(t is not None and t.dtype == torch.float64 for t in tensors)
+
+
+def _on_cpu_reference(module: str, name: str, args, kwargs):
+    """fp64 (or otherwise unsupported) inputs: run the CPU reference and move results back."""
+    device = None
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            device = a.device
+            break
+    fn = getattr(importlib.import_module(f"hypic.ops.linear.{module}"), name)
+    to_cpu = lambda a: a.cpu() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    out = fn(*[to_cpu(a) for a in args], **{k: to_cpu(v) for k, v in kwargs.items()})
+    return _to_device(out, device)
+
+
+def _reference_forward_and_summarize(family, q, k, v, gates, cu_seqlens, initial_state, scale):
+    """float64: the reference forward and summaries on CPU, moved back to q's device."""
+    mod = importlib.import_module(f"hypic.ops.linear.{family}")
+    cpu = lambda t: None if t is None else t.cpu()  # noqa: E731
+    gates = tuple(cpu(t) for t in gates)
+    o, final = getattr(mod, f"{family}_forward")(
+        cpu(q), cpu(k), cpu(v), *gates, cu_seqlens=cpu(cu_seqlens), initial_state=cpu(initial_state), scale=scale)
+    summary = getattr(mod, f"{family}_summarize")(cpu(k), cpu(v), *gates, cu_seqlens=cpu(cu_seqlens))
+    return o.to(q.device), final.to(q.device), summary.to(q.device)
+
+
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple):
+        return tuple(_to_device(o, device) for o in obj)
+    if hasattr(obj, "to") and callable(obj.to):
+        return obj.to(device)
+    return obj
+
+
+def _interpreting() -> bool:
+    # TRITON_INTERPRET=1 runs the same kernels on CPU tensors (slow): used only by local tests.
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_fla_inputs(name: str, key_dim: int, *tensors) -> None:
+    for t in tensors:
+        if t is not None and not t.is_cuda and not _interpreting():
+            raise ValueError(f"{name}: fla path needs CUDA tensors, got one on {t.device}")
+    if key_dim > MAX_KEY_DIM:
+        raise ValueError(f"{name}: fla delta-rule kernels need key dim <= {MAX_KEY_DIM}, got {key_dim}")
+
+
+def _cu(cu_seqlens: torch.Tensor, device) -> torch.Tensor:
+    return cu_seqlens.to(device=device, dtype=torch.long).contiguous()
+
+
+def _chunk_indices(cu: torch.Tensor) -> torch.Tensor:
+    from fla.ops.utils.index import prepare_chunk_indices
+
+    return prepare_chunk_indices(cu, CHUNK_SIZE)
+
+
+def _b1(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Add fla's batch dim (B = 1 for varlen)."""
+    return None if t is None else t.unsqueeze(0).contiguous()
+
+
+def _state_or_none(initial_state: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if initial_state is None else initial_state.to(torch.float32).contiguous()
+
+
+def _local_cumsum(g: Optional[torch.Tensor], cu, ci) -> Optional[torch.Tensor]:
+    """Per-chunk cumsum of log gates, in log2 units (what fla's kernels use with exp2)."""
+    if g is None:
+        return None
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    return chunk_local_cumsum(
+        g.float(), chunk_size=CHUNK_SIZE, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci
+    )
+
+
+_TRANSITION_ONLY_OK = [True]  # cleared if the V = 0 launch ever fails (then S is recomputed too)
+
+
+def _cp_summaries(k4, w, u, gc, gk, cu, num_spans: int, transition_only: bool):
+    """fla's affine-summary kernel: returns (S [N,HV,K,V] or None, T [N,HV,K,K]) fp32.
+
+    ``transition_only`` launches only the T columns (V = 0 view of u): used when the zero-start
+    states are already known (a forward from zero initial states yields them).
+    """
+    from fla.ops.cp.chunk_fwd import chunk_cp_fwd_h
+
+    key_dim = k4.shape[-1]
+    num_heads, value_dim = u.shape[2], u.shape[3]
+    if transition_only and _TRANSITION_ONLY_OK[0]:
+        # a zero-width view of u makes the kernel's V extent 0: only the T program blocks run
+        # and hm is laid out [K, 0 + K]
+        hm = torch.empty(num_spans, num_heads, key_dim, key_dim, device=k4.device, dtype=torch.float32)
+        try:
+            chunk_cp_fwd_h(k=k4, w=w, u=u[..., :0], hm=hm, g=gc, gk=gk, cu_seqlens=cu,
+                           chunk_size=CHUNK_SIZE, multi_seqs=True)
+            return None, hm
+        except Exception:  # noqa: BLE001 - a kernel that rejects V = 0: use the full launch
+            _TRANSITION_ONLY_OK[0] = False
+    hm = torch.empty(num_spans, num_heads, key_dim, value_dim + key_dim, device=k4.device,
+                     dtype=torch.float32)
+    chunk_cp_fwd_h(k=k4, w=w, u=u, hm=hm, g=gc, gk=gk, cu_seqlens=cu,
+                   chunk_size=CHUNK_SIZE, multi_seqs=True)
+    return hm[..., :value_dim].contiguous(), hm[..., value_dim:].contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# Gated DeltaNet and DeltaNet (shared WY machinery; DeltaNet = no gate)
+# --------------------------------------------------------------------------------------------
+
+def _wy_intra(k4, v4, gc, beta3, cu, ci):
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(
+        k=k4, v=v4, g=gc, beta=beta3, cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci
+    )
+    return w, u
+
+
+def _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale):
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    from fla.ops.common.chunk_o import chunk_fwd_o
+
+    h, v_new, final = chunk_gated_delta_rule_fwd_h(
+        k=k4, w=w, u=u, g=gc, initial_state=h0, output_final_state=True,
+        cu_seqlens=cu, chunk_indices=ci, chunk_size=CHUNK_SIZE,
+    )
+    o = chunk_fwd_o(q=q4, k=k4, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu,
+                    chunk_size=CHUNK_SIZE, chunk_indices=ci)
+    return o, final
+
+
+def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary):
+    """Varlen forward (and optionally summaries) of GDN (g given) or DeltaNet (g None)."""
+    scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
+    cu = _cu(cu_seqlens, k.device)
+    ci = _chunk_indices(cu)
+    q4, k4, v4, beta3 = _b1(q), _b1(k), _b1(v), _b1(beta)
+    gc = _local_cumsum(_b1(g), cu, ci)
+    w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
+    h0 = _state_or_none(initial_state)
+    o, final = _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale)
+    o = o[0].to(v.dtype)
+    if not with_summary:
+        return o, final
+    num_spans = cu.numel() - 1
+    if h0 is None:
+        # zero start: the forward's final states are S(C|0); only T is left to compute
+        _, trans = _cp_summaries(k4, w, u, gc, None, cu, num_spans, transition_only=True)
+        zero_start = final.clone()
+    else:
+        zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, num_spans, transition_only=False)
+    DenseSummary = _summary_classes()[0]
+    return o, final, DenseSummary(transition=trans, state=zero_start)
+
+
+def _wy_summarize(k, v, g, beta, cu_seqlens):
+    cu = _cu(cu_seqlens, k.device)
+    ci = _chunk_indices(cu)
+    k4, v4, beta3 = _b1(k), _b1(v), _b1(beta)
+    gc = _local_cumsum(_b1(g), cu, ci)
+    w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
+    zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=False)
+    DenseSummary = _summary_classes()[0]
+    return DenseSummary(transition=trans, state=zero_start)
+
+
+def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None):
+    """Varlen GDN forward via fla's public ``chunk_gated_delta_rule``. Returns (o, final fp32)."""
+    if _any_fp64(q, k, v, g, beta, initial_state):
+        return _on_cpu_reference("gated_delta", "gated_delta_forward", (q, k, v, g, beta),
+                                 dict(cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale))
+    _check_fla_inputs("gated_delta_forward", k.shape[-1], q, k, v, g, beta)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    cu = _cu(cu_seqlens, k.device)
+    with torch.no_grad():
+        o, final = chunk_gated_delta_rule(
+            _b1(q), _b1(k), _b1(v), _b1(g.float()), _b1(beta), scale=scale,
+            initial_state=_state_or_none(initial_state), output_final_state=True, cu_seqlens=cu,
+        )
+    return o[0].to(v.dtype), final
+
+
+def gated_delta_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None):
+    """Forward + zero-start summaries of the same spans, sharing the intra-chunk WY step.
+
+    Returns (o, final_state, DenseSummary). With ``initial_state=None`` the forward's final states
+    are the summaries' S and only T is computed extra.
+    """
+    if _any_fp64(q, k, v, g, beta, initial_state):
+        return _reference_forward_and_summarize("gated_delta", q, k, v, (g, beta), cu_seqlens, initial_state, scale)
+    _check_fla_inputs("gated_delta_forward_and_summarize", k.shape[-1], q, k, v, g, beta)
+    with torch.no_grad():
+        return _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary=True)
+
+
+def gated_delta_summarize(k, v, g, beta, *, cu_seqlens):
+    """Zero-start summaries (T dense fp32, S fp32) of every span in one launch of each kernel."""
+    if _any_fp64(k, v, g, beta):
+        return _on_cpu_reference("gated_delta", "gated_delta_summarize", (k, v, g, beta),
+                                 dict(cu_seqlens=cu_seqlens))
+    _check_fla_inputs("gated_delta_summarize", k.shape[-1], k, v, g, beta)
+    with torch.no_grad():
+        return _wy_summarize(k, v, g, beta, cu_seqlens)
+
+
+def gated_delta_decode(q, k, v, g, beta, state, *, scale=None):
+    """One token per sequence via fla's fused recurrent kernel (fp32 state math)."""
+    if _any_fp64(q, k, v, g, beta, state):
+        return _on_cpu_reference("gated_delta", "gated_delta_decode", (q, k, v, g, beta, state),
+                                 dict(scale=scale))
+    _check_fla_inputs("gated_delta_decode", k.shape[-1], q, k, v, g, beta, state)
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    with torch.no_grad():
+        o, new_state = fused_recurrent_gated_delta_rule(
+            q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g=g.float().unsqueeze(1),
+            beta=beta.unsqueeze(1), scale=scale, initial_state=state.to(torch.float32).contiguous(),
+            output_final_state=True,
+        )
+    return o[:, 0].to(v.dtype), new_state
+
+
+def delta_forward(q, k, v, beta, *, cu_seqlens, initial_state=None, scale=None):
+    """DeltaNet varlen forward: GDN machinery without a gate (works for fp32 and bf16 inputs)."""
+    if _any_fp64(q, k, v, beta, initial_state):
+        return _on_cpu_reference("delta", "delta_forward", (q, k, v, beta),
+                                 dict(cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale))
+    _check_fla_inputs("delta_forward", k.shape[-1], q, k, v, beta)
+    with torch.no_grad():
+        return _wy_forward(q, k, v, None, beta, cu_seqlens, initial_state, scale, with_summary=False)
+
+
+def delta_forward_and_summarize(q, k, v, beta, *, cu_seqlens, initial_state=None, scale=None):
+    if _any_fp64(q, k, v, beta, initial_state):
+        return _reference_forward_and_summarize("delta", q, k, v, (beta,), cu_seqlens, initial_state, scale)
+    _check_fla_inputs("delta_forward_and_summarize", k.shape[-1], q, k, v, beta)
+    with torch.no_grad():
+        return _wy_forward(q, k, v, None, beta, cu_seqlens, initial_state, scale, with_summary=True)
+
+
+def delta_summarize(k, v, beta, *, cu_seqlens):
+    if _any_fp64(k, v, beta):
+        return _on_cpu_reference("delta", "delta_summarize", (k, v, beta), dict(cu_seqlens=cu_seqlens))
+    _check_fla_inputs("delta_summarize", k.shape[-1], k, v, beta)
+    with torch.no_grad():
+        return _wy_summarize(k, v, None, beta, cu_seqlens)
+
+
+def delta_decode(q, k, v, beta, state, *, scale=None):
+    if _any_fp64(q, k, v, beta, state):
+        return _on_cpu_reference("delta", "delta_decode", (q, k, v, beta, state), dict(scale=scale))
+    _check_fla_inputs("delta_decode", k.shape[-1], q, k, v, beta, state)
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    with torch.no_grad():
+        o, new_state = fused_recurrent_gated_delta_rule(
+            q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g=None, beta=beta.unsqueeze(1),
+            scale=scale, initial_state=state.to(torch.float32).contiguous(), output_final_state=True,
+        )
+    return o[:, 0].to(v.dtype), new_state
+
+
+# --------------------------------------------------------------------------------------------
+# KDA (per-channel gate inside the delta rule)
+# --------------------------------------------------------------------------------------------
+
+def _kda_intra(q4, k4, v4, gc, beta3, scale, cu, ci):
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+
+    w, u, _, kg, aqk, _ = chunk_kda_fwd_intra(
+        q=q4, k=k4, v=v4, gk=gc, beta=beta3, scale=scale, cu_seqlens=cu,
+        chunk_size=CHUNK_SIZE, chunk_indices=ci,
+    )
+    return w, u, kg, aqk
+
+
+def _kda_run(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_output, with_summary):
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
+
+    scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
+    cu = _cu(cu_seqlens, k.device)
+    ci = _chunk_indices(cu)
+    k4, v4, beta3 = _b1(k), _b1(v), _b1(beta)
+    q4 = _b1(q) if q is not None else k4  # summaries only: q does not affect w, u, kg
+    gc = _local_cumsum(_b1(g), cu, ci)
+    w, u, kg, aqk = _kda_intra(q4, k4, v4, gc, beta3, scale, cu, ci)
+    num_spans = cu.numel() - 1
+    out = ()
+    h0 = _state_or_none(initial_state)
+    if with_output:
+        h, v_new, final = chunk_gated_delta_rule_fwd_h(
+            k=kg, w=w, u=u, gk=gc, initial_state=h0, output_final_state=True,
+            cu_seqlens=cu, chunk_indices=ci, chunk_size=CHUNK_SIZE,
+        )
+        o = chunk_gla_fwd_o_gk(q=q4, v=v_new, g=gc, A=aqk, h=h, scale=scale, cu_seqlens=cu,
+                               chunk_size=CHUNK_SIZE, chunk_indices=ci)
+        out = (o[0].to(v.dtype), final)
+    if with_summary:
+        DenseSummary = _summary_classes()[0]
+        if with_output and h0 is None:
+            _, trans = _cp_summaries(kg, w, u, None, gc, cu, num_spans, transition_only=True)
+            zero_start = out[1].clone()
+        else:
+            zero_start, trans = _cp_summaries(kg, w, u, None, gc, cu, num_spans, transition_only=False)
+        out = out + (DenseSummary(transition=trans, state=zero_start),)
+    return out
+
+
+def kda_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None):
+    """Varlen KDA forward via fla's public ``chunk_kda`` (g ``[T, HV, K]`` log decay)."""
+    if _any_fp64(q, k, v, g, beta, initial_state):
+        return _on_cpu_reference("kda", "kda_forward", (q, k, v, g, beta),
+                                 dict(cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale))
+    _check_fla_inputs("kda_forward", k.shape[-1], q, k, v, g, beta)
+    from fla.ops.kda import chunk_kda
+
+    cu = _cu(cu_seqlens, k.device)
+    with torch.no_grad():
+        o, final = chunk_kda(
+            _b1(q), _b1(k), _b1(v), _b1(g.float()), _b1(beta), scale=scale,
+            initial_state=_state_or_none(initial_state), output_final_state=True, cu_seqlens=cu,
+        )
+    return o[0].to(v.dtype), final
+
+
+def kda_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None):
+    if _any_fp64(q, k, v, g, beta, initial_state):
+        return _reference_forward_and_summarize("kda", q, k, v, (g, beta), cu_seqlens, initial_state, scale)
+    _check_fla_inputs("kda_forward_and_summarize", k.shape[-1], q, k, v, g, beta)
+    with torch.no_grad():
+        return _kda_run(q, k, v, g, beta, cu_seqlens, initial_state, scale, True, True)
+
+
+def kda_summarize(k, v, g, beta, *, cu_seqlens):
+    if _any_fp64(k, v, g, beta):
+        return _on_cpu_reference("kda", "kda_summarize", (k, v, g, beta), dict(cu_seqlens=cu_seqlens))
+    _check_fla_inputs("kda_summarize", k.shape[-1], k, v, g, beta)
+    with torch.no_grad():
+        return _kda_run(None, k, v, g, beta, cu_seqlens, None, None, False, True)[0]
+
+
+def kda_decode(q, k, v, g, beta, state, *, scale=None):
+    if _any_fp64(q, k, v, g, beta, state):
+        return _on_cpu_reference("kda", "kda_decode", (q, k, v, g, beta, state), dict(scale=scale))
+    _check_fla_inputs("kda_decode", k.shape[-1], q, k, v, g, beta, state)
+    from fla.ops.kda import fused_recurrent_kda
+
+    with torch.no_grad():
+        o, new_state = fused_recurrent_kda(
+            q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g.float().unsqueeze(1),
+            beta.unsqueeze(1), scale=scale, initial_state=state.to(torch.float32).contiguous(),
+            output_final_state=True,
+        )
+    return o[:, 0].to(v.dtype), new_state
+
+
+# --------------------------------------------------------------------------------------------
+# scalar / diagonal families (GLA, simple GLA / RetNet / lightning, Mamba2): T in closed form
+# --------------------------------------------------------------------------------------------
+
+def _expand_heads(x: torch.Tensor, num_value_heads: int) -> torch.Tensor:
+    """GVA ``[T, H, K] -> [T, HV, K]``: value head j reads key head j // (HV // H)."""
+    ratio = num_value_heads // x.shape[1]
+    return x if ratio == 1 else x.repeat_interleave(ratio, dim=1)
+
+
+def _segment_log_decay(g: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """Sum of log gates over each span ``[N, ...]`` (fp64 cumsum: no cancellation at 32k tokens)."""
+    csum = torch.cumsum(g.double(), dim=0)
+    csum = torch.cat([csum.new_zeros((1,) + tuple(csum.shape[1:])), csum], dim=0)
+    return (csum.index_select(0, cu[1:]) - csum.index_select(0, cu[:-1])).float()
+
+
+def _gla_call(q, k, v, g, cu, initial_state, scale):
+    from fla.ops.gla import chunk_gla
+
+    hv = v.shape[1]
+    o, final = chunk_gla(
+        _b1(_expand_heads(q, hv)), _b1(_expand_heads(k, hv)), _b1(v), _b1(g.float()), scale=scale,
+        initial_state=_state_or_none(initial_state), output_final_state=True, cu_seqlens=cu,
+    )
+    return o[0].to(v.dtype), final
+
+
+def gla_forward(q, k, v, g, *, cu_seqlens, initial_state=None, scale=None):
+    """Varlen GLA via fla's ``chunk_gla`` (heads expanded for GVA)."""
+    if _any_fp64(q, k, v, g, initial_state):
+        return _on_cpu_reference("gla", "gla_forward", (q, k, v, g),
+                                 dict(cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale))
+    _check_fla_inputs("gla_forward", 0, q, k, v, g)
+    with torch.no_grad():
+        return _gla_call(q, k, v, g, _cu(cu_seqlens, k.device), initial_state, scale)
+
+
+def gla_summarize(k, v, g, *, cu_seqlens):
+    """S from the chunk kernel with zero start (q = k, output discarded); T = exp(sum g)."""
+    if _any_fp64(k, v, g):
+        return _on_cpu_reference("gla", "gla_summarize", (k, v, g), dict(cu_seqlens=cu_seqlens))
+    _check_fla_inputs("gla_summarize", 0, k, v, g)
+    cu = _cu(cu_seqlens, k.device)
+    with torch.no_grad():
+        _, zero_start = _gla_call(k, k, v, g, cu, None, 1.0)
+    DiagonalSummary = _summary_classes()[1]
+    return DiagonalSummary(log_decay=_segment_log_decay(g, cu), state=zero_start)
+
+
+def gla_decode(q, k, v, g, state, *, scale=None):
+    if _any_fp64(q, k, v, g, state):
+        return _on_cpu_reference("gla", "gla_decode", (q, k, v, g, state), dict(scale=scale))
+    _check_fla_inputs("gla_decode", 0, q, k, v, g, state)
+    from fla.ops.gla import fused_recurrent_gla
+
+    hv = v.shape[1]
+    with torch.no_grad():
+        o, new_state = fused_recurrent_gla(
+            _expand_heads(q, hv).unsqueeze(1), _expand_heads(k, hv).unsqueeze(1), v.unsqueeze(1),
+            gk=g.float().unsqueeze(1), scale=scale,
+            initial_state=state.to(torch.float32).contiguous(), output_final_state=True,
+        )
+    return o[:, 0].to(v.dtype), new_state
+
+
+def _simple_gla_call(q, k, v, g, g_gamma, cu, initial_state, scale):
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    hv = v.shape[1]
+    o, final = chunk_simple_gla(
+        _b1(_expand_heads(q, hv)), _b1(_expand_heads(k, hv)), _b1(v),
+        g=None if g is None else _b1(g.float()),
+        g_gamma=None if g_gamma is None else g_gamma.float().contiguous(),
+        scale=scale, initial_state=_state_or_none(initial_state), output_final_state=True,
+        cu_seqlens=cu,
+    )
+    return o[0].to(v.dtype), final
+
+
+def _scalar_log_decay(g, g_gamma, cu):
+    if g is not None:
+        return _segment_log_decay(g, cu)
+    lengths = (cu[1:] - cu[:-1]).to(torch.float64)
+    return (lengths[:, None] * g_gamma.double()[None, :]).float()
+
+
+def simple_gla_forward(q, k, v, g=None, *, g_gamma=None, cu_seqlens, initial_state=None, scale=None):
+    """Varlen simple GLA / RetNet / lightning via fla's ``chunk_simple_gla``."""
+    if _any_fp64(q, k, v, g, g_gamma, initial_state):
+        return _on_cpu_reference("simple_gla", "simple_gla_forward", (q, k, v, g),
+                                 dict(g_gamma=g_gamma, cu_seqlens=cu_seqlens,
+                                      initial_state=initial_state, scale=scale))
+    _check_fla_inputs("simple_gla_forward", 0, q, k, v, g, g_gamma)
+    with torch.no_grad():
+        return _simple_gla_call(q, k, v, g, g_gamma, _cu(cu_seqlens, k.device), initial_state, scale)
+
+
+def simple_gla_summarize(k, v, g=None, *, g_gamma=None, cu_seqlens):
+    if _any_fp64(k, v, g, g_gamma):
+        return _on_cpu_reference("simple_gla", "simple_gla_summarize", (k, v, g),
+                                 dict(g_gamma=g_gamma, cu_seqlens=cu_seqlens))
+    _check_fla_inputs("simple_gla_summarize", 0, k, v, g, g_gamma)
+    cu = _cu(cu_seqlens, k.device)
+    with torch.no_grad():
+        _, zero_start = _simple_gla_call(k, k, v, g, g_gamma, cu, None, 1.0)
+    ScalarSummary = _summary_classes()[2]
+    return ScalarSummary(log_decay=_scalar_log_decay(g, g_gamma, cu), state=zero_start)
+
+
+def _simple_gla_step(q, k, v, g, state, scale):
+    """One token, all sequences: exact fp32 torch (a decode step is a handful of tiny ops)."""
+    hv = v.shape[1]
+    qf, kf = _expand_heads(q, hv).float(), _expand_heads(k, hv).float()
+    new_state = torch.exp(g.float())[:, :, None, None] * state.float() \
+        + kf[:, :, :, None] * v.float()[:, :, None, :]
+    o = scale * torch.einsum("nhk,nhkv->nhv", qf, new_state)
+    return o, new_state
+
+
+def simple_gla_decode(q, k, v, g, state, *, g_gamma=None, scale=None):
+    if _any_fp64(q, k, v, g, g_gamma, state):
+        return _on_cpu_reference("simple_gla", "simple_gla_decode", (q, k, v, g, state),
+                                 dict(g_gamma=g_gamma, scale=scale))
+    scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
+    gate = g if g is not None else g_gamma[None, :].expand(v.shape[0], v.shape[1])
+    o, new_state = _simple_gla_step(q, k, v, gate, state, scale)
+    return o.to(v.dtype), new_state
+
+
+def _mamba2_mapped(C, B, x, dt, A):
+    """SSD as simple GLA: q = C, k = B (groups expanded), v = x * dt, g = dt * A, scale 1."""
+    hv = x.shape[1]
+    q = None if C is None else _expand_heads(C, hv)
+    k = _expand_heads(B, hv)
+    v = (x.float() * dt.float()[:, :, None]).to(x.dtype)
+    g = dt.float() * A.float()[None, :]
+    return q, k, v, g
+
+
+def _mamba2_skip(y, x, D):
+    return y if D is None else y.float() + D.float()[None, :, None] * x.float()
+
+
+def mamba2_forward(C, B, x, dt, A, D=None, *, cu_seqlens, initial_state=None):
+    if _any_fp64(C, B, x, dt, A, D, initial_state):
+        return _on_cpu_reference("mamba2", "mamba2_forward", (C, B, x, dt, A, D),
+                                 dict(cu_seqlens=cu_seqlens, initial_state=initial_state))
+    _check_fla_inputs("mamba2_forward", 0, C, B, x, dt, A)
+    q, k, v, g = _mamba2_mapped(C, B, x, dt, A)
+    with torch.no_grad():
+        y, final = _simple_gla_call(q, k, v, g, None, _cu(cu_seqlens, x.device), initial_state, 1.0)
+    return _mamba2_skip(y, x, D).to(x.dtype), final
+
+
+def mamba2_summarize(B, x, dt, A, *, cu_seqlens):
+    if _any_fp64(B, x, dt, A):
+        return _on_cpu_reference("mamba2", "mamba2_summarize", (B, x, dt, A), dict(cu_seqlens=cu_seqlens))
+    _check_fla_inputs("mamba2_summarize", 0, B, x, dt, A)
+    _, k, v, g = _mamba2_mapped(None, B, x, dt, A)
+    cu = _cu(cu_seqlens, x.device)
+    with torch.no_grad():
+        _, zero_start = _simple_gla_call(k, k, v, g, None, cu, None, 1.0)
+    ScalarSummary = _summary_classes()[2]
+    return ScalarSummary(log_decay=_segment_log_decay(g, cu), state=zero_start)
+
+
+def mamba2_decode(C, B, x, dt, A, state, D=None):
+    if _any_fp64(C, B, x, dt, A, D, state):
+        return _on_cpu_reference("mamba2", "mamba2_decode", (C, B, x, dt, A, state, D), {})
+    q, k, _, g = _mamba2_mapped(C, B, x, dt, A)
+    v = x.float() * dt.float()[:, :, None]  # fp32: no bf16 rounding of x * dt in a decode step
+    y, new_state = _simple_gla_step(q, k, v, g, state, 1.0)
+    return _mamba2_skip(y, x, D).to(x.dtype), new_state
+
+
+# --------------------------------------------------------------------------------------------
+# chain scan
+# --------------------------------------------------------------------------------------------
+
+def scan_chain(summaries, cu_chains, initial_states=None):
+    """Incoming state of every span and final state of every chain, one Triton launch.
+
+    Falls back to the batched torch formulation for float64 summaries.
+    """
+    if summaries.state.dtype == torch.float64 or _any_fp64(initial_states):
+        return scan_chain_torch(summaries, cu_chains, initial_states)
+    return scan_chain_triton(summaries, cu_chains, initial_states, precision="tf32x3")

@@ -1,0 +1,261 @@
+"""Structured affine summaries ``(T, S)`` of token spans and their algebra.
+
+For a span C and one value head, with the state laid out ``[K, V]`` and per-token transitions
+``A_t`` acting on K, the summary is ``T_C = A_L ... A_1`` and ``S_C = S(C | 0)``; any incoming
+state ``S`` leaves C as ``T_C S + S_C``. ``T`` keeps its structure (scalar per head, diagonal,
+dense K x K) so that storing and applying it costs only what the family needs.
+
+All functions are batched over spans and heads. Tensors are fp32 (fp64 when built from fp64
+inputs, which the exactness tests use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ._checks import STATE_DTYPES, check_same_device, check_tensor, cu_seqlens_to_list
+from ._dispatch import cuda_fast_path
+
+
+def _check_state_field(name: str, state: object) -> torch.Tensor:
+    return check_tensor(name, state, (None, None, None, None), STATE_DTYPES)
+
+
+class _SummaryOps:
+    """Shared helpers; subclasses are frozen dataclasses with fields (transition-ish, state)."""
+
+    state: torch.Tensor
+
+    @property
+    def num_spans(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.state.shape[1]
+
+    @property
+    def key_dim(self) -> int:
+        return self.state.shape[2]
+
+    @property
+    def value_dim(self) -> int:
+        return self.state.shape[3]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.state.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def _t(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes held by the two tensors (T in its structured form, plus S)."""
+        t = self._t()
+        return t.numel() * t.element_size() + self.state.numel() * self.state.element_size()
+
+    def index(self, idx: torch.Tensor):
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1:
+            raise ValueError("idx must be a 1-D LongTensor of span indices")
+        idx = idx.to(self.state.device)
+        return type(self)(self._t().index_select(0, idx), self.state.index_select(0, idx))
+
+    def to(self, device: Union[str, torch.device]):
+        return type(self)(self._t().to(device), self.state.to(device))
+
+    @classmethod
+    def cat(cls, summaries: Sequence["_SummaryOps"]):
+        if len(summaries) == 0:
+            raise ValueError("summaries must be a non-empty sequence")
+        for i, s in enumerate(summaries):
+            if type(s) is not cls:
+                raise ValueError(f"summaries[{i}] is {type(s).__name__}, expected {cls.__name__}")
+        return cls(torch.cat([s._t() for s in summaries], 0), torch.cat([s.state for s in summaries], 0))
+
+
+@dataclass(frozen=True, eq=False)
+class ScalarSummary(_SummaryOps):
+    """T = exp(log_decay) * I per head. log_decay ``[N, HV]``; state ``[N, HV, K, V]``."""
+
+    log_decay: torch.Tensor
+    state: torch.Tensor
+
+    def __post_init__(self) -> None:
+        _check_state_field("state", self.state)
+        n, hv = self.state.shape[:2]
+        check_tensor("log_decay", self.log_decay, (n, hv), (self.state.dtype,))
+        check_same_device(log_decay=self.log_decay, state=self.state)
+
+    def _t(self) -> torch.Tensor:
+        return self.log_decay
+
+
+@dataclass(frozen=True, eq=False)
+class DiagonalSummary(_SummaryOps):
+    """T = Diag(exp(log_decay)). log_decay ``[N, HV, K]``; state ``[N, HV, K, V]``."""
+
+    log_decay: torch.Tensor
+    state: torch.Tensor
+
+    def __post_init__(self) -> None:
+        _check_state_field("state", self.state)
+        n, hv, k = self.state.shape[:3]
+        check_tensor("log_decay", self.log_decay, (n, hv, k), (self.state.dtype,))
+        check_same_device(log_decay=self.log_decay, state=self.state)
+
+    def _t(self) -> torch.Tensor:
+        return self.log_decay
+
+
+@dataclass(frozen=True, eq=False)
+class DenseSummary(_SummaryOps):
+    """Dense T. transition ``[N, HV, K, K]``; state ``[N, HV, K, V]``."""
+
+    transition: torch.Tensor
+    state: torch.Tensor
+
+    def __post_init__(self) -> None:
+        _check_state_field("state", self.state)
+        n, hv, k = self.state.shape[:3]
+        check_tensor("transition", self.transition, (n, hv, k, k), (self.state.dtype,))
+        check_same_device(transition=self.transition, state=self.state)
+
+    def _t(self) -> torch.Tensor:
+        return self.transition
+
+
+Summary = Union[ScalarSummary, DiagonalSummary, DenseSummary]
+_SUMMARY_TYPES = (ScalarSummary, DiagonalSummary, DenseSummary)
+
+
+def _check_summary(name: str, summary: object) -> Summary:
+    if not isinstance(summary, _SUMMARY_TYPES):
+        raise ValueError(f"{name} must be a Scalar/Diagonal/DenseSummary, got {type(summary).__name__}")
+    return summary
+
+
+def _apply_t(summary: Summary, state: torch.Tensor) -> torch.Tensor:
+    """T @ state on the K axis, T kept structured. state ``[N, HV, K, X]``."""
+    if isinstance(summary, ScalarSummary):
+        return torch.exp(summary.log_decay)[:, :, None, None] * state
+    if isinstance(summary, DiagonalSummary):
+        return torch.exp(summary.log_decay)[:, :, :, None] * state
+    return torch.matmul(summary.transition, state)
+
+
+def apply_summary(summary: Summary, state: torch.Tensor) -> torch.Tensor:
+    """State leaving each span: ``T @ state + S`` for state ``[N, HV, K, V]`` (one per span)."""
+    _check_summary("summary", summary)
+    check_tensor("state", state, tuple(summary.state.shape), STATE_DTYPES)
+    check_same_device(summary=summary.state, state=state)
+    fast = cuda_fast_path("apply_summary", state)
+    if fast is not None:
+        return fast(summary, state)
+    state = state.to(summary.dtype)
+    return _apply_t(summary, state) + summary.state
+
+
+def compose(later: Summary, earlier: Summary) -> Summary:
+    """Summary of ``earlier`` followed by ``later``: ``(T2 T1, T2 S1 + S2)``, same class."""
+    _check_summary("later", later)
+    _check_summary("earlier", earlier)
+    if type(later) is not type(earlier):
+        raise ValueError(
+            f"cannot compose {type(later).__name__} (later) with {type(earlier).__name__} (earlier)"
+        )
+    if later.state.shape != earlier.state.shape or later.dtype != earlier.dtype:
+        raise ValueError(
+            f"later has state {tuple(later.state.shape)} {later.dtype}, earlier has "
+            f"{tuple(earlier.state.shape)} {earlier.dtype}; they must match"
+        )
+    check_same_device(later=later.state, earlier=earlier.state)
+    fast = cuda_fast_path("compose", later.state)
+    if fast is not None:
+        return fast(later, earlier)
+    state = _apply_t(later, earlier.state) + later.state
+    if isinstance(later, DenseSummary):
+        return DenseSummary(torch.matmul(later.transition, earlier.transition), state)
+    return type(later)(later.log_decay + earlier.log_decay, state)
+
+
+def identity_summary(like: Summary, n: int) -> Summary:
+    """``n`` identity summaries (T = I, S = 0) with ``like``'s class, heads, dims, dtype, device."""
+    _check_summary("like", like)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    hv, k, v = like.state.shape[1:]
+    opts = dict(dtype=like.dtype, device=like.device)
+    state = torch.zeros(n, hv, k, v, **opts)
+    if isinstance(like, DenseSummary):
+        eye = torch.eye(k, **opts).expand(n, hv, k, k).contiguous()
+        return DenseSummary(eye, state)
+    return type(like)(torch.zeros(like.log_decay.shape[1:], **opts).expand(n, *like.log_decay.shape[1:]).contiguous(), state)
+
+
+def scan_chain(
+    summaries: Summary,
+    cu_chains: torch.Tensor,
+    initial_states: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Incoming state of every span in B chains of spans, and each chain's final state.
+
+    ``summaries`` holds M spans laid out chain after chain (``cu_chains [B+1]``). Returns
+    ``incoming [M, HV, K, V]`` and ``final [B, HV, K, V]``. The loop runs over chain depth only;
+    every step is batched over all chains still running and all heads.
+    """
+    _check_summary("summaries", summaries)
+    m, hv, k, v = summaries.state.shape
+    if not isinstance(cu_chains, torch.Tensor) or cu_chains.dim() != 1 or cu_chains.numel() < 1:
+        raise ValueError("cu_chains must be a 1-D LongTensor with B+1 entries")
+    if cu_chains.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"cu_chains must be int64, got {cu_chains.dtype}")
+    num_chains = cu_chains.numel() - 1
+    if initial_states is not None:
+        check_tensor("initial_states", initial_states, (num_chains, hv, k, v), STATE_DTYPES)
+        check_same_device(summaries=summaries.state, initial_states=initial_states)
+    fast = cuda_fast_path("scan_chain", summaries.state, initial_states)
+    if fast is not None:
+        return fast(summaries, cu_chains, initial_states)
+    if num_chains == 0:
+        if m != 0:
+            raise ValueError(f"cu_chains describes no chains but summaries hold {m} spans")
+        empty = summaries.state.new_zeros(0, hv, k, v)
+        return empty, empty.clone()
+    bounds = cu_seqlens_to_list(cu_chains, m, name="cu_chains")
+    device = summaries.device
+    if initial_states is None:
+        current = summaries.state.new_zeros(num_chains, hv, k, v)
+    else:
+        current = initial_states.to(device=device, dtype=summaries.dtype).clone()
+    incoming = summaries.state.new_empty(m, hv, k, v)
+    starts = torch.tensor(bounds[:-1], dtype=torch.long, device=device)
+    lengths = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], dtype=torch.long, device=device)
+    depth = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    for d in range(depth):
+        chains = torch.nonzero(lengths > d).flatten()
+        spans = starts[chains] + d
+        step = summaries.index(spans)
+        entering = current.index_select(0, chains)
+        incoming.index_copy_(0, spans, entering)
+        current.index_copy_(0, chains, _apply_t(step, entering) + step.state)
+    return incoming, current
+
+
+__all__: List[str] = [
+    "ScalarSummary",
+    "DiagonalSummary",
+    "DenseSummary",
+    "Summary",
+    "apply_summary",
+    "compose",
+    "identity_summary",
+    "scan_chain",
+]

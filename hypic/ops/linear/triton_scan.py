@@ -1,0 +1,206 @@
+"""Single-launch chain scan of affine summaries on GPU (Triton), plus a batched torch formulation.
+
+A chain of spans with summaries (T_i, S_i) is walked left to right: the state entering span i is
+recorded, then ``state = T_i @ state + S_i``. Each Triton program owns one (chain, value head,
+V-block): the V columns of the state evolve independently (T acts on the K axis), so programs never
+communicate and the whole scan is one launch whatever the number of chains, spans and heads.
+
+T comes in three structures (``MODE``): dense ``[K, K]`` (delta-rule families), diagonal ``[K]``
+log decays (GLA) and scalar log decay (simple GLA, Mamba2). Everything is fp32; the dense product
+uses ``tf32x3`` (three TF32 MMAs, fp32-level accuracy) or ``ieee``.
+
+Triton is imported lazily: importing this module on a CPU-only machine needs no Triton, and the
+torch formulation (``scan_chain_torch``) runs anywhere (it is the CPU-testable part).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+MODE_DENSE = 0
+MODE_DIAGONAL = 1
+MODE_SCALAR = 2
+DOT_PRECISIONS = ("tf32x3", "ieee")
+
+_KERNEL = None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _build_kernel():
+    """Define the Triton kernel on first use (keeps Triton out of CPU-only imports).
+
+    On GPU the V-block and warp count are autotuned; under ``TRITON_INTERPRET=1`` (CPU tests)
+    autotuning cannot benchmark, so one fixed block is used.
+    """
+    import triton
+    import triton.language as tl
+
+    configs = [
+        triton.Config({"BV": 16}, num_warps=4),
+        triton.Config({"BV": 32}, num_warps=4),
+        triton.Config({"BV": 32}, num_warps=8),
+        triton.Config({"BV": 64}, num_warps=8),
+    ]
+
+    @triton.jit
+    def scan_chain_kernel(
+        trans,        # dense [M, HV, K, K] / diagonal [M, HV, K] / scalar [M, HV], fp32
+        state,        # [M, HV, K, V] fp32: S(C_i | 0)
+        init,         # [B, HV, K, V] fp32 (read only when HAS_INIT)
+        incoming,     # [M, HV, K, V] fp32 out: state entering span i
+        final,        # [B, HV, K, V] fp32 out: state after the chain
+        cu_chains,    # [B + 1] int64
+        HV: tl.constexpr,
+        K: tl.constexpr,
+        V: tl.constexpr,
+        BK: tl.constexpr,
+        BV: tl.constexpr,
+        MODE: tl.constexpr,
+        HAS_INIT: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        i_v = tl.program_id(0)
+        i_h = tl.program_id(1).to(tl.int64)
+        i_b = tl.program_id(2).to(tl.int64)
+        start = tl.load(cu_chains + i_b).to(tl.int64)
+        end = tl.load(cu_chains + i_b + 1).to(tl.int64)
+
+        o_k = tl.arange(0, BK)
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_k = o_k < K
+        m_kv = m_k[:, None] & (o_v < V)[None, :]
+        kv_off = o_k[:, None] * V + o_v[None, :]
+
+        if HAS_INIT:
+            b_h = tl.load(init + (i_b * HV + i_h) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+        else:
+            b_h = tl.zeros([BK, BV], dtype=tl.float32)
+
+        for i in range(start, end):
+            base = i * HV + i_h
+            tl.store(incoming + base * K * V + kv_off, b_h, mask=m_kv)
+            b_s = tl.load(state + base * K * V + kv_off, mask=m_kv, other=0.0)
+            if MODE == 0:
+                p_t = trans + base * K * K + o_k[:, None] * K + o_k[None, :]
+                b_t = tl.load(p_t, mask=m_k[:, None] & m_k[None, :], other=0.0)
+                b_h = tl.dot(b_t, b_h, input_precision=PRECISION) + b_s
+            elif MODE == 1:
+                b_ld = tl.load(trans + base * K + o_k, mask=m_k, other=0.0)
+                b_h = tl.exp(b_ld)[:, None] * b_h + b_s
+            else:
+                b_ld = tl.load(trans + base)
+                b_h = tl.exp(b_ld) * b_h + b_s
+
+        tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
+
+    if _interpreting():
+        return scan_chain_kernel, 32
+    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION"])
+    return tuned(scan_chain_kernel), None
+
+
+def _mode_and_transition(summary) -> Tuple[int, torch.Tensor]:
+    from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary
+
+    if isinstance(summary, DenseSummary):
+        return MODE_DENSE, summary.transition
+    if isinstance(summary, DiagonalSummary):
+        return MODE_DIAGONAL, summary.log_decay
+    if isinstance(summary, ScalarSummary):
+        return MODE_SCALAR, summary.log_decay
+    raise ValueError(f"summaries must be a Dense/Diagonal/ScalarSummary, got {type(summary).__name__}")
+
+
+def scan_chain_triton(
+    summaries,
+    cu_chains: torch.Tensor,
+    initial_states: Optional[torch.Tensor] = None,
+    precision: str = "tf32x3",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Triton scan over B chains of summaries (CUDA, fp32). Returns (incoming [M], final [B])."""
+    import triton
+
+    global _KERNEL
+    if precision not in DOT_PRECISIONS:
+        raise ValueError(f"precision must be one of {DOT_PRECISIONS}, got {precision!r}")
+    mode, trans = _mode_and_transition(summaries)
+    state = summaries.state
+    if state.dim() != 4:
+        raise ValueError(f"summaries.state must be [M, HV, K, V], got shape {tuple(state.shape)}")
+    num_spans, num_heads, key_dim, value_dim = state.shape
+    num_chains = cu_chains.numel() - 1
+    device = state.device
+    trans = trans.to(device=device, dtype=torch.float32).contiguous()
+    state = state.to(torch.float32).contiguous()
+    cu = cu_chains.to(device=device, dtype=torch.int64).contiguous()
+    has_init = initial_states is not None
+    init = initial_states.to(torch.float32).contiguous() if has_init else state
+    incoming = torch.empty_like(state)
+    final = torch.empty(num_chains, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
+    if num_chains == 0:
+        return incoming, final
+    if _KERNEL is None:
+        _KERNEL = _build_kernel()
+    kernel, fixed_block_v = _KERNEL
+    block_k = max(16, triton.next_power_of_2(key_dim))
+    extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
+
+    def grid(meta):
+        return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
+
+    kernel[grid](
+        trans, state, init, incoming, final, cu,
+        HV=num_heads, K=key_dim, V=value_dim, BK=block_k,
+        MODE=mode, HAS_INIT=has_init, PRECISION=precision, **extra,
+    )
+    return incoming, final
+
+
+def scan_chain_torch(
+    summaries,
+    cu_chains: torch.Tensor,
+    initial_states: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Batched torch scan: one step per span *position*, all chains at once (no loop per head).
+
+    Chains are padded to the longest with identity steps; step j applies the j-th span of every
+    chain. Cost: max chain length batched matmuls. Works on any device and in fp64.
+    """
+    mode, trans = _mode_and_transition(summaries)
+    state = summaries.state
+    num_spans, num_heads, key_dim, value_dim = state.shape
+    lengths = (cu_chains[1:] - cu_chains[:-1]).to("cpu", torch.int64)
+    num_chains = lengths.numel()
+    dtype = torch.float64 if state.dtype == torch.float64 else torch.float32
+    device = state.device
+    if initial_states is None:
+        h = torch.zeros(num_chains, num_heads, key_dim, value_dim, device=device, dtype=dtype)
+    else:
+        h = initial_states.to(dtype).clone()
+    incoming = torch.empty(num_spans, num_heads, key_dim, value_dim, device=device, dtype=dtype)
+    if num_chains == 0 or num_spans == 0:
+        return incoming, h
+    starts = cu_chains[:-1].to("cpu", torch.int64)
+    max_len = int(lengths.max())
+    for step in range(max_len):
+        live = torch.nonzero(lengths > step).flatten()
+        span = (starts[live] + step).to(device)
+        live = live.to(device)
+        h_live = h.index_select(0, live)
+        incoming.index_copy_(0, span, h_live)
+        s_i = state.index_select(0, span).to(dtype)
+        t_i = trans.index_select(0, span).to(dtype)
+        if mode == MODE_DENSE:
+            h_new = torch.matmul(t_i, h_live) + s_i
+        elif mode == MODE_DIAGONAL:
+            h_new = torch.exp(t_i).unsqueeze(-1) * h_live + s_i
+        else:
+            h_new = torch.exp(t_i)[..., None, None] * h_live + s_i
+        h.index_copy_(0, live, h_new)
+    return incoming, h

@@ -1,0 +1,100 @@
+"""Sparse mixture-of-experts: softmax top-k routing and a grouped-by-expert reference.
+
+Expert weights use the fused layout a grouped GEMM consumes directly:
+``gate_up [E, 2*I, H]`` (rows ``[0, I)`` = gate, ``[I, 2I)`` = up) and ``down [E, H, I]``.
+:func:`moe_experts` sorts the (token, slot) assignments by expert and runs one SwiGLU per expert
+over its contiguous group of rows - the same data movement a grouped-GEMM kernel does, so a GPU
+path can replace it behind the same signature.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def route_topk_softmax(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over experts (fp32), keep the top ``top_k``; renormalise them to sum 1 if asked.
+
+    router_logits ``[T, E]`` -> (weights ``[T, top_k]`` fp32 (fp64 for fp64 logits),
+    expert ids ``[T, top_k]`` int64).
+    """
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
+        raise ValueError("router_logits must be a rank-2 tensor [T, E]")
+    if router_logits.dtype not in _FLOAT:
+        raise ValueError(f"router_logits must be floating point, got {router_logits.dtype}")
+    num_experts = router_logits.shape[1]
+    if not (0 < top_k <= num_experts):
+        raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+    math = torch.float64 if router_logits.dtype == torch.float64 else torch.float32
+    probs = torch.softmax(router_logits.to(math), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``sum_j w[t, j] * SwiGLU_{e[t, j]}(x[t])`` for every token, grouped by expert.
+
+    x ``[T, H]``; gate_up ``[E, 2I, H]``; down ``[E, H, I]``; topk_weights ``[T, k]`` (any float
+    dtype); topk_ids ``[T, k]`` integer in ``[0, E)``. Returns ``[T, H]`` in x's dtype.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _FLOAT:
+        raise ValueError("x must be a floating rank-2 tensor [T, H]")
+    num_tokens, hidden = x.shape
+    if gate_up.dim() != 3 or gate_up.shape[2] != hidden or gate_up.shape[1] % 2 != 0:
+        raise ValueError(f"gate_up must be [E, 2*I, {hidden}], got {tuple(gate_up.shape)}")
+    num_experts, two_inter, _ = gate_up.shape
+    inter = two_inter // 2
+    if down.shape != (num_experts, hidden, inter):
+        raise ValueError(f"down must be [{num_experts}, {hidden}, {inter}], got {tuple(down.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens:
+        raise ValueError(f"topk_ids must be [{num_tokens}, k], got {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+    if topk_weights.shape != topk_ids.shape or topk_weights.dtype not in _FLOAT:
+        raise ValueError(
+            f"topk_weights must be floating with shape {tuple(topk_ids.shape)}, got "
+            f"{tuple(topk_weights.shape)} {topk_weights.dtype}"
+        )
+    if gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        raise ValueError(f"expert weights ({gate_up.dtype}, {down.dtype}) must match x dtype {x.dtype}")
+
+    out = torch.zeros_like(x)
+    if num_tokens == 0:
+        return out
+    top_k = topk_ids.shape[1]
+    flat_ids = topk_ids.reshape(-1).long()
+    if bool(((flat_ids < 0) | (flat_ids >= num_experts)).any()):
+        raise ValueError(f"topk_ids must lie in [0, {num_experts})")
+    # Sort the T*k assignments by expert: each expert then owns one contiguous row range.
+    order = torch.argsort(flat_ids, stable=True)
+    token_of_row = order // top_k
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    rows_x = x.index_select(0, token_of_row)
+    rows_w = topk_weights.reshape(-1).index_select(0, order)
+    rows_out = torch.empty_like(rows_x)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        end = start + count
+        gate, up = F.linear(rows_x[start:end], gate_up[expert]).chunk(2, dim=-1)
+        rows_out[start:end] = F.linear(F.silu(gate) * up, down[expert])
+        start = end
+    rows_out = rows_out * rows_w.to(rows_out.dtype)[:, None]
+    out.index_add_(0, token_of_row, rows_out)
+    return out

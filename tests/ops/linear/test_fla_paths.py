@@ -1,0 +1,341 @@
+"""Tests of hypic.ops.linear.fla_paths / triton_scan.
+
+CPU part (runs everywhere): the pure-torch pieces (batched chain scan, closed-form log decays, head
+expansion, torch decode steps, the float64 fallback) against the reference, and that importing the
+module needs neither fla nor Triton. CUDA part (skipped without a GPU): every family's fla path
+against the float64 CPU reference, the shared forward+summaries path, and the Triton scan.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hypic.ops.linear import delta, fla_paths, gated_delta, gla, kda, mamba2, simple_gla
+from hypic.ops.linear._family import expand_heads
+from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, scan_chain
+from hypic.ops.linear.triton_scan import scan_chain_torch
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="fla paths run on CUDA only")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
+    denom = b64.norm().item()
+    return (a64 - b64).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def cu_of(lengths, device="cpu") -> torch.Tensor:
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.long, device=device)
+
+
+def random_summary(kind: str, num_spans: int, hv: int, kd: int, vd: int, dtype, gen) -> object:
+    state = torch.randn(num_spans, hv, kd, vd, generator=gen, dtype=torch.float64).to(dtype)
+    if kind == "dense":
+        t = torch.randn(num_spans, hv, kd, kd, generator=gen, dtype=torch.float64) / kd ** 0.5
+        return DenseSummary(t.to(dtype), state)
+    if kind == "diagonal":
+        return DiagonalSummary((-torch.rand(num_spans, hv, kd, generator=gen, dtype=torch.float64)).to(dtype), state)
+    return ScalarSummary((-torch.rand(num_spans, hv, generator=gen, dtype=torch.float64)).to(dtype), state)
+
+
+# ------------------------------------------------------------------------------------------
+# CPU: pure-torch logic
+# ------------------------------------------------------------------------------------------
+
+def test_import_needs_neither_fla_nor_triton():
+    code = "import sys, hypic.ops.linear.fla_paths, hypic.ops.linear.triton_scan; " \
+           "print('fla' in sys.modules, 'triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+    kind=st.sampled_from(["dense", "diagonal", "scalar"]),
+    with_init=st.booleans(),
+    seed=st.integers(0, 2 ** 16),
+)
+def test_scan_chain_torch_matches_reference_fp64(lengths, kind, with_init, seed):
+    gen = torch.Generator().manual_seed(seed)
+    summ = random_summary(kind, sum(lengths), 3, 5, 4, torch.float64, gen)
+    cu = cu_of(lengths)
+    init = torch.randn(len(lengths), 3, 5, 4, generator=gen, dtype=torch.float64) if with_init else None
+    inc, fin = scan_chain_torch(summ, cu, init)
+    inc_ref, fin_ref = scan_chain(summ, cu, init)
+    assert inc.shape == inc_ref.shape and fin.shape == fin_ref.shape
+    assert rel(inc, inc_ref) < 1e-12 if inc.numel() else True
+    assert rel(fin, fin_ref) < 1e-12
+
+
+def test_scan_chain_torch_fp32_and_fast_entry_fp64():
+    gen = torch.Generator().manual_seed(0)
+    summ64 = random_summary("dense", 7, 2, 6, 3, torch.float64, gen)
+    summ32 = DenseSummary(summ64.transition.float(), summ64.state.float())
+    cu = cu_of([3, 0, 4])
+    inc_ref, fin_ref = scan_chain(summ64, cu)
+    inc, fin = scan_chain_torch(summ32, cu)
+    assert inc.dtype == torch.float32
+    assert rel(inc, inc_ref) < 1e-5 and rel(fin, fin_ref) < 1e-5
+    # the fast entry point keeps float64 on the torch formulation (no Triton needed)
+    inc2, fin2 = fla_paths.scan_chain(summ64, cu, None)
+    assert rel(inc2, inc_ref) < 1e-12 and rel(fin2, fin_ref) < 1e-12
+
+
+def test_segment_log_decay_matches_reference_summaries():
+    gen = torch.Generator().manual_seed(1)
+    lengths = [5, 0, 9, 1]
+    t = sum(lengths)
+    cu = cu_of(lengths)
+    g = -torch.rand(t, 4, 3, generator=gen)
+    k = torch.randn(t, 2, 3, generator=gen)
+    v = torch.randn(t, 4, 2, generator=gen)
+    ref = gla.gla_summarize(k.double(), v.double(), g.double(), cu_seqlens=cu)
+    got = fla_paths._segment_log_decay(g, cu)
+    assert got.dtype == torch.float32 and got.shape == ref.log_decay.shape
+    assert rel(got, ref.log_decay) < 1e-6
+    gamma = -torch.rand(4, generator=gen)
+    ref_s = simple_gla.simple_gla_summarize(k.double(), v.double(), g_gamma=gamma.double(), cu_seqlens=cu)
+    assert rel(fla_paths._scalar_log_decay(None, gamma, cu), ref_s.log_decay) < 1e-6
+
+
+def test_expand_heads_matches_reference_gva():
+    x = torch.randn(5, 2, 3)
+    assert torch.equal(fla_paths._expand_heads(x, 6), expand_heads(x, 6))
+    assert fla_paths._expand_heads(x, 2) is x
+
+
+def test_torch_decode_steps_match_reference():
+    gen = torch.Generator().manual_seed(2)
+    n, h, hv, kd, vd = 3, 2, 4, 5, 3
+    q, k = torch.randn(n, h, kd, generator=gen), torch.randn(n, h, kd, generator=gen)
+    v = torch.randn(n, hv, vd, generator=gen)
+    g = -torch.rand(n, hv, generator=gen)
+    state = torch.randn(n, hv, kd, vd, generator=gen)
+    o, s = fla_paths.simple_gla_decode(q, k, v, g, state, scale=0.7)
+    o_ref, s_ref = simple_gla.simple_gla_decode(q.double(), k.double(), v.double(), g.double(), state.double(), scale=0.7)
+    assert rel(o, o_ref) < 1e-5 and rel(s, s_ref) < 1e-5
+    gamma = -torch.rand(hv, generator=gen)
+    o, s = fla_paths.simple_gla_decode(q, k, v, None, state, g_gamma=gamma)
+    o_ref, s_ref = simple_gla.simple_gla_decode(q.double(), k.double(), v.double(), None, state.double(), g_gamma=gamma.double())
+    assert rel(o, o_ref) < 1e-5 and rel(s, s_ref) < 1e-5
+    c, b = torch.randn(n, 2, kd, generator=gen), torch.randn(n, 2, kd, generator=gen)
+    x = torch.randn(n, hv, vd, generator=gen)
+    dt = F.softplus(torch.randn(n, hv, generator=gen))
+    a, d = -torch.rand(hv, generator=gen) - 0.1, torch.randn(hv, generator=gen)
+    y, s = fla_paths.mamba2_decode(c, b, x, dt, a, state, d)
+    y_ref, s_ref = mamba2.mamba2_decode(c.double(), b.double(), x.double(), dt.double(), a.double(), state.double(), d.double())
+    assert y.dtype == x.dtype
+    assert rel(y, y_ref) < 1e-5 and rel(s, s_ref) < 1e-5
+
+
+def test_float64_falls_back_to_cpu_reference():
+    gen = torch.Generator().manual_seed(3)
+    t, h, hv, kd, vd = 9, 1, 2, 4, 3
+    q = F.normalize(torch.randn(t, h, kd, generator=gen, dtype=torch.float64), dim=-1)
+    k = F.normalize(torch.randn(t, h, kd, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(t, hv, vd, generator=gen, dtype=torch.float64)
+    g = -torch.rand(t, hv, generator=gen, dtype=torch.float64)
+    beta = torch.rand(t, hv, generator=gen, dtype=torch.float64)
+    cu = cu_of([4, 5])
+    o, f = fla_paths.gated_delta_forward(q, k, v, g, beta, cu_seqlens=cu)
+    o_ref, f_ref = gated_delta.gated_delta_forward(q, k, v, g, beta, cu_seqlens=cu)
+    assert torch.equal(o, o_ref) and torch.equal(f, f_ref)
+    s = fla_paths.gated_delta_summarize(k, v, g, beta, cu_seqlens=cu)
+    s_ref = gated_delta.gated_delta_summarize(k, v, g, beta, cu_seqlens=cu)
+    assert torch.equal(s.transition, s_ref.transition) and torch.equal(s.state, s_ref.state)
+    o2, f2, s2 = fla_paths.gated_delta_forward_and_summarize(q, k, v, g, beta, cu_seqlens=cu)
+    assert torch.equal(o2, o_ref) and torch.equal(f2, f_ref) and torch.equal(s2.state, s_ref.state)
+    o3, f3, s3 = fla_paths.delta_forward_and_summarize(q, k, v, beta, cu_seqlens=cu)
+    o3_ref, _ = delta.delta_forward(q, k, v, beta, cu_seqlens=cu)
+    assert torch.equal(o3, o3_ref) and isinstance(s3, DenseSummary)
+
+
+def test_fla_inputs_must_be_cuda():
+    x = torch.zeros(4, 1, 8)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        pytest.skip("the Triton interpreter accepts CPU tensors")
+    with pytest.raises(ValueError, match="CUDA"):
+        fla_paths._check_fla_inputs("gated_delta_forward", 8, x)
+    with pytest.raises(ValueError, match="key dim"):
+        fla_paths._check_fla_inputs("gated_delta_forward", 512)
+
+
+def test_triton_scan_kernel_under_interpreter():
+    """The Triton scan kernel itself, on CPU through TRITON_INTERPRET=1 (needs Triton installed)."""
+    pytest.importorskip("triton")
+    script = textwrap.dedent("""
+        import torch
+        from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, scan_chain
+        from hypic.ops.linear.triton_scan import scan_chain_triton
+        torch.manual_seed(0)
+        m, hv, kd, vd = 6, 2, 20, 24
+        cu = torch.tensor([0, 2, 2, 6])
+        s = torch.randn(m, hv, kd, vd)
+        init = torch.randn(3, hv, kd, vd)
+        worst = 0.0
+        for summ in (DenseSummary(torch.randn(m, hv, kd, kd) / kd ** 0.5, s),
+                     DiagonalSummary(-torch.rand(m, hv, kd), s), ScalarSummary(-torch.rand(m, hv), s)):
+            for ini in (None, init):
+                a, b = scan_chain_triton(summ, cu, ini, precision="ieee")
+                ra, rb = scan_chain(summ, cu, ini)
+                worst = max(worst, ((a - ra).norm() / ra.norm()).item(), ((b - rb).norm() / rb.norm()).item())
+        print(worst)
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(out.stderr[-2000:])
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------
+# CUDA: fla paths against the float64 CPU reference
+# ------------------------------------------------------------------------------------------
+
+H, HV, K, V = 2, 4, 64, 32
+LENGTHS = [70, 1, 0, 130, 64]
+FAMILIES = ["gated_delta", "delta", "kda", "gla", "simple_gla", "mamba2"]
+MODULES = {"gated_delta": gated_delta, "delta": delta, "kda": kda, "gla": gla,
+           "simple_gla": simple_gla, "mamba2": mamba2}
+
+
+def family_inputs(family, dtype, device, seed=0, lengths=LENGTHS):
+    gen = torch.Generator().manual_seed(seed)
+    t = sum(lengths)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    bias = torch.linspace(2.0, 6.0, HV)
+    if family == "mamba2":
+        return dict(C=rnd(t, 2, K).to(dtype).to(device), B=rnd(t, 2, K).to(dtype).to(device),
+                    x=rnd(t, HV, V).to(dtype).to(device), dt=F.softplus(rnd(t, HV) - 2).to(device),
+                    A=(-torch.exp(torch.linspace(-2, 1, HV))).to(device), D=rnd(HV).to(device))
+    x = dict(q=F.normalize(rnd(t, H, K), dim=-1).to(dtype).to(device),
+             k=F.normalize(rnd(t, H, K), dim=-1).to(dtype).to(device),
+             v=rnd(t, HV, V).to(dtype).to(device))
+    if family in ("gated_delta", "simple_gla"):
+        x["g"] = F.logsigmoid(rnd(t, HV) + bias).to(device)
+    if family in ("kda", "gla"):
+        x["g"] = F.logsigmoid(rnd(t, HV, K) + bias[:, None]).to(device)
+    if family in ("gated_delta", "delta", "kda"):
+        x["beta"] = torch.sigmoid(rnd(t, HV)).to(dtype).to(device)
+    return x
+
+
+def gates(family, x):
+    return tuple(x[name] for name in ("g", "beta") if name in x)
+
+
+def fwd(mod, family, x, cu, init):
+    if family == "mamba2":
+        return mod.mamba2_forward(x["C"], x["B"], x["x"], x["dt"], x["A"], x["D"], cu_seqlens=cu, initial_state=init)
+    return getattr(mod, f"{family}_forward")(x["q"], x["k"], x["v"], *gates(family, x), cu_seqlens=cu, initial_state=init)
+
+
+def summ(mod, family, x, cu):
+    if family == "mamba2":
+        return mod.mamba2_summarize(x["B"], x["x"], x["dt"], x["A"], cu_seqlens=cu)
+    return getattr(mod, f"{family}_summarize")(x["k"], x["v"], *gates(family, x), cu_seqlens=cu)
+
+
+def trans(s):
+    return s.transition if isinstance(s, DenseSummary) else s.log_decay
+
+
+TOL = {torch.bfloat16: 5e-2, torch.float32: 1e-2}
+
+
+# bf16 for every family (the serving dtype); fp32 inputs for GDN only (each dtype compiles its own
+# kernels, and the GPU run has a tight time budget)
+CASES = [(family, torch.bfloat16) for family in FAMILIES] + [("gated_delta", torch.float32)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("family,dtype", CASES)
+def test_fast_path_matches_reference(family, dtype):
+    dev = torch.device("cuda")
+    x = family_inputs(family, dtype, dev)
+    x64 = {k_: v_.cpu().double() for k_, v_ in x.items()}
+    cu = cu_of(LENGTHS, dev)
+    init = torch.randn(len(LENGTHS), HV, K, V, device=dev)
+    o, f = fwd(fla_paths, family, x, cu, init)
+    o_ref, f_ref = fwd(MODULES[family], family, x64, cu.cpu(), init.cpu().double())
+    assert o.dtype == (x["x"] if family == "mamba2" else x["v"]).dtype and f.dtype == torch.float32
+    assert rel(o, o_ref) < TOL[dtype] and rel(f, f_ref) < TOL[dtype]
+    s = summ(fla_paths, family, x, cu)
+    s_ref = summ(MODULES[family], family, x64, cu.cpu())
+    assert type(s) is type(s_ref) and s.state.dtype == torch.float32
+    assert rel(s.state, s_ref.state) < TOL[dtype] and rel(trans(s), trans(s_ref)) < TOL[dtype]
+    # composing the summaries over one chain equals a straight run of all tokens
+    one = torch.tensor([0, sum(LENGTHS)], device=dev)
+    _, straight = fwd(MODULES[family], family, x64, one.cpu(), init[:1].cpu().double())
+    _, composed = fla_paths.scan_chain(s, torch.tensor([0, len(LENGTHS)], device=dev), init[:1])
+    assert rel(composed, straight) < TOL[dtype]
+
+
+@needs_cuda
+@pytest.mark.parametrize("family", ["gated_delta", "delta", "kda"])
+@pytest.mark.parametrize("with_init", [False, True])
+def test_forward_and_summarize_equals_separate_calls(family, with_init):
+    dev = torch.device("cuda")
+    x = family_inputs(family, torch.bfloat16, dev, seed=1)
+    cu = cu_of(LENGTHS, dev)
+    init = torch.randn(len(LENGTHS), HV, K, V, device=dev) if with_init else None
+    combined = getattr(fla_paths, f"{family}_forward_and_summarize")
+    o, f, s = combined(x["q"], x["k"], x["v"], *gates(family, x), cu_seqlens=cu, initial_state=init)
+    o_sep, f_sep = fwd(fla_paths, family, x, cu, init)
+    s_sep = summ(fla_paths, family, x, cu)
+    assert rel(o, o_sep) < 1e-2 and rel(f, f_sep) < 1e-2
+    assert rel(s.state, s_sep.state) < 1e-3 and rel(s.transition, s_sep.transition) < 1e-3
+
+
+@needs_cuda
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_matches_reference(family):
+    dev = torch.device("cuda")
+    x = family_inputs(family, torch.bfloat16, dev, seed=2, lengths=[3])
+    x64 = {k_: v_.cpu().double() for k_, v_ in x.items()}
+    state = torch.randn(3, HV, K, V, device=dev)
+    mod = MODULES[family]
+    if family == "mamba2":
+        args = lambda d: (d["C"], d["B"], d["x"], d["dt"], d["A"])  # noqa: E731
+        y, s = fla_paths.mamba2_decode(*args(x), state, x["D"])
+        y_ref, s_ref = mod.mamba2_decode(*args(x64), state.cpu().double(), x64["D"])
+    else:
+        y, s = getattr(fla_paths, f"{family}_decode")(x["q"], x["k"], x["v"], *gates(family, x), state)
+        y_ref, s_ref = getattr(mod, f"{family}_decode")(x64["q"], x64["k"], x64["v"], *gates(family, x64), state.cpu().double())
+    assert rel(y, y_ref) < 1e-2 and rel(s, s_ref) < 1e-3
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["dense", "diagonal", "scalar"])
+def test_triton_scan_matches_torch_scan(kind):
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(4)
+    s64 = random_summary(kind, 9, 4, 128, 64, torch.float64, gen)
+    s32 = type(s64)(trans(s64).float().to(dev), s64.state.float().to(dev))
+    cu = torch.tensor([0, 4, 4, 9])
+    init = torch.randn(3, 4, 128, 64, generator=gen, dtype=torch.float64)
+    inc_ref, fin_ref = scan_chain_torch(s64, cu, init)
+    inc, fin = fla_paths.scan_chain(s32, cu.to(dev), init.float().to(dev))
+    assert rel(inc, inc_ref) < 1e-5 and rel(fin, fin_ref) < 1e-5
+
+
+@needs_cuda
+def test_public_functions_dispatch_to_fla_paths():
+    dev = torch.device("cuda")
+    x = family_inputs("gated_delta", torch.bfloat16, dev, seed=5)
+    cu = cu_of(LENGTHS, dev)
+    o1, f1 = gated_delta.gated_delta_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu)
+    o2, f2 = fla_paths.gated_delta_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu)
+    assert torch.equal(o1, o2) and torch.equal(f1, f2)

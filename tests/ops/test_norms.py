@@ -1,0 +1,31 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hypic.ops.norms import gated_rms_norm, l2_normalize, rms_norm_zero_centered
+
+
+def test_zero_centered_rms_norm_formula_and_dtype():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 8, generator=gen, dtype=torch.float64)
+    w = torch.randn(8, generator=gen, dtype=torch.float64)
+    ref = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)
+    torch.testing.assert_close(rms_norm_zero_centered(x, w, 1e-6), ref)
+    assert rms_norm_zero_centered(x.bfloat16(), w.bfloat16(), 1e-6).dtype == torch.bfloat16
+
+
+def test_gated_rms_norm_is_norm_then_silu_gate():
+    gen = torch.Generator().manual_seed(1)
+    x, z = torch.randn(2, 3, 8, generator=gen, dtype=torch.float64), torch.randn(2, 3, 8, generator=gen, dtype=torch.float64)
+    w = 1 + torch.randn(8, generator=gen, dtype=torch.float64)
+    ref = w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * F.silu(z)
+    torch.testing.assert_close(gated_rms_norm(x, z, w, 1e-6), ref)
+    with pytest.raises(ValueError, match="gate shape"):
+        gated_rms_norm(x, z[:, :2], w, 1e-6)
+
+
+def test_l2_normalize_unit_norm_and_weight_check():
+    x = torch.randn(4, 2, 16, dtype=torch.float64)
+    torch.testing.assert_close(l2_normalize(x).norm(dim=-1), torch.ones(4, 2, dtype=torch.float64), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        rms_norm_zero_centered(x, torch.zeros(3), 1e-6)
