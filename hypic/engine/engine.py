@@ -27,8 +27,14 @@ from hypic.engine.request import Request
 from hypic.engine.sampling import SamplingParams, sample
 from hypic.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hypic.engine.tokenizer import Tokenizer
+from hypic.engine.pic_runner import PicRunner
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model
+from hypic.pic.keys import Keyer, KeyNamespace
+from hypic.pic.modes import PICConfig
+from hypic.pic.plan import plan_request
+from hypic.pic.segments import PIC_SEP, SegmentedPrompt, build_segmented_prompt
+from hypic.pic.store import SegmentStore, StoreStats
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -95,6 +101,10 @@ class LLMEngine:
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 64,
         load_format: str = "safetensors",
+        pic: PICConfig | None = None,
+        pic_all_prompts: bool = False,
+        segment_cache_bytes: int | None = 8 << 30,
+        host_cache_bytes: int = 0,
     ) -> None:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
@@ -124,23 +134,54 @@ class LLMEngine:
         self._seed_generator = torch.Generator().manual_seed(seed)
         self._request_counter = itertools.count()
         self.stats = EngineStats()
+        # Position-independent caching: segmented prompts (PIC_SEP text, a list of segments, or
+        # every prompt when ``pic_all_prompts``) are planned against the segment store with the
+        # ``pic`` defaults and prefilled in one step by the PIC runner; the rest takes the plain path.
+        if pic is None:
+            pic = PICConfig()
+        if not isinstance(pic, PICConfig):
+            raise ValueError(f"pic must be a PICConfig or None, got {type(pic).__name__}")
+        self.pic = pic
+        self.pic_all_prompts = bool(pic_all_prompts)
+        self.store = SegmentStore(segment_cache_bytes, host_cache_bytes, device=self.device)
+        model_id = f"{self.model_path.resolve()}|{load_format}|{seed if load_format == 'dummy' else ''}"
+        self.keyer = Keyer(KeyNamespace(model_id, str(self.dtype).replace("torch.", "")))
+        self.pic_runner = PicRunner(self.model, self.spec, self.store, self.device, self.dtype)
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(
         self,
-        prompt: str | list[int] | dict,
+        prompt: str | list[int] | list[str] | list[list[int]] | dict,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
+        mode: str | None = None,
+        seam: int | float | None = None,
+        cold_policy: str | None = None,
+        tenant_salt: str | None = None,
     ) -> str:
         """Queue a request; returns its id. ``prompt``: text, token ids, or a vLLM-style dict
-        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``. Raises ValueError for input that cannot be served
-        (empty prompt, token ids outside the vocabulary, prompt longer than max_model_len, ...)."""
+        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``; for segment caching also text with
+        ``<<PIC_SEP>>`` between segments, a list of segments (strings or token-id lists, the last
+        one the query) or ``{"segments": [...]}``. ``mode`` / ``seam`` / ``cold_policy`` override
+        the engine's PIC settings for this request. Raises ValueError for input that cannot be
+        served (empty prompt or segment, token ids outside the vocabulary, prompt longer than
+        max_model_len, unknown mode, ...)."""
         if sampling_params is None:
             sampling_params = SamplingParams()
         if request_id is None:
             request_id = str(next(self._request_counter))
-        prompt_text, prompt_ids = self._prompt_token_ids(prompt, request_id)
-        request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text)
+        segmented = self._segmented_prompt(prompt, request_id, any(x is not None for x in (mode, seam, cold_policy)))
+        if segmented is not None:
+            policy = self.pic.resolve(mode=mode, seam=seam, cold_policy=cold_policy)
+            prompt_text = prompt if isinstance(prompt, str) else None
+            request = Request(request_id, list(segmented.token_ids), sampling_params, prompt=prompt_text)
+            request.pic_prompt, request.pic_policy = segmented, policy
+            request.pic_tenant_salt = tenant_salt
+            request.prefill_cost = self._expected_live_tokens(segmented, policy, tenant_salt)
+        else:
+            prompt_text, prompt_ids = self._prompt_token_ids(prompt, request_id)
+            request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text)
         self.scheduler.check_request(request)
         seed = sampling_params.seed
         if seed is None:
@@ -148,6 +189,39 @@ class LLMEngine:
         request.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.scheduler.add(request)
         return request_id
+
+    def _segmented_prompt(self, prompt, request_id: str, overridden: bool) -> SegmentedPrompt | None:
+        """The prompt's segments when it is a PIC request, else None (plain path)."""
+        if isinstance(prompt, dict) and "segments" in prompt:
+            pieces = prompt["segments"]
+        elif isinstance(prompt, str) and (PIC_SEP in prompt or self.pic_all_prompts or overridden):
+            pieces = prompt
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (str, list, tuple)) for p in prompt):
+            pieces = list(prompt)
+        elif (self.pic_all_prompts or overridden) and not isinstance(prompt, dict):
+            pieces = [self._prompt_token_ids(prompt, request_id)[1]]  # token ids: one query piece
+        else:
+            return None
+        encode = self.tokenizer.encode if self.tokenizer is not None else None
+        try:
+            return build_segmented_prompt(pieces, encode=encode, vocab_size=self.spec.vocab_size)
+        except ValueError as e:
+            raise ValueError(f"request {request_id}: {e}") from None
+
+    def _expected_live_tokens(self, prompt: SegmentedPrompt, policy, tenant_salt) -> int:
+        """Scheduler charge of a PIC request: its tokens minus the bodies already stored."""
+        if not policy.mode.uses_segment_store:
+            return prompt.num_tokens
+        live = len(prompt.query)
+        for seg in prompt.segments:
+            w = policy.seam_tokens(len(seg))
+            hit = w < len(seg) and self.keyer.segment_key(seg, w, tenant_salt=tenant_salt) in self.store
+            live += w if hit else len(seg)
+        return live
+
+    def segment_cache_stats(self) -> StoreStats:
+        """Segment-store counters: hits, misses, bytes per tier, evictions, spills, ..."""
+        return self.store.stats()
 
     def _prompt_token_ids(self, prompt, request_id: str) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt dicts
@@ -215,27 +289,65 @@ class LLMEngine:
 
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch) -> list[int]:
-        for request in batch.requests:
+        pic = [i for i, r in enumerate(batch.requests) if batch.is_prefill and r.atomic_prefill]
+        plain = [i for i in range(len(batch.requests)) if not (batch.is_prefill and batch.requests[i].atomic_prefill)]
+        rows: dict[int, torch.Tensor] = {}
+        if pic:
+            rows.update(self._run_pic([batch.requests[i] for i in pic], pic))
+        if plain:
+            rows.update(self._run_plain(batch, plain))
+        sampling = [i for i, s in enumerate(batch.samples) if s]
+        if not sampling:
+            return []
+        logits = torch.stack([rows[i] for i in sampling])
+        requests = [batch.requests[i] for i in sampling]
+        tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
+        return tokens.tolist()
+
+    def _run_plain(self, batch: ScheduledBatch, indices: list[int]) -> dict[int, torch.Tensor]:
+        requests = [batch.requests[i] for i in indices]
+        for request in requests:
             if request.cache is None:
                 request.cache = SequenceCache.allocate(self.spec, self.device, self.dtype)
         input_ids: list[int] = []
         positions: list[int] = []
         logits_rows: list[int] = []
-        for i, (start, n) in enumerate(zip(batch.start_positions, batch.num_scheduled_tokens)):
+        sampled: list[int] = []
+        for i in indices:
+            start, n = batch.start_positions[i], batch.num_scheduled_tokens[i]
             input_ids.extend(batch.token_ids(i))
             positions.extend(range(start, start + n))
             if batch.samples[i]:
                 logits_rows.append(len(input_ids) - 1)
+                sampled.append(i)
         ctx = PlainContext(
             self.spec,
-            [r.cache for r in batch.requests],
-            batch.num_scheduled_tokens,
+            [r.cache for r in requests],
+            [batch.num_scheduled_tokens[i] for i in indices],
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=self.device),
         )
         logits = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), ctx.positions, ctx)
-        sampling = batch.sampling_requests
-        if not sampling:
-            return []
-        tokens = sample(logits, [r.sampling_params for r in sampling], [r.generator for r in sampling])
-        return tokens.tolist()
+        return dict(zip(sampled, logits))
+
+    def _run_pic(self, requests: list[Request], indices: list[int]) -> dict[int, torch.Tensor]:
+        plans = []
+        try:
+            for r in requests:
+                plans.append(plan_request(
+                    r.pic_prompt, r.pic_policy, store=self.store, keyer=self.keyer,
+                    max_model_len=self.max_model_len, tenant_salt=getattr(r, "pic_tenant_salt", None),
+                    request_id=r.request_id,
+                ))
+            results = self.pic_runner.prefill(plans)
+        finally:
+            for plan in plans:
+                plan.release()
+        out = {}
+        for i, r, plan, res in zip(indices, requests, plans, results):
+            r.cache = res.cache
+            r.metrics.cached_tokens = plan.cached_tokens
+            r.metrics.prefix_hit_tokens = plan.prefix_hit_tokens
+            r.metrics.live_tokens = plan.live_tokens + plan.standalone_tokens
+            out[i] = res.logits
+        return out

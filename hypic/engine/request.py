@@ -37,6 +37,11 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     generation_tokens: int = 0
+    # Segment caching (PIC requests): tokens reused from segment entries, from prefix-cache
+    # checkpoints, and tokens computed in the request's own prefill pass.
+    cached_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    live_tokens: int | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -97,6 +102,15 @@ class Request:
         self.detok_read_offset = 0
         self.cache: Any = None
         self.generator: Any = None
+        # A PIC request (segmented prompt + policy, set by the engine) is prefilled in one step
+        # through the PIC runner; ``prefill_cost`` is the token budget it is charged.
+        self.pic_prompt: Any = None
+        self.pic_policy: Any = None
+        self.prefill_cost: int | None = None
+
+    @property
+    def atomic_prefill(self) -> bool:
+        return self.pic_prompt is not None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -170,8 +170,17 @@ class Scheduler:
                     break  # strict arrival order: a later request never overtakes this one
                 holding += 1
             remaining = request.num_uncomputed_prompt_tokens
-            n = min(remaining, budget)
-            budget -= n
+            if request.atomic_prefill:
+                # Prefilled whole (the PIC runner plans the prompt at once); charged its expected
+                # live tokens. It waits for the next step unless it would run alone.
+                cost = request.prefill_cost if request.prefill_cost is not None else remaining
+                if requests and cost > budget:
+                    break
+                n = remaining
+                budget -= min(cost, budget)
+            else:
+                n = min(remaining, budget)
+                budget -= n
             requests.append(request)
             counts.append(n)
             starts.append(request.num_computed_tokens)

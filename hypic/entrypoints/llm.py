@@ -10,6 +10,7 @@ import torch
 from hypic.engine.engine import LLMEngine
 from hypic.engine.outputs import RequestOutput
 from hypic.engine.sampling import SamplingParams
+from hypic.pic.modes import PICConfig
 
 Prompt = str | list[int] | dict
 
@@ -35,7 +36,15 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 64,
         load_format: str = "safetensors",
+        pic_mode: str | None = None,
+        seam: int | float = 8,
+        cold_policy: str = "inline",
+        segment_cache_bytes: int | None = 8 << 30,
+        host_cache_bytes: int = 0,
     ) -> None:
+        # pic_mode=None: segment caching only for prompts that carry segments (<<PIC_SEP>> text or
+        # {"segments": [...]}), in mode "hypic"; a mode name applies to every prompt.
+        pic = PICConfig(mode=pic_mode or "hypic", seam=seam, cold_policy=cold_policy)
         self.llm_engine = LLMEngine(
             model,
             dtype=dtype,
@@ -45,8 +54,16 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             load_format=load_format,
+            pic=pic,
+            pic_all_prompts=pic_mode is not None,
+            segment_cache_bytes=segment_cache_bytes,
+            host_cache_bytes=host_cache_bytes,
         )
         self._request_counter = 0
+
+    def segment_cache_stats(self):
+        """Segment-store counters (hits, misses, bytes per tier, evictions, ...)."""
+        return self.llm_engine.segment_cache_stats()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -57,6 +74,9 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        pic_mode: str | None = None,
+        seam: int | float | None = None,
+        cold_policy: str | None = None,
     ) -> list[RequestOutput]:
         """One :class:`RequestOutput` per prompt, in prompt order.
 
@@ -64,7 +84,9 @@ class LLM:
         ``{"prompt_token_ids": ...}``), or a list of any of these.
         sampling_params: one for all prompts, or a list with one per prompt (default:
         ``SamplingParams()``). Every prompt is validated before any runs: a bad one raises
-        ValueError naming its index and nothing is generated.
+        ValueError naming its index and nothing is generated. A prompt with segments is text with
+        ``<<PIC_SEP>>`` between them or ``{"segments": [seg, ..., query]}``; ``pic_mode``, ``seam``
+        and ``cold_policy`` override the engine's segment-caching settings for this call.
         """
         prompt_list = _normalize_prompts(prompts)
         params_list = _normalize_params(sampling_params, len(prompt_list))
@@ -75,7 +97,8 @@ class LLM:
                 request_id = f"gen-{self._request_counter}"
                 self._request_counter += 1
                 try:
-                    engine.add_request(prompt, params, request_id=request_id)
+                    engine.add_request(prompt, params, request_id=request_id, mode=pic_mode, seam=seam,
+                                       cold_policy=cold_policy)
                 except ValueError as e:
                     raise ValueError(f"prompt {i}: {e}") from e
                 request_ids.append(request_id)
