@@ -20,6 +20,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from hypic.pic.segments import PIC_SEP
+
 
 @dataclass(frozen=True)
 class BenchCommand:
@@ -90,6 +92,11 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--mode", default=None,
+                        help="segment-caching mode for every prompt: full_recompute | prefix_cache | addition | "
+                             "transition | transition_rope | hypic (default: hypic for prompts with <<PIC_SEP>>)")
+    parser.add_argument("--seam", default="8", help="seam window: int tokens or a fraction in (0, 1] (default 8)")
+    parser.add_argument("--cold-policy", default="inline", choices=["inline", "standalone"])
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -106,15 +113,20 @@ def _run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     t0 = time.perf_counter()
+    seam = float(args.seam) if "." in args.seam else int(args.seam)
     llm = LLM(
         model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
         max_model_len=args.max_model_len, load_format=args.load_format,
+        pic_mode=args.mode, seam=seam, cold_policy=args.cold_policy,
     )
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     if args.chat:
         conversations = [[{"role": "user", "content": p}] for p in args.prompt]
         outputs = llm.chat(conversations, params, use_tqdm=False)
+    elif args.mode is not None or any(PIC_SEP in p for p in args.prompt):
+        # Segmented prompts run one after another, so later ones reuse what earlier ones cached.
+        outputs = [llm.generate(p, params, use_tqdm=False)[0] for p in args.prompt]
     else:
         outputs = llm.generate(args.prompt, params, use_tqdm=False)
     gen_s = time.perf_counter() - t1
@@ -128,7 +140,15 @@ def _run_generate(args: argparse.Namespace) -> int:
             f"--- prompt_tokens={out.metrics.prompt_tokens} output_tokens={len(completion.token_ids)} "
             f"finish_reason={completion.finish_reason} ttft={ttft_text}"
         )
+        m = out.metrics
+        if m.live_tokens is not None:
+            print(f"--- segment cache: cached_tokens={m.cached_tokens} prefix_hit_tokens={m.prefix_hit_tokens} "
+                  f"live_tokens={m.live_tokens}")
     engine = llm.llm_engine
+    st = engine.segment_cache_stats()
+    if st.hits or st.misses:
+        print(f"--- segment store: hits={st.hits} misses={st.misses} entries={st.device_entries} "
+              f"bytes={st.device_bytes} evictions={st.evictions}")
     num_out = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(
         f"--- model={engine.model_path} dtype={str(engine.dtype).removeprefix('torch.')} device={engine.device} "
