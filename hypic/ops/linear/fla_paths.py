@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
