@@ -94,7 +94,7 @@ class PicContext(ForwardContext):
         summ = DenseSummary.cat([p.to(like.device) for p in parts])
         if summ.dtype != like.dtype:
             summ = DenseSummary(summ.transition.to(like.dtype), summ.state.to(like.dtype))
-        if bool(lay.body_drop_transition.any()):
+        if lay.any_drop_transition:
             # `addition` mode: the cached body's T is replaced by the identity (S <- S + S_body).
             eye = torch.eye(summ.key_dim, dtype=summ.dtype, device=summ.device)
             drop = lay.body_drop_transition.to(summ.device)[:, None, None, None]
@@ -133,8 +133,7 @@ class PicContext(ForwardContext):
                 if w.kind != WRITE_CHECKPOINT:
                     after.append(None)
                     continue
-                end = int(lay.cu_chains[b + 1])
-                after.append(incoming[pos + 1] if pos + 1 < end else final[b])
+                after.append(incoming[pos + 1] if pos + 1 < lay.chain_ends[b] else final[b])
             if any(a is not None for a in after):
                 zero = torch.zeros_like(final[0])
                 rec.write_states = torch.stack([zero if a is None else a for a in after])

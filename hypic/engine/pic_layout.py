@@ -96,6 +96,8 @@ class PackedLayout:
     span_chain_pos: torch.Tensor  # [S] chain position of each live element
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
     body_drop_transition: torch.Tensor  # [NB] bool: addition mode
+    any_drop_transition: bool
+    chain_ends: List[int]  # host copy of cu_chains[1:], so layers need no device-to-host sync
     chain_has_prefix: List[bool]
     # conv runs: maximal runs of consecutive live elements of one request
     cu_runs: torch.Tensor  # [R+1]
@@ -108,6 +110,7 @@ class PackedLayout:
     key_index: torch.Tensor  # [Tk]
     positions_k: torch.Tensor  # [Tk]
     cu_keys: torch.Tensor  # [B+1]
+    cu_keys_host: List[int]
     cached_pieces: List[SegmentEntry]  # entries whose K/V rows follow the live rows, in order
     cached_delta: torch.Tensor  # [C] RoPE shift of each cached row (0 = keep)
     any_rerotate: bool
@@ -256,6 +259,8 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         span_chain_pos=t(span_chain_pos),
         bodies=bodies,
         body_drop_transition=t(drop_t, torch.bool),
+        any_drop_transition=any(drop_t),
+        chain_ends=cu_chains[1:],
         chain_has_prefix=[bool(r.prefix) for r in requests],
         cu_runs=t(cu_runs),
         run_init=run_init,
@@ -265,6 +270,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         key_index=t(key_index),
         positions_k=t(pos_k),
         cu_keys=t(cu_keys),
+        cu_keys_host=cu_keys,
         cached_pieces=cached_pieces,
         cached_delta=t(cached_delta),
         any_rerotate=any(d != 0 for d in cached_delta),

@@ -141,7 +141,7 @@ class PicRunner:
 
     def _decode_caches(self, ctx: PicContext) -> List[SequenceCache]:
         lay = ctx.layout
-        cu_keys = lay.cu_keys.tolist()
+        cu_keys = lay.cu_keys_host
         out = []
         for b, req in enumerate(lay.requests):
             layers = []
