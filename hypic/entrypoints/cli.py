@@ -195,4 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module so bench commands register in the one registry.
+    from hypic.entrypoints.cli import main as _main
+
+    sys.exit(_main())

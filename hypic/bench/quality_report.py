@@ -1,0 +1,134 @@
+"""Aggregating quality-bench records: the result rows, the text table, the JSON file and the plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+from hypic.bench.quality_run import Configuration, RequestRecord
+
+
+@dataclass(frozen=True)
+class QualityResult:
+    """One (task, configuration) cell. ``score`` is the mean per-request score (0-100);
+    ``gap_to_full`` = full_recompute's score minus this score (points lost; None when
+    full_recompute was not run)."""
+
+    task: str
+    mode: str
+    seam: Optional[float]
+    cold_policy: Optional[str]
+    n: int
+    score: float
+    gap_to_full: Optional[float]
+    cached_tokens_mean: float
+    live_tokens_mean: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else float("nan")
+
+
+def summarize(
+    runs: Sequence[Tuple[str, Configuration, Sequence[RequestRecord]]]
+) -> Tuple[QualityResult, ...]:
+    """``runs``: (task, configuration, records) triples in run order -> one result per triple."""
+    full: Dict[str, float] = {}
+    for task, config, records in runs:
+        if config.mode == "full_recompute" and records:
+            full[task] = _mean([r.score for r in records])
+    results = []
+    for task, config, records in runs:
+        score = _mean([r.score for r in records])
+        gap = full[task] - score if task in full and records else None
+        results.append(QualityResult(
+            task=task, mode=config.mode, seam=config.seam, cold_policy=config.cold_policy, n=len(records),
+            score=score, gap_to_full=gap,
+            cached_tokens_mean=_mean([r.cached_tokens for r in records]),
+            live_tokens_mean=_mean([r.live_tokens for r in records]),
+        ))
+    return tuple(results)
+
+
+def format_table(results: Sequence[QualityResult]) -> str:
+    """A fixed-width text table, one row per (task, configuration)."""
+    header = ("task", "mode", "seam", "cold", "n", "score", "gap", "cached", "live")
+    rows = []
+    for r in results:
+        rows.append((
+            r.task, r.mode, "-" if r.seam is None else str(r.seam), r.cold_policy or "-", str(r.n),
+            f"{r.score:.2f}", "-" if r.gap_to_full is None else f"{r.gap_to_full:+.2f}",
+            f"{r.cached_tokens_mean:.1f}", f"{r.live_tokens_mean:.1f}",
+        ))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    lines.append("score: mean per-request score (0-100); gap: full_recompute score - score (points lost); "
+                 "cached / live: mean prompt tokens reused from the store / computed per request")
+    return "\n".join(lines)
+
+
+def write_json(path: str, model: str, config: dict, results: Sequence[QualityResult]) -> None:
+    payload = {"model": model, "config": config, "results": [r.as_dict() for r in results]}
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, allow_nan=False, default=_json_default)
+        handle.write("\n")
+
+
+def _json_default(value):
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def plot_results(path: str, results: Sequence[QualityResult], title: str = "") -> None:
+    """Score against seam width ``w`` (tokens) for hypic, one panel per task, one line per cold
+    policy; horizontal lines for full_recompute and addition. Fractional seams (a share of each
+    segment, not a token count) have no place on a token axis and are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r.task for r in results))
+    if not tasks:
+        raise ValueError("results: nothing to plot")
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        mine = [r for r in results if r.task == task]
+        hypic = [r for r in mine if r.mode == "hypic" and isinstance(r.seam, int)]
+        widths = sorted({r.seam for r in hypic})
+        for policy in dict.fromkeys(r.cold_policy for r in hypic):
+            points = sorted((r.seam, r.score) for r in hypic if r.cold_policy == policy)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"hypic ({policy})")
+        for r in mine:
+            if r.mode == "full_recompute":
+                ax.axhline(r.score, color="black", linestyle="-", linewidth=1, label="full_recompute")
+            elif r.mode == "addition":
+                ax.axhline(r.score, color="tab:red", linestyle=":" if r.cold_policy == "standalone" else "--",
+                           linewidth=1, label=f"addition ({r.cold_policy})")
+        if widths and widths[0] == 0:
+            ax.set_xscale("symlog", linthresh=1)
+        elif widths:
+            ax.set_xscale("log", base=2)
+        if widths:
+            ax.set_xticks(widths)
+            ax.set_xticklabels([str(w) for w in widths])
+            ax.set_xlim(widths[0] - 0.25 if widths[0] == 0 else widths[0] / 1.3, widths[-1] * 1.3 + 0.25)
+        ax.set_xlabel("seam width w (tokens)")
+        ax.set_ylabel("score (0-100)")
+        ax.set_title(task)
+        ax.set_ylim(-2, 102)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+

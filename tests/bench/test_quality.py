@@ -1,0 +1,233 @@
+"""`hypic bench quality` end to end on tiny random checkpoints (CPU, seconds)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hypic.bench.quality import parse_args, parse_tasks, run_quality
+from hypic.bench.quality_report import format_table, plot_results, summarize
+from hypic.bench.quality_run import (
+    Configuration, EncodedRequest, PromptEncoder, RequestRecord, encode_requests, expand_configurations, group_requests,
+    parse_modes, parse_seams, run_task,
+)
+from hypic.data import SuiteConfig, generate_suite
+from hypic.entrypoints.cli import main
+from tests.bench._checkpoints import write_byte_level_checkpoint, write_word_level_checkpoint
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "longbench_fixture.jsonl"
+RESULT_KEYS = {"task", "mode", "seam", "cold_policy", "n", "score", "gap_to_full", "cached_tokens_mean",
+               "live_tokens_mean"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def word_model(tmp_path_factory):
+    return write_word_level_checkpoint(tmp_path_factory.mktemp("word") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory):
+    return write_byte_level_checkpoint(tmp_path_factory.mktemp("byte") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def suite_run(word_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    argv = ["bench", "quality", "--model", str(word_model), "--num-requests", "3", "--modes", "full_recompute,hypic",
+            "--seams", "1.0,8", "--cold-policies", "inline,standalone", "--min-docs", "2", "--max-docs", "3",
+            "--device", "cpu", "--json", str(out / "q.json"), "--plot", str(out / "q.png"),
+            "--records", str(out / "q.jsonl"), "--no-progress"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(argv)
+    return code, out, printed.getvalue()
+
+
+def test_cli_end_to_end_writes_table_json_and_plot(suite_run):
+    code, out, printed = suite_run
+    assert code == 0
+    payload = json.loads((out / "q.json").read_text())
+    assert set(payload) == {"model", "config", "results"}
+    results = payload["results"]
+    # full_recompute once per task; hypic per (seam, policy): 1 + 2 * 2 configurations.
+    assert len(results) == 3 * 5
+    for row in results:
+        assert set(row) == RESULT_KEYS
+        assert row["n"] == 3 and 0.0 <= row["score"] <= 100.0
+        assert row["live_tokens_mean"] > 0
+    assert {r["task"] for r in results} == {"single_hop", "two_hop", "summary"}
+    full = [r for r in results if r["mode"] == "full_recompute"]
+    assert all(r["seam"] is None and r["cold_policy"] is None and r["gap_to_full"] == 0.0 for r in full)
+    assert {(r["seam"], r["cold_policy"]) for r in results if r["mode"] == "hypic"} == {
+        (1.0, "inline"), (1.0, "standalone"), (8, "inline"), (8, "standalone")}
+    # Summary requests 0 and 1 share a document: the second one hits with a seam of 8.
+    hit = [r for r in results if r["task"] == "summary" and r["mode"] == "hypic" and r["seam"] == 8]
+    assert all(r["cached_tokens_mean"] > 0 for r in hit)
+    # The table has a row per result and the gap column.
+    lines = printed.splitlines()
+    assert lines[0].split()[:7] == ["task", "mode", "seam", "cold", "n", "score", "gap"]
+    assert sum(1 for line in lines if line.startswith(("single_hop", "two_hop", "summary"))) == 15
+    png = (out / "q.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_seam_covering_every_document_equals_full_recompute(suite_run):
+    _, out, _ = suite_run
+    rows = [json.loads(line) for line in (out / "q.jsonl").read_text().splitlines()]
+    full = {r["request_id"]: r for r in rows if r["mode"] == "full_recompute"}
+    covered = [r for r in rows if r["mode"] == "hypic" and r["seam"] == 1.0]
+    assert len(full) == 9 and len(covered) == 18
+    for r in covered:
+        ref = full[r["request_id"]]
+        assert r["prediction"] == ref["prediction"] and r["score"] == ref["score"]
+        assert r["cached_tokens"] == 0 and r["live_tokens"] == ref["prompt_tokens"]
+    results = json.loads((out / "q.json").read_text())["results"]
+    for r in results:
+        if r["mode"] == "hypic" and r["seam"] == 1.0:
+            assert r["gap_to_full"] == 0.0
+
+
+def test_batching_keeps_hits_and_predictions_of_sequential_runs(word_model):
+    requests = generate_suite(SuiteConfig("summary", min_docs=2, max_docs=3), 5)
+    encoder = PromptEncoder(word_model, 672)
+    encoded = encode_requests(encoder, requests)
+    config = Configuration("hypic", 4, "inline")
+    kw = dict(max_tokens=4, device="cpu", dtype="float32", seed=0)
+    one = run_task(word_model, config, encoded, batch_size=1, **kw)
+    many = run_task(word_model, config, encoded, batch_size=5, **kw)
+    assert [r.cached_tokens for r in one] == [r.cached_tokens for r in many]
+    assert [r.live_tokens for r in one] == [r.live_tokens for r in many]
+    assert [r.prediction for r in one] == [r.prediction for r in many]
+    assert sum(r.cached_tokens for r in one) > 0
+
+
+def _fake(doc_ids):
+    return EncodedRequest(request=None, segments=tuple((d,) for d in doc_ids) + ((99,),), answer_tokens=1)
+
+
+def test_group_requests_never_batches_a_shared_new_document():
+    reqs = [_fake([1, 2]), _fake([3]), _fake([2, 4]), _fake([1, 4]), _fake([5])]
+    groups = group_requests(reqs, "hypic", batch_size=8)
+    # [1,2]+[3]; [2,4] re-reads 2, new in the first group; [1,4] re-reads 4, new in the second.
+    assert [len(g) for g in groups] == [2, 1, 2]
+    assert [len(g) for g in group_requests(reqs, "full_recompute", 2)] == [2, 2, 1]
+    # prefix_cache units are chains of leading documents: [1, 2] and [1, 4] share only [1].
+    assert [len(g) for g in group_requests([_fake([1, 2]), _fake([1, 4])], "prefix_cache", 8)] == [1, 1]
+    assert [len(g) for g in group_requests([_fake([1, 2]), _fake([2, 1])], "prefix_cache", 8)] == [2]
+    with pytest.raises(ValueError, match="batch_size"):
+        group_requests(reqs, "hypic", 0)
+
+
+def test_configurations_and_parsers():
+    configs = expand_configurations(("full_recompute", "addition", "hypic"), (0, 8), ("inline", "standalone"))
+    assert [c.label for c in configs] == [
+        "full_recompute", "addition inline", "addition standalone", "hypic w=0 inline",
+        "hypic w=0 standalone", "hypic w=8 inline", "hypic w=8 standalone"]
+    assert parse_seams("0, 1,8,0.5") == (0, 1, 8, 0.5)
+    assert parse_modes("transition_rope_recompute,hypic") == ("hypic",)
+    with pytest.raises(ValueError, match="seam"):
+        parse_seams("1.5")
+    with pytest.raises(ValueError, match="fixed seam"):
+        Configuration("addition", 8, "inline")
+
+
+def test_unknown_mode_and_task_are_clear_errors(word_model, capsys):
+    base = ["bench", "quality", "--model", str(word_model), "--no-progress"]
+    assert main(base + ["--modes", "full_recompute,bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown mode 'bogus'" in err and "hypic" in err
+    assert main(base + ["--tasks", "single_hop,trivia"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown task 'trivia'" in err and "two_hop" in err
+    with pytest.raises(ValueError, match="cold polic"):
+        run_quality(parse_args(["--model", str(word_model), "--cold-policies", "lukewarm"]))
+    with pytest.raises(ValueError, match="unknown task"):
+        parse_tasks("summary,nope")
+
+
+def test_longbench_file_runs_on_a_byte_level_checkpoint(byte_model, tmp_path):
+    args = parse_args(["--model", str(byte_model), "--longbench", str(FIXTURE), "--modes", "full_recompute,hypic",
+                       "--seams", "2", "--cold-policies", "inline", "--device", "cpu", "--no-progress",
+                       "--json", str(tmp_path / "lb.json")])
+    run = run_quality(args)
+    tasks = {"hotpotqa", "2wikimqa", "multi_news", "gov_report", "longbench"}
+    assert {r.task for r in run.results} == tasks
+    assert len(run.results) == 2 * len(tasks) and all(r.n == 1 for r in run.results)
+    assert all(0.0 <= r.score <= 100.0 for r in run.results)
+    hotpot = [r for _, c, rs in run.records for r in rs if r.request_id == "hp-001"]
+    assert len(hotpot) == 2 and all(r.prompt_tokens > 20 for r in hotpot)
+    assert "hotpotqa" in format_table(run.results)
+
+
+def test_text_the_tokenizer_cannot_read_is_refused(word_model, byte_model):
+    # The word-level suite tokenizer maps LongBench prose to <unk>.
+    args = parse_args(["--model", str(word_model), "--longbench", str(FIXTURE), "--modes", "full_recompute",
+                       "--no-progress"])
+    with pytest.raises(ValueError, match="<unk>"):
+        run_quality(args)
+    # A tokenizer that does not have the suites' words as tokens (the seeded stand-in model) is refused.
+    args = parse_args(["--model", str(byte_model), "--num-requests", "1", "--modes", "full_recompute",
+                       "--no-progress"])
+    with pytest.raises(ValueError, match="does not cover the synthetic suites"):
+        run_quality(args)
+
+
+def test_bos_is_its_own_leading_segment(word_model, byte_model):
+    base = ["--model", str(word_model), "--tasks", "single_hop", "--num-requests", "2", "--modes", "hypic",
+            "--seams", "8", "--cold-policies", "inline", "--min-docs", "2", "--max-docs", "2", "--device", "cpu",
+            "--no-progress"]
+    plain = run_quality(parse_args(base))
+    with_bos = run_quality(parse_args(base + ["--bos"]))
+    assert with_bos.config["bos"] and not plain.config["bos"]
+    (_, _, plain_records), = plain.records
+    (_, _, bos_records), = with_bos.records
+    assert [r.prompt_tokens + 1 for r in plain_records] == [r.prompt_tokens for r in bos_records]
+    requests = generate_suite(SuiteConfig("single_hop", min_docs=2, max_docs=2), 1)
+    encoder = PromptEncoder(word_model, 672)
+    encoded = encode_requests(encoder, requests, encoder.bos_token_id())
+    assert encoded[0].segments[0] == (encoder.bos_token_id(),) and len(encoded[0].segments) == 4
+    with pytest.raises(ValueError, match="bos_token"):
+        PromptEncoder(byte_model, 304).bos_token_id()
+
+
+def _record(task, score, cached, live, request_id="r"):
+    return RequestRecord(task=task, request_id=request_id, prediction="p", score=score, prompt_tokens=cached + live,
+                         cached_tokens=cached, live_tokens=live, prefix_hit_tokens=0)
+
+
+def test_summarize_means_and_gap_sign(tmp_path):
+    full = Configuration("full_recompute", None, None)
+    add = Configuration("addition", 0, "inline")
+    hyp = Configuration("hypic", 8, "inline")
+    frac = Configuration("hypic", 0.5, "inline")
+    runs = [
+        ("a", full, (_record("a", 100.0, 0, 40), _record("a", 50.0, 0, 60))),
+        ("a", add, (_record("a", 0.0, 30, 10), _record("a", 50.0, 50, 10))),
+        ("a", hyp, (_record("a", 100.0, 20, 20), _record("a", 40.0, 40, 20))),
+        ("a", frac, (_record("a", 75.0, 10, 30), _record("a", 50.0, 10, 50))),
+        ("b", hyp, (_record("b", 10.0, 0, 5),)),
+    ]
+    results = summarize(runs)
+    by = {(r.task, r.mode, r.seam): r for r in results}
+    assert by[("a", "full_recompute", None)].score == 75.0
+    assert by[("a", "addition", 0)].gap_to_full == 50.0  # points lost relative to full recompute
+    assert by[("a", "hypic", 8)].gap_to_full == pytest.approx(5.0)
+    assert by[("a", "hypic", 8)].cached_tokens_mean == 30.0 and by[("a", "hypic", 8)].live_tokens_mean == 20.0
+    assert by[("b", "hypic", 8)].gap_to_full is None  # no full_recompute run for task b
+    table = format_table(results)
+    assert "+50.00" in table and "+5.00" in table
+    plot_results(str(tmp_path / "p.png"), results)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
