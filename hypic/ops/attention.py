@@ -7,26 +7,49 @@ segment and live keys interleave freely (architecture §2).
 
 Memory stays bounded: one sequence at a time, queries in blocks, one ``[block, keys]`` boolean
 mask per block handed to ``scaled_dot_product_attention`` - never an ``n x n`` mask over the batch.
+
+Dispatch: ``varlen_attention(..., impl="auto")`` runs this reference on CPU and the FlexAttention
+path (:mod:`hypic.ops.attention_flex`: one compiled call over the packed batch, no host sync) on
+CUDA for fp16/bf16/fp32 with power-of-two head dims >= 16. A caller that knows (from the layout,
+on the host: :func:`hypic.ops.attention_flash.index_causal_layout`) that causal-by-position equals
+causal-by-index passes ``index_causal=True`` (+ ``max_seqlen_q`` / ``max_seqlen_k``), and CUDA
+fp16/bf16 then uses FlashAttention's varlen kernel (:mod:`hypic.ops.attention_flash`).
+``impl="reference"`` / ``"flex"`` / ``"flash"`` force a path; the environment variable
+``HYPIC_ATTENTION_IMPL`` (same values) overrides ``"auto"`` for A/B measurements. The flex path
+reuses its block mask (and its value checks) while it is called with the very same layout tensors,
+unchanged, i.e. across the attention layers of one forward.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from hypic.ops.attention_flash import flash_supported, flash_varlen_causal_attention
+from hypic.ops.attention_flex import build_varlen_block_mask, check_varlen_values, flex_varlen_attention
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Elements of one [Hq, block, keys] score tile; bounds memory of the math backend on CPU.
 _MAX_TILE_ELEMENTS = 1 << 24
 # On CUDA the fused SDPA kernels never materialise scores: only the [block, keys] mask counts.
 _MAX_CUDA_MASK_ELEMENTS = 1 << 27
+_IMPLS = ("auto", "reference", "flex", "flash")
+_FLEX_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_cu_shape(name: str, cu: torch.Tensor) -> None:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be a 1-D integer tensor [N+1]")
+    if cu.numel() < 1:
+        raise ValueError(f"{name} must have at least one entry")
 
 
 def _check_cu(name: str, cu: torch.Tensor, total: int) -> None:
-    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be a 1-D integer tensor [N+1]")
-    if cu.numel() < 1 or int(cu[0]) != 0 or int(cu[-1]) != total:
+    """Value checks of the reference path (host reads: the reference syncs anyway)."""
+    if int(cu[0]) != 0 or int(cu[-1]) != total:
         raise ValueError(f"{name} must start at 0 and end at {total}, got {cu.tolist()}")
     if bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"{name} must be non-decreasing, got {cu.tolist()}")
@@ -43,14 +66,26 @@ def varlen_attention(
     positions_k: torch.Tensor,
     scale: Optional[float] = None,
     block_size: Optional[int] = None,
+    impl: str = "auto",
+    index_causal: bool = False,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention over packed varlen sequences.
 
     q ``[Tq, Hq, D]``, k ``[Tk, Hkv, D]``, v ``[Tk, Hkv, Dv]`` (``Hq % Hkv == 0``: query head h
     reads kv head ``h // (Hq // Hkv)``); ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[N+1]``;
     ``positions_q [Tq]``, ``positions_k [Tk]`` absolute positions. Returns ``[Tq, Hq, Dv]`` in q's
-    dtype. Every query must see at least one key (itself, normally).
+    dtype. Every query must see at least one key (itself, normally). ``block_size``: query rows
+    per step of the reference (ignored by the flex path). ``impl``: ``"auto"`` (flex on CUDA
+    where supported, else the reference), ``"reference"``, ``"flex"`` or ``"flash"``.
+    ``index_causal``: the caller vouches that every sequence's keys are positions ``0..Lk-1`` in
+    order and its queries the last ``Lq`` of them in order (enables ``"flash"``);
+    ``max_seqlen_q`` / ``max_seqlen_k``: host ints for the flash path (read back - a sync - if
+    omitted).
     """
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a rank-3 tensor [T, H, D], got {getattr(t, 'shape', t)}")
@@ -66,8 +101,8 @@ def varlen_attention(
         raise ValueError(f"v shape {tuple(v.shape)} must match k on tokens and heads {tuple(k.shape[:2])}")
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads ({num_kv_heads})")
-    _check_cu("cu_seqlens_q", cu_seqlens_q, num_q)
-    _check_cu("cu_seqlens_k", cu_seqlens_k, num_k)
+    _check_cu_shape("cu_seqlens_q", cu_seqlens_q)
+    _check_cu_shape("cu_seqlens_k", cu_seqlens_k)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(
             f"cu_seqlens_q has {cu_seqlens_q.numel() - 1} sequences, cu_seqlens_k {cu_seqlens_k.numel() - 1}"
@@ -79,7 +114,37 @@ def varlen_attention(
         scale = head_dim**-0.5
     if block_size is not None and block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
 
+    if impl == "auto":
+        impl = os.environ.get("HYPIC_ATTENTION_IMPL", "auto")
+        if impl not in _IMPLS:
+            raise ValueError(f"HYPIC_ATTENTION_IMPL must be one of {_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        if index_causal and flash_supported(q, v):
+            impl = "flash"
+        elif q.is_cuda and _flex_cuda_supported(q, v):
+            impl = "flex"
+        else:
+            impl = "reference"
+    if impl == "flash":
+        if not index_causal:
+            raise ValueError("impl='flash' is causal by index: pass index_causal=True for a layout it is valid for")
+        if max_seqlen_q is None:
+            max_seqlen_q = int(torch.diff(cu_seqlens_q).max()) if num_q else 0
+        if max_seqlen_k is None:
+            max_seqlen_k = int(torch.diff(cu_seqlens_k).max()) if num_k else 0
+        return flash_varlen_causal_attention(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scale=scale,
+        )
+    if impl == "flex":
+        block_mask = _cached_block_mask(cu_seqlens_q, cu_seqlens_k, positions_q, positions_k, q.device)
+        return flex_varlen_attention(q, k, v, block_mask=block_mask, scale=scale)
+
+    _check_cu("cu_seqlens_q", cu_seqlens_q, num_q)
+    _check_cu("cu_seqlens_k", cu_seqlens_k, num_k)
     out = q.new_empty(num_q, num_heads, v.shape[2])
     cu_q = cu_seqlens_q.tolist()
     cu_k = cu_seqlens_k.tolist()
@@ -122,6 +187,34 @@ def varlen_attention(
             )
             out[b0:b1] = o.transpose(0, 1)
     return out
+
+
+def _flex_cuda_supported(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Host-only test of what the compiled flex kernel handles (dtype, power-of-two head dims)."""
+    dims = (q.shape[2], v.shape[2])
+    return q.dtype in _FLEX_CUDA_DTYPES and all(d >= 16 and d & (d - 1) == 0 for d in dims)
+
+
+# One cached block mask: the layout tensors it was built from (held, so their storage cannot be
+# reused by another tensor) with their version counters, and the mask.
+_mask_cache: Optional[Tuple[Tuple[torch.Tensor, ...], Tuple[int, ...], object]] = None
+
+
+def _cached_block_mask(cu_q, cu_k, pos_q, pos_k, device: torch.device):
+    """Value-check the layout and build its block mask on ``device``, once per layout."""
+    global _mask_cache
+    layout = (cu_q, cu_k, pos_q, pos_k)
+    versions = tuple(t._version for t in layout)
+    if _mask_cache is not None:
+        held, held_versions, mask = _mask_cache
+        if all(a is b for a, b in zip(held, layout)) and held_versions == versions:
+            return mask
+    # Layout tensors may live on the host (the reference reads them there); copy them over.
+    on_device = [t.to(device) for t in layout]
+    check_varlen_values(*on_device)
+    mask = build_varlen_block_mask(*on_device)
+    _mask_cache = (layout, versions, mask)
+    return mask
 
 
 def _expand_heads(x: torch.Tensor, groups: int) -> torch.Tensor:

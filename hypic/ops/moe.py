@@ -5,16 +5,26 @@ Expert weights use the fused layout a grouped GEMM consumes directly:
 :func:`moe_experts` sorts the (token, slot) assignments by expert and runs one SwiGLU per expert
 over its contiguous group of rows - the same data movement a grouped-GEMM kernel does, so a GPU
 path can replace it behind the same signature.
+
+Dispatch: ``moe_experts(..., impl="auto")`` runs the grouped-GEMM path
+(:mod:`hypic.ops.moe_grouped`, no host sync) on CUDA when :func:`grouped_mm_supported` accepts the
+operands (bf16, Hopper, 16-byte aligned strides) and this reference otherwise.
+``impl="reference"`` / ``impl="grouped"`` force a path; the environment variable
+``HYPIC_MOE_IMPL`` (same values) overrides ``"auto"`` for A/B measurements without code changes.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 
+from hypic.ops.moe_grouped import grouped_mm_supported, moe_experts_grouped
+
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_IMPLS = ("auto", "reference", "grouped")
 
 
 def route_topk_softmax(
@@ -46,12 +56,18 @@ def moe_experts(
     down: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    *,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """``sum_j w[t, j] * SwiGLU_{e[t, j]}(x[t])`` for every token, grouped by expert.
 
     x ``[T, H]``; gate_up ``[E, 2I, H]``; down ``[E, H, I]``; topk_weights ``[T, k]`` (any float
     dtype); topk_ids ``[T, k]`` integer in ``[0, E)``. Returns ``[T, H]`` in x's dtype.
+    ``impl``: ``"auto"`` (grouped GEMM on CUDA where supported, else the reference),
+    ``"reference"`` or ``"grouped"`` (ValueError if the operands are unsupported).
     """
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _FLOAT:
         raise ValueError("x must be a floating rank-2 tensor [T, H]")
     num_tokens, hidden = x.shape
@@ -73,6 +89,33 @@ def moe_experts(
     if gate_up.dtype != x.dtype or down.dtype != x.dtype:
         raise ValueError(f"expert weights ({gate_up.dtype}, {down.dtype}) must match x dtype {x.dtype}")
 
+    if impl == "auto":
+        impl = os.environ.get("HYPIC_MOE_IMPL", "auto")
+        if impl not in _IMPLS:
+            raise ValueError(f"HYPIC_MOE_IMPL must be one of {_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        impl = "grouped" if x.is_cuda and grouped_mm_supported(x, gate_up, down) else "reference"
+    if impl == "grouped":
+        if not grouped_mm_supported(x, gate_up, down):
+            raise ValueError(
+                f"grouped MoE path unsupported for x {x.dtype} on {x.device} (hidden {hidden}, "
+                f"intermediate {inter}): needs bf16/fp16/fp32 on CPU, bf16 on sm90+ CUDA, 16-byte "
+                "aligned strides"
+            )
+        return moe_experts_grouped(x, gate_up, down, topk_weights, topk_ids)
+    return _moe_experts_reference(x, gate_up, down, topk_weights, topk_ids)
+
+
+def _moe_experts_reference(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """One SwiGLU per expert over its contiguous group of sorted rows (host loop; the oracle)."""
+    num_tokens = x.shape[0]
+    num_experts = gate_up.shape[0]
     out = torch.zeros_like(x)
     if num_tokens == 0:
         return out

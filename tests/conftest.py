@@ -1,4 +1,4 @@
-"""Shared fixtures for tests/ops.
+"""Shared fixtures for the whole suite.
 
 The linear-attention, conv and RoPE tests use tiny tensors, for which OpenMP threading costs far
 more than it saves (and oversubscribes a shared 2-core CI box, 10x slower under load). Modules opt

@@ -1,0 +1,112 @@
+"""Routed experts through two grouped GEMMs (``torch._grouped_mm``), with no host synchronisation.
+
+Same contract as :func:`hypic.ops.moe.moe_experts` (the reference, one ``F.linear`` pair per
+expert in a Python loop, with a ``.tolist()`` of the per-expert counts). Here:
+
+1. the ``T*k`` (token, slot) assignments are sorted by expert (``torch.sort``, stable);
+2. the group boundaries ``offs[e]`` = number of assignments to experts ``<= e`` come from a
+   ``searchsorted`` over the sorted ids - on the device, so empty experts cost nothing and the
+   host never waits (``bincount`` on CUDA reads the maximum id back to size its output, a sync);
+3. one grouped GEMM ``rows @ gate_up[e].T`` for all experts, SiLU(gate) * up, one grouped GEMM
+   ``h @ down[e].T``;
+4. the rows go back to (token, slot) order with ``index_copy`` and the top-k mix is one batched
+   ``[1, k] @ [k, H]`` product per token - deterministic (no atomics) and accumulated in fp32 by
+   the GEMM even for bf16 activations.
+
+Weight layout: the model stores ``gate_up [E, 2I, H]`` and ``down [E, H, I]`` (``nn.Linear``
+orientation). ``_grouped_mm`` computes ``a @ b[e]`` with ``b [E, K, N]``; the transposed views
+``gate_up.transpose(1, 2)`` ``[E, H, 2I]`` and ``down.transpose(1, 2)`` ``[E, I, H]`` are
+column-major in their last two dims, which the kernel accepts as long as the leading stride
+(``H`` resp. ``I`` elements) is a multiple of 16 bytes - no weight copy is made.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Dtypes torch._grouped_mm accepts. On CPU (torch 2.13): bf16, fp16, fp32 (fp64 is rejected).
+# On CUDA the fast kernel is bf16 only and needs sm90+ (Hopper).
+_CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_CUDA_DTYPES = (torch.bfloat16,)
+_ALIGN_BYTES = 16
+
+
+def grouped_mm_supported(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether :func:`moe_experts_grouped` can run these operands (dtype, device, strides).
+
+    Host-only (shapes, strides, device properties): never synchronises with the device.
+    """
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if x.device.type == "cuda":
+        if x.dtype not in _CUDA_DTYPES or torch.cuda.get_device_capability(x.device) < (9, 0):
+            return False
+    elif x.device.type == "cpu":
+        if x.dtype not in _CPU_DTYPES:
+            return False
+    else:
+        return False
+    if gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        return False
+    align = _ALIGN_BYTES // x.element_size()
+    # Row starts of the gathered activations and the leading strides of the (transposed) weights must be
+    # 16-byte aligned; hidden H and intermediate I are the contraction dims of the two GEMMs.
+    hidden, inter = x.shape[1], down.shape[2]
+    if hidden % align or inter % align:
+        return False
+    for w in (gate_up, down):
+        if w.stride(2) != 1 or w.stride(1) % align or w.stride(0) % align:
+            return False
+        if w.data_ptr() % _ALIGN_BYTES:
+            return False
+    # x itself never reaches the kernel (a fresh gathered copy does), so its offset is irrelevant.
+    return True
+
+
+def _check_ids_in_range(flat_ids: torch.Tensor, num_experts: int) -> None:
+    """Reject expert ids outside ``[0, E)`` without a host sync on CUDA (an async device assert).
+
+    An out-of-range id would otherwise be folded silently into expert 0 or dropped.
+    """
+    in_range = ((flat_ids >= 0) & (flat_ids < num_experts)).all()
+    if flat_ids.is_cuda:
+        torch._assert_async(in_range, f"topk_ids must lie in [0, {num_experts})")
+    elif not bool(in_range):
+        raise ValueError(f"topk_ids must lie in [0, {num_experts})")
+
+
+def moe_experts_grouped(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``sum_j w[t, j] * SwiGLU_{e[t, j]}(x[t])`` via two grouped GEMMs; no host sync.
+
+    Arguments as :func:`hypic.ops.moe.moe_experts` (validated there; call that with
+    ``impl="grouped"`` rather than this directly). Returns a fresh ``[T, H]`` tensor in x's dtype;
+    every element is written.
+    """
+    num_tokens, hidden = x.shape
+    num_experts = gate_up.shape[0]
+    top_k = topk_ids.shape[1]
+    if num_tokens == 0:
+        return x.new_zeros(0, hidden)
+    flat_ids = topk_ids.reshape(-1)
+    _check_ids_in_range(flat_ids, num_experts)
+    sorted_ids, order = torch.sort(flat_ids.long(), stable=True)
+    # offs[e] = end of expert e's row group (cumulative count); empty experts repeat the offset.
+    experts = torch.arange(num_experts, device=x.device, dtype=sorted_ids.dtype)
+    offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
+    token_of_row = order // top_k
+    rows_x = x.index_select(0, token_of_row)  # [T*k, H], grouped by expert
+    gate_up_rows = torch._grouped_mm(rows_x, gate_up.transpose(1, 2), offs=offs)  # [T*k, 2I]
+    gate, up = gate_up_rows.chunk(2, dim=-1)
+    hidden_rows = F.silu(gate) * up  # [T*k, I], contiguous
+    rows_out = torch._grouped_mm(hidden_rows, down.transpose(1, 2), offs=offs)  # [T*k, H]
+    # Back to (token, slot) order: row r of the sorted list is assignment order[r].
+    per_slot = torch.empty_like(rows_out).index_copy_(0, order, rows_out).view(num_tokens, top_k, hidden)
+    mix = topk_weights.to(x.dtype).reshape(num_tokens, 1, top_k)
+    return torch.bmm(mix, per_slot).view(num_tokens, hidden)
