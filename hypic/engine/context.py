@@ -223,6 +223,7 @@ class PlainContext(ForwardContext):
         self.device = device
         self.cu_seqlens = torch.tensor([0] + counts, dtype=torch.long).cumsum(0).to(device)
         total = sum(counts)
+        index_causal_default = positions is None
         if positions is None:
             positions = torch.cat(
                 [torch.arange(c.num_tokens, c.num_tokens + n, dtype=torch.long) for c, n in zip(caches, counts)]
@@ -235,6 +236,12 @@ class PlainContext(ForwardContext):
                 if b - a > 1 and not bool((positions[a + 1 : b] > positions[a : b - 1]).all()):
                     raise ValueError(f"positions of sequence {i} must be strictly increasing")
         self.positions = positions
+        # Default positions continue each cache, whose keys are positions 0..m-1 in order: then
+        # causal by position equals causal by index (the attention ops' flash path).
+        self.index_causal = index_causal_default
+        self._cu_host = [0]
+        for n in counts:
+            self._cu_host.append(self._cu_host[-1] + n)
         self.is_decode = all(n == 1 for n in counts)
         if isinstance(logits_rows, str):
             if logits_rows == "last":
@@ -288,7 +295,7 @@ class PlainContext(ForwardContext):
         layers = [c.layers[layer_idx] for c in self.caches]
         if not isinstance(layers[0], AttentionLayerCache):
             raise ValueError(f"layer {layer_idx} is not a full-attention layer")
-        cu = self.cu_seqlens.tolist()
+        cu = self._cu_host
         for i, layer in enumerate(layers):
             layer.append(k[cu[i] : cu[i + 1]], v[cu[i] : cu[i + 1]], self.positions[cu[i] : cu[i + 1]])
         if len(layers) == 1:
@@ -297,11 +304,14 @@ class PlainContext(ForwardContext):
             keys = torch.cat([layer.keys for layer in layers])
             values = torch.cat([layer.values for layer in layers])
             pos_k = torch.cat([layer.positions for layer in layers])
-        cu_k = torch.tensor([0] + [layer.length for layer in layers], dtype=torch.long).cumsum(0).to(q.device)
+        lengths = [layer.length for layer in layers]
+        cu_k = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)
         return varlen_attention(
             q, keys, values,
             cu_seqlens_q=self.cu_seqlens, cu_seqlens_k=cu_k,
             positions_q=self.positions, positions_k=pos_k, scale=scale,
+            index_causal=self.index_causal, max_seqlen_q=max(self.num_tokens_per_seq),
+            max_seqlen_k=max(lengths),
         )
 
     def select_logits_rows(self, hidden):

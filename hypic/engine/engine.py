@@ -310,21 +310,23 @@ class LLMEngine:
             if request.cache is None:
                 request.cache = SequenceCache.allocate(self.spec, self.device, self.dtype)
         input_ids: list[int] = []
-        positions: list[int] = []
         logits_rows: list[int] = []
         sampled: list[int] = []
         for i in indices:
-            start, n = batch.start_positions[i], batch.num_scheduled_tokens[i]
             input_ids.extend(batch.token_ids(i))
-            positions.extend(range(start, start + n))
             if batch.samples[i]:
                 logits_rows.append(len(input_ids) - 1)
                 sampled.append(i)
+        for i, r in zip(indices, requests):
+            if batch.start_positions[i] != r.cache.num_tokens:
+                raise RuntimeError(f"request {r.request_id}: scheduled at {batch.start_positions[i]}, cache holds "
+                                   f"{r.cache.num_tokens} tokens")
+        # Positions continue each cache (the context's default), which lets attention run causal
+        # by index.
         ctx = PlainContext(
             self.spec,
             [r.cache for r in requests],
             [batch.num_scheduled_tokens[i] for i in indices],
-            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=self.device),
         )
         logits = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), ctx.positions, ctx)

@@ -111,6 +111,11 @@ class PackedLayout:
     positions_k: torch.Tensor  # [Tk]
     cu_keys: torch.Tensor  # [B+1]
     cu_keys_host: List[int]
+    # No cached rows at all: each request's keys are its live tokens at positions 0..n-1 in order
+    # and its queries are those same tokens, so causal by index equals causal by position.
+    index_causal: bool
+    max_live_per_request: int
+    max_keys_per_request: int
     cached_pieces: List[SegmentEntry]  # entries whose K/V rows follow the live rows, in order
     cached_delta: torch.Tensor  # [C] RoPE shift of each cached row (0 = keep)
     any_rerotate: bool
@@ -271,6 +276,9 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         positions_k=t(pos_k),
         cu_keys=t(cu_keys),
         cu_keys_host=cu_keys,
+        index_causal=not cached_pieces,
+        max_live_per_request=max(b - a for a, b in zip(cu_req[:-1], cu_req[1:])),
+        max_keys_per_request=max(b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])),
         cached_pieces=cached_pieces,
         cached_delta=t(cached_delta),
         any_rerotate=any(d != 0 for d in cached_delta),
