@@ -61,17 +61,17 @@ class PicContext(ForwardContext):
     # -- short conv -----------------------------------------------------------------------------
     def _run_initial_conv_states(self, layer_idx: int, x: torch.Tensor, width: int) -> torch.Tensor:
         lay = self.layout
-        num_runs = lay.cu_runs.numel() - 1
-        init = x.new_zeros(num_runs, x.shape[1], width - 1)
-        for r, (kind, idx) in enumerate(lay.run_init):
+        zero = x.new_zeros(x.shape[1], width - 1)
+        tails = []
+        for kind, idx in lay.run_init:
             if kind == "body":
-                tail = lay.bodies[idx][1].entry.linear[layer_idx].conv_tail
+                tails.append(lay.bodies[idx][1].entry.linear[layer_idx].conv_tail)
             elif kind == "prefix":
-                tail = lay.requests[idx].prefix[-1].linear[layer_idx].conv_state
+                tails.append(lay.requests[idx].prefix[-1].linear[layer_idx].conv_state)
             else:
-                continue
-            init[r] = tail.to(device=x.device, dtype=x.dtype)
-        return init
+                tails.append(zero)
+        # One batched copy per layer rather than one small copy per run.
+        return torch.stack([t.to(device=x.device, dtype=x.dtype) for t in tails])
 
     def short_conv(self, layer_idx, x, weight, bias):
         lay = self.layout
