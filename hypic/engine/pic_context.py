@@ -61,7 +61,8 @@ class PicContext(ForwardContext):
     # -- short conv -----------------------------------------------------------------------------
     def _run_initial_conv_states(self, layer_idx: int, x: torch.Tensor, width: int) -> torch.Tensor:
         lay = self.layout
-        zero = x.new_zeros(x.shape[1], width - 1)
+        state_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # tails are stored so
+        zero = torch.zeros(x.shape[1], width - 1, dtype=state_dtype, device=x.device)
         tails = []
         for kind, idx in lay.run_init:
             if kind == "body":
@@ -71,7 +72,7 @@ class PicContext(ForwardContext):
             else:
                 tails.append(zero)
         # One batched copy per layer rather than one small copy per run.
-        return torch.stack([t.to(device=x.device, dtype=x.dtype) for t in tails])
+        return torch.stack(tails).to(x.dtype)
 
     def short_conv(self, layer_idx, x, weight, bias):
         lay = self.layout
