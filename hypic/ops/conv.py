@@ -11,7 +11,7 @@ Maths per channel d: ``y_t = act(bias_d + sum_{w < W} weight[d, w] * x_{t - (W -
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -71,39 +71,46 @@ def causal_conv1d(
     if fast is not None:
         return fast(x, weight, bias, cu_seqlens=cu_seqlens, initial_state=initial_state, activation=activation)
 
-    bounds = cu_seqlens_to_list(cu_seqlens, num_tokens)
     hist = width - 1
     if initial_state is None:
         initial_state = x.new_zeros(num_seqs, dim, hist)
-    # Extended packed buffer: each sequence's W-1 state inputs followed by its tokens.
-    pieces: List[torch.Tensor] = []
-    token_pos: List[torch.Tensor] = []
-    tail_pos: List[torch.Tensor] = []
-    offset = 0
-    for n in range(num_seqs):
-        length = bounds[n + 1] - bounds[n]
-        pieces.append(initial_state[n].transpose(0, 1))
-        pieces.append(x[bounds[n] : bounds[n + 1]])
-        token_pos.append(torch.arange(offset + hist, offset + hist + length))
-        tail_pos.append(torch.arange(offset + length, offset + length + hist))
-        offset += hist + length
-    ext = torch.cat(pieces, 0) if pieces else x.new_zeros(0, dim)
+    if x.device.type == "cpu":  # value checks read cu_seqlens on the host: free on CPU only
+        cu_seqlens_to_list(cu_seqlens, num_tokens)
     dtype = compute_dtype(x, weight)
-    ext_c = ext.to(dtype)
+    # One source buffer: the packed tokens, then every sequence's W-1 state inputs. Each tap and
+    # each tail row is a gather from it, with indices computed on the device (no loop per
+    # sequence, no host sync): a token at local index i reading j steps back takes token t - j
+    # when i >= j, else state column W-1 + (i - j) of its own sequence.
+    src = torch.cat([x, initial_state.transpose(1, 2).reshape(num_seqs * hist, dim)])
+    token_src, tail_src = _conv_gather_indices(cu_seqlens.to(x.device), num_tokens, num_seqs, hist)
+    src_c = src.to(dtype)
     w_c = weight.to(dtype)
-    positions = torch.cat(token_pos).to(x.device) if token_pos else torch.zeros(0, dtype=torch.long)
     y = x.new_zeros(num_tokens, dim, dtype=dtype)
-    for w in range(width):
-        # Tap w reads the input (W-1-w) steps back.
-        y += w_c[:, w] * ext_c.index_select(0, positions - (hist - w))
+    for w in range(width):  # tap w reads the input W-1-w steps back
+        y += w_c[:, w] * src_c.index_select(0, token_src[hist - w])
     if bias is not None:
         y += bias.to(dtype)
     y = _activate(y, activation).to(x.dtype)
-    if num_seqs == 0:
-        return y, x.new_zeros(0, dim, hist)
-    tails = torch.cat(tail_pos).to(x.device)
-    final_state = ext.index_select(0, tails).reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
+    final_state = src.index_select(0, tail_src).reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
     return y, final_state
+
+
+def _conv_gather_indices(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int):
+    """Rows of ``cat(x [T], states [N*(W-1)])``: ``token_src[j, t]`` is the input j steps before
+    token t (j = 0..W-1); ``tail_src`` lists each sequence's last W-1 inputs (state included)."""
+    cu = cu_seqlens.long()
+    device = cu.device
+    lengths = cu[1:] - cu[:-1]
+    seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), lengths, output_size=num_tokens)
+    token = torch.arange(num_tokens, device=device)
+    local = token - cu[:-1].index_select(0, seq) if num_tokens else token
+    back = torch.arange(hist + 1, device=device)[:, None]  # [W, 1]
+    state_row = num_tokens + seq[None] * hist + hist + (local[None] - back)
+    token_src = torch.where(local[None] >= back, token[None] - back, state_row)
+    k = lengths[:, None] - hist + torch.arange(hist, device=device)[None]  # [N, W-1] span index
+    seq_ids = torch.arange(num_seqs, device=device)[:, None]
+    tail_src = torch.where(k >= 0, cu[:-1, None] + k, num_tokens + seq_ids * hist + hist + k)
+    return token_src, tail_src.reshape(-1)
 
 
 def causal_conv1d_update(
