@@ -53,6 +53,7 @@ class PicContext(ForwardContext):
         self.layout = layout
         self.records: Dict[int, object] = {}
         self._state_dtype = torch.float32
+        self._shift_cos_sin = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -148,8 +149,9 @@ class PicContext(ForwardContext):
             cv = torch.cat([e.attention[layer_idx].value.to(v.device) for e in lay.cached_pieces]).to(v.dtype)
             if lay.any_rerotate:
                 # RoPE composes: R(p + d) = R(d) R(p), so rotating cached K by its shift d moves it.
-                cos, sin = rotary.cos_sin(lay.cached_delta)
-                ck = apply_rotary(ck, cos, sin)
+                if self._shift_cos_sin is None:  # the same shifts in every attention layer
+                    self._shift_cos_sin = rotary.cos_sin(lay.cached_delta)
+                ck = apply_rotary(ck, *self._shift_cos_sin)
             keys = torch.cat([k, ck]).index_select(0, lay.key_index)
             values = torch.cat([v, cv]).index_select(0, lay.key_index)
         else:
