@@ -292,3 +292,32 @@ def test_random_workloads_keep_invariants(prompt_lens, max_tokens, arrival_steps
         assert r.finish_reason == "length" and r.num_output_tokens == r.sampling_params.max_tokens
         # positions fed: the whole prompt, then every output token but the last
         assert next_position[r.request_id] == r.num_prompt_tokens + r.num_output_tokens - 1
+
+
+def _atomic(rid, n_prompt, cost):
+    r = req(rid, n_prompt)
+    r.pic_prompt = object()  # any segmented prompt makes the prefill atomic
+    r.prefill_cost = cost
+    return r
+
+
+def test_atomic_prefill_is_never_chunked_and_charged_its_cost():
+    s = make_scheduler(budget=16)
+    big = _atomic("big", 40, cost=40)  # more than the budget: runs whole, alone
+    s.add(big)
+    batch = s.schedule()
+    assert batch.requests == [big] and batch.num_scheduled_tokens == [40] and batch.samples == [True]
+
+
+def test_atomic_prefill_waits_when_it_does_not_fit_beside_others():
+    s = make_scheduler(budget=16)
+    plain, cheap, costly = req("plain", 10), _atomic("cheap", 30, cost=4), _atomic("costly", 30, cost=20)
+    for r in (plain, cheap, costly):
+        s.add(r)
+    batch = s.schedule()
+    # plain (10) + cheap (charged 4 of its 30 tokens) fit; costly (20) waits for the next step
+    assert [r.request_id for r in batch.requests] == ["plain", "cheap"]
+    assert batch.num_scheduled_tokens == [10, 30]
+    s.postprocess(batch, [5, 5])
+    batch = s.schedule()
+    assert [r.request_id for r in batch.requests] == ["costly"] and batch.num_scheduled_tokens == [30]
