@@ -88,20 +88,30 @@ class PicContext(ForwardContext):
         return y
 
     # -- linear attention -----------------------------------------------------------------------
-    def _body_summaries(self, layer_idx: int, like: DenseSummary) -> Optional[DenseSummary]:
+    def _chain_summaries(self, layer_idx: int, live: DenseSummary) -> DenseSummary:
+        """Every chain element's summary in chain order, gathered by one concatenation per field
+        (live elements from this forward, bodies from their entries; `addition` mode puts the
+        identity in place of a body's T)."""
         lay = self.layout
         if not lay.bodies:
-            return None
-        parts = [b.entry.linear[layer_idx].summary for _, b in lay.bodies]
-        summ = DenseSummary.cat([p.to(like.device) for p in parts])
-        if summ.dtype != like.dtype:
-            summ = DenseSummary(summ.transition.to(like.dtype), summ.state.to(like.dtype))
-        if lay.any_drop_transition:
-            # `addition` mode: the cached body's T is replaced by the identity (S <- S + S_body).
-            eye = torch.eye(summ.key_dim, dtype=summ.dtype, device=summ.device)
-            drop = lay.body_drop_transition.to(summ.device)[:, None, None, None]
-            summ = DenseSummary(torch.where(drop, eye.expand_as(summ.transition), summ.transition), summ.state)
-        return summ
+            return live.index(lay.chain_perm)
+        eye = None
+        transitions, states = [], []
+        for kind, idx in lay.chain_src:
+            if kind == "live":
+                transitions.append(live.transition[idx : idx + 1])
+                states.append(live.state[idx : idx + 1])
+                continue
+            summ = lay.bodies[idx][1].entry.linear[layer_idx].summary
+            if lay.body_drop_transition_host[idx]:
+                if eye is None:
+                    eye = torch.eye(live.key_dim, dtype=live.dtype, device=live.device).expand(
+                        1, live.num_heads, live.key_dim, live.key_dim)
+                transitions.append(eye)
+            else:
+                transitions.append(summ.transition.to(device=live.device, dtype=live.dtype))
+            states.append(summ.state.to(device=live.device, dtype=live.dtype))
+        return DenseSummary(torch.cat(transitions), torch.cat(states))
 
     def _initial_states(self, layer_idx: int, like: torch.Tensor) -> Optional[torch.Tensor]:
         lay = self.layout
@@ -117,9 +127,7 @@ class PicContext(ForwardContext):
     def linear_attention(self, layer_idx, q, k, v, g, beta):
         lay = self.layout
         live = gated_delta_summarize(k, v, g, beta, cu_seqlens=lay.cu_spans)
-        body = self._body_summaries(layer_idx, live)
-        chain = live if body is None else DenseSummary.cat([live, body])
-        chain = chain.index(lay.chain_perm)
+        chain = self._chain_summaries(layer_idx, live)
         init = self._initial_states(layer_idx, live.state)
         incoming, final = scan_chain(chain, lay.cu_chains, init)
         span_init = incoming.index_select(0, lay.span_chain_pos)

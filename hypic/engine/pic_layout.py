@@ -93,10 +93,10 @@ class PackedLayout:
     # chain of every request: live elements and bodies in prompt order
     cu_chains: torch.Tensor  # [B+1]
     chain_perm: torch.Tensor  # [M] -> index into cat(live summaries [S], body summaries [NB])
+    chain_src: List[Tuple[str, int]]  # host copy: ("live", span) | ("body", body) per element
     span_chain_pos: torch.Tensor  # [S] chain position of each live element
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
-    body_drop_transition: torch.Tensor  # [NB] bool: addition mode
-    any_drop_transition: bool
+    body_drop_transition_host: List[bool]  # per body: `addition` mode drops its T
     chain_ends: List[int]  # host copy of cu_chains[1:], so layers need no device-to-host sync
     chain_has_prefix: List[bool]
     # conv runs: maximal runs of consecutive live elements of one request
@@ -261,10 +261,10 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_spans=t(cu_spans),
         cu_chains=t(cu_chains),
         chain_perm=t(perm),
+        chain_src=chain_src,
         span_chain_pos=t(span_chain_pos),
         bodies=bodies,
-        body_drop_transition=t(drop_t, torch.bool),
-        any_drop_transition=any(drop_t),
+        body_drop_transition_host=drop_t,
         chain_ends=cu_chains[1:],
         chain_has_prefix=[bool(r.prefix) for r in requests],
         cu_runs=t(cu_runs),
