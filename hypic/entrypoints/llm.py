@@ -11,6 +11,7 @@ from hypic.engine.engine import LLMEngine
 from hypic.engine.outputs import RequestOutput
 from hypic.engine.sampling import SamplingParams
 from hypic.pic.modes import PICConfig
+from hypic.pic.segments import PIC_SEP, build_segmented_prompt, split_chat_template
 
 Prompt = str | list[int] | dict
 
@@ -124,14 +125,31 @@ class LLM:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         conversations = messages if isinstance(messages[0], list) else [messages]
-        prompts = [
-            tokenizer.encode(
-                tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt),
-                add_special_tokens=False,
-            )
-            for c in conversations
-        ]
+        prompts = [self._chat_prompt(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _chat_prompt(self, conversation: list[dict[str, Any]], add_generation_prompt: bool):
+        """Token ids of a templated conversation; when the last message's content holds
+        ``<<PIC_SEP>>`` segments, ``{"segments": [...]}`` whose segments keep the tokens they have
+        anywhere else: the template text before the content is its own first segment, the text
+        after it (end of turn, assistant header) is appended to the query."""
+        tokenizer = self.get_tokenizer()
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        last = conversation[-1] if conversation and isinstance(conversation[-1], dict) else {}
+        content = last.get("content")
+        if not (isinstance(content, str) and PIC_SEP in content):
+            return encode(tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt))
+
+        def render(text: str) -> str:
+            turn = dict(last, content=text)
+            return tokenizer.apply_chat_template(conversation[:-1] + [turn], add_generation_prompt=add_generation_prompt)
+
+        parts = split_chat_template(render, encode)
+        segmented = build_segmented_prompt(content, encode=encode, template=parts)
+        return {"segments": [list(seg) for seg in segmented.segments] + [list(segmented.query)]}
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

@@ -102,3 +102,22 @@ def test_pic_and_plain_requests_share_a_batch():
     both = _run(engine, ["plain prompt here", PIC_SEP.join([doc, "q"])])
     assert both[0].outputs[0].token_ids == alone_plain.outputs[0].token_ids
     assert both[1].outputs[0].token_ids == alone_pic.outputs[0].token_ids
+
+
+def test_chat_template_keeps_segment_tokens_and_hits_on_reorder(llm):
+    tok = llm.get_tokenizer()
+    docs = _docs(n=2)
+    first = llm.chat([{"role": "user", "content": PIC_SEP.join(docs + ["which one ?"])}], GREEDY, use_tqdm=False)[0]
+    second = llm.chat([{"role": "user", "content": PIC_SEP.join(docs[::-1] + ["and now ?"])}], GREEDY,
+                      use_tqdm=False)[0]
+    assert second.metrics.cached_tokens > 0
+    ids = second.prompt_token_ids
+    for doc in docs:  # each document's tokens appear unchanged inside the templated prompt
+        d = tok.encode(doc, add_special_tokens=False)
+        assert any(ids[i:i + len(d)] == d for i in range(len(ids) - len(d) + 1))
+    # the template's assistant header ends the prompt, as in the plain chat rendering
+    plain = tok.encode(tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True),
+                       add_special_tokens=False)
+    tail = plain[plain.index(tok.encode("x", add_special_tokens=False)[-1]) + 1:]
+    assert ids[-len(tail):] == tail
+    assert first.outputs[0].token_ids and second.outputs[0].token_ids
