@@ -52,7 +52,6 @@ class PicContext(ForwardContext):
         self.spec = spec
         self.layout = layout
         self.records: Dict[int, object] = {}
-        self._state_dtype = torch.float32
         self._shift_cos_sin = None
 
     @property
@@ -62,8 +61,7 @@ class PicContext(ForwardContext):
     # -- short conv -----------------------------------------------------------------------------
     def _run_initial_conv_states(self, layer_idx: int, x: torch.Tensor, width: int) -> torch.Tensor:
         lay = self.layout
-        state_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # tails are stored so
-        zero = torch.zeros(x.shape[1], width - 1, dtype=state_dtype, device=x.device)
+        zero = torch.zeros(x.shape[1], width - 1, dtype=_state_dtype(x), device=x.device)
         tails = []
         for kind, idx in lay.run_init:
             if kind == "body":
@@ -84,7 +82,7 @@ class PicContext(ForwardContext):
         src = torch.cat([x, init.transpose(1, 2).reshape(-1, x.shape[1])])
         tails = src.index_select(0, lay.tail_index).view(-1, width - 1, x.shape[1]).transpose(1, 2)
         rec = self.records.setdefault(layer_idx, LinearRecord())
-        rec.tails = tails.to(self._state_dtype if x.dtype != torch.float64 else torch.float64)
+        rec.tails = tails.to(_state_dtype(x))
         return y
 
     # -- linear attention -----------------------------------------------------------------------
@@ -117,12 +115,9 @@ class PicContext(ForwardContext):
         lay = self.layout
         if not any(lay.chain_has_prefix):
             return None
-        hv, k, v = like.shape[1:]
-        out = like.new_zeros(len(lay.requests), hv, k, v)
-        for b, req in enumerate(lay.requests):
-            if req.prefix:
-                out[b] = req.prefix[-1].linear[layer_idx].state.to(device=like.device, dtype=like.dtype)
-        return out
+        zero = like.new_zeros(like.shape[1:])
+        states = [req.prefix[-1].linear[layer_idx].state if req.prefix else zero for req in lay.requests]
+        return torch.stack([s.to(device=like.device, dtype=like.dtype) for s in states])
 
     def linear_attention(self, layer_idx, q, k, v, g, beta):
         lay = self.layout
@@ -135,8 +130,7 @@ class PicContext(ForwardContext):
         rec = self.records.setdefault(layer_idx, LinearRecord())
         rec.final_states = final
         if lay.writes:
-            spans = torch.tensor([s for _, s, _ in lay.writes], dtype=torch.long, device=live.device)
-            rec.write_summaries = live.index(spans)
+            rec.write_summaries = live.index(lay.write_spans)
             # State after each written element: the next element's incoming state, or the final.
             after = []
             for (b, _, w), pos in zip(lay.writes, lay.write_chain_pos):
@@ -176,6 +170,11 @@ class PicContext(ForwardContext):
 
     def select_logits_rows(self, hidden):
         return hidden.index_select(0, self.layout.logits_rows)
+
+
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    """Recurrent and conv states are fp32 (fp64 for an fp64 model, which the exactness tests use)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 __all__: List[str] = ["PicContext", "LinearRecord", "AttentionRecord"]

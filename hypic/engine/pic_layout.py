@@ -105,6 +105,7 @@ class PackedLayout:
     tail_index: torch.Tensor  # [NT * (W-1)] rows of cat(x [T], run inits [R*(W-1)])
     # tails recorded: per write (in `writes` order) then per request's final conv state
     writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
+    write_spans: torch.Tensor  # [NW] live element index of each write
     write_chain_pos: List[int]  # chain position of each write's element
     # attention keys per request: cat(live k [T], cached k [C]) gathered by key_index
     key_index: torch.Tensor  # [Tk]
@@ -271,6 +272,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         run_init=run_init,
         tail_index=t(tail_index),
         writes=writes,
+        write_spans=t([span for _, span, _ in writes]),
         write_chain_pos=write_chain_pos,
         key_index=t(key_index),
         positions_k=t(pos_k),
