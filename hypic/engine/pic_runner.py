@@ -54,13 +54,15 @@ class PicRunner:
         self.dtype = dtype
         self.linear_layers = [i for i, t in enumerate(spec.layer_types) if t == LINEAR_ATTENTION]
         self.attention_layers = [i for i, t in enumerate(spec.layer_types) if t != LINEAR_ATTENTION]
+        self.skipped_writes = 0  # cold segments not recorded because the store could not hold them
 
     # ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, plans: Sequence[RequestPlan]) -> List[PrefillResult]:
         standalone = self._run_standalone(plans)
         try:
-            layouts = [self._request_layout(p, standalone) for p in plans]
+            budget = [self._write_budget()]
+            layouts = [self._request_layout(p, standalone, budget) for p in plans]
             logits, caches, ctx = self._forward(layouts)
             self._write_entries(ctx)
         finally:
@@ -105,7 +107,30 @@ class PicRunner:
             raise
         return handles
 
-    def _request_layout(self, plan: RequestPlan, standalone: Dict[object, SegmentHandle]) -> RequestLayout:
+    def _write_budget(self) -> Optional[int]:
+        """Bytes of new entries the store can hold (device + host tier); None = unbounded."""
+        if self.store is None:
+            return 0
+        if self.store.device_budget_bytes is None:
+            return None
+        return self.store.device_budget_bytes + self.store.host_budget_bytes
+
+    def entry_nbytes(self, num_body_tokens: int, checkpoint: bool) -> int:
+        """Bytes of one store entry: per linear layer the fp32 summary (T dense K x K and S; a
+        checkpoint holds S only) and conv tail, per attention layer the body's K and V."""
+        s = self.spec
+        state_bytes = 8 if self.dtype == torch.float64 else 4
+        hv, k, v = s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim
+        linear = hv * k * v + (0 if checkpoint else hv * k * k) + s.conv_dim * (s.conv_kernel_size - 1)
+        attention = 2 * num_body_tokens * s.num_key_value_heads * s.head_dim
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        return len(self.linear_layers) * linear * state_bytes + len(self.attention_layers) * attention * elem
+
+    def _request_layout(self, plan: RequestPlan, standalone: Dict[object, SegmentHandle],
+                        budget: List[Optional[int]]) -> RequestLayout:
+        """``budget[0]``: bytes of writes still allowed in this batch. Cold segments beyond it run
+        live without being recorded: their entries could not stay in the store anyway, and
+        recording them would hold their summaries in device memory until the forward ends."""
         prompt = plan.prompt
         mode = plan.policy.mode
         elems: List[object] = []
@@ -119,7 +144,7 @@ class PicRunner:
                     elems.append(LiveElement(tuple(tokens[: s.live_end]), s.start))
                 handle = standalone[s.key] if s.entry_source == ENTRY_FROM_STANDALONE else plan.handles[s.entry_index]
                 elems.append(BodyElement(handle.entry, s.start + s.body_start, s.num_tokens - s.body_start, s.start))
-            elif s.kind is SpanKind.MISS and s.writes_entry:
+            elif s.kind is SpanKind.MISS and s.writes_entry and self._take_budget(budget, s, mode):
                 kind = WRITE_CHECKPOINT if mode.uses_prefix_checkpoints else WRITE_SEGMENT
                 if s.body_start > 0:
                     elems.append(LiveElement(tuple(tokens[: s.body_start]), s.start))
@@ -129,6 +154,16 @@ class PicRunner:
                 elems.append(LiveElement(tuple(tokens), s.start))
         return RequestLayout(tuple(elems), tuple(prefix), use_transition=mode.use_transition,
                              rerotate_keys=mode.rerotate_keys)
+
+    def _take_budget(self, budget: List[Optional[int]], span, mode) -> bool:
+        if budget[0] is None:
+            return True
+        need = self.entry_nbytes(span.num_tokens - span.body_start, mode.uses_prefix_checkpoints)
+        if need > budget[0]:
+            self.skipped_writes += 1
+            return False
+        budget[0] -= need
+        return True
 
     # ---------------------------------------------------------------------------------------------
     def _forward(self, layouts: Sequence[RequestLayout], want_caches: bool = True):

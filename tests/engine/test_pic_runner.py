@@ -228,3 +228,18 @@ def test_unknown_mode_is_a_clear_error(tiny):
     h = PicHarness(spec, model)
     with pytest.raises(ValueError, match="unknown mode"):
         h.run([random_segment(5, 1)], [1, 2], mode="bogus")
+
+
+def test_entry_size_estimate_is_exact_and_writes_beyond_the_budget_are_skipped(tiny):
+    spec, model = tiny
+    a, b, c = (random_segment(n, 700 + n) for n in (40, 30, 50))
+    probe = PicHarness(spec, model)
+    probe.run([a], [1])
+    (key,) = list(probe.store.device_lru_order())
+    assert probe.runner.entry_nbytes(len(a) - 8, checkpoint=False) == probe.store.stats().device_bytes
+    budget = probe.runner.entry_nbytes(len(a) - 8, False) + probe.runner.entry_nbytes(len(b) - 8, False)
+    h = PicHarness(spec, model, budget=budget)  # room for a and b, not c
+    query = random_segment(4, 3)
+    plan, res = h.run([a, b, c], query)
+    assert len(h.store) == 2 and h.runner.skipped_writes == 1
+    assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
