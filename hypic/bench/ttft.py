@@ -37,7 +37,7 @@ ttft_p99_ms, live_tokens_mean`` (main pass), ``floor_ms`` (mean over requests); 
 token_hit_rate`` (reused tokens / prompt tokens), ``hit_rate`` (store acquire hits / look-ups during
 the measured requests; None without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
 floor), ``seam``, ``store_bytes_per_cached_token, store_bytes, store_entries, store_evictions,
-store_drops, store_budget_bytes``; ``summary_overhead`` and ``speedup_vs_full_recompute`` on cold
+store_drops, store_budget_bytes, store_skipped_writes``; ``summary_overhead`` and ``speedup_vs_full_recompute`` on cold
 rows; ``corpus_documents, warmup_requests`` on rag rows; ``error`` (a traceback; timings None) when
 a mode failed (e.g. out of memory), the run then carrying on and exiting with 1.
 """
@@ -247,11 +247,13 @@ class TtftBench:
                 "store_evictions": st.evictions,
                 "store_drops": st.drops,
                 "store_budget_bytes": st.device_budget_bytes,
+                # cold segments the runner did not record because the store could not hold them
+                "store_skipped_writes": bench.runner.skipped_writes,
             })
         else:
             row.update({"hit_rate": None, "store_bytes_per_cached_token": None, "store_bytes": 0,
                         "store_entries": 0, "store_evictions": 0, "store_drops": 0,
-                        "store_budget_bytes": None})
+                        "store_budget_bytes": None, "store_skipped_writes": 0})
         return row
 
     def _error_row(self, case, mode, cold_policy, prompt_tokens, segment_tokens, err: str) -> Dict:

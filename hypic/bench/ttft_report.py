@@ -64,6 +64,8 @@ def format_table(results: Sequence[Dict]) -> str:
             note.append(f"{r['speedup_vs_full_recompute']:.2f}x vs full")
         if r.get("store_evictions"):
             note.append(f"{r['store_evictions']} evicted")
+        if r.get("store_skipped_writes"):
+            note.append(f"{r['store_skipped_writes']} not stored (budget)")
         if r.get("error"):
             note.append("ERROR " + r["error"].strip().splitlines()[-1][:60])
         lines.append(
