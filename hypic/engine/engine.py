@@ -338,7 +338,7 @@ class LLMEngine:
             for r in requests:
                 plans.append(plan_request(
                     r.pic_prompt, r.pic_policy, store=self.store, keyer=self.keyer,
-                    max_model_len=self.max_model_len, tenant_salt=getattr(r, "pic_tenant_salt", None),
+                    max_model_len=self.max_model_len, tenant_salt=r.pic_tenant_salt,
                     request_id=r.request_id,
                 ))
             results = self.pic_runner.prefill(plans)

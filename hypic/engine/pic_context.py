@@ -92,7 +92,7 @@ class PicContext(ForwardContext):
         identity in place of a body's T)."""
         lay = self.layout
         if not lay.bodies:
-            return live.index(lay.chain_perm)
+            return live  # live elements are numbered in chain order
         eye = None
         transitions, states = [], []
         for kind, idx in lay.chain_src:

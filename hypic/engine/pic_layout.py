@@ -92,7 +92,6 @@ class PackedLayout:
     cu_spans: torch.Tensor  # [S+1] live elements
     # chain of every request: live elements and bodies in prompt order
     cu_chains: torch.Tensor  # [B+1]
-    chain_perm: torch.Tensor  # [M] -> index into cat(live summaries [S], body summaries [NB])
     chain_src: List[Tuple[str, int]]  # host copy: ("live", span) | ("body", body) per element
     span_chain_pos: torch.Tensor  # [S] chain position of each live element
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
@@ -245,8 +244,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
             else:
                 tail_index.append(start + j - w1)
 
-    num_spans = len(cu_spans) - 1
-    perm = [s if kind == "live" else num_spans + s for kind, s in chain_src]
     cu_runs = [0]
     for _, n in runs:
         cu_runs.append(cu_runs[-1] + n)
@@ -261,7 +258,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_live_per_request=t(cu_req),
         cu_spans=t(cu_spans),
         cu_chains=t(cu_chains),
-        chain_perm=t(perm),
         chain_src=chain_src,
         span_chain_pos=t(span_chain_pos),
         bodies=bodies,

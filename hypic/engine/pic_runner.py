@@ -20,7 +20,7 @@ import torch
 from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import SequenceCache
-from hypic.engine.pic_context import AttentionRecord, LinearRecord, PicContext
+from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
     WRITE_SEGMENT,
@@ -183,11 +183,9 @@ class PicRunner:
             for i, kind in enumerate(self.spec.layer_types):
                 rec = ctx.records[i]
                 if kind == LINEAR_ATTENTION:
-                    assert isinstance(rec, LinearRecord)
                     cache = DecodeLinearCache(rec.final_states[b].clone(), rec.tails[lay.final_tail_slots[b]].clone())
                     cache.num_tokens = req.num_tokens
                 else:
-                    assert isinstance(rec, AttentionRecord)
                     cache = DecodeAttentionCache(self.spec.num_key_value_heads, self.spec.head_dim,
                                                  rec.keys.dtype, rec.keys.device)
                     a, z = cu_keys[b], cu_keys[b + 1]

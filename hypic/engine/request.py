@@ -106,6 +106,7 @@ class Request:
         # through the PIC runner; ``prefill_cost`` is the token budget it is charged.
         self.pic_prompt: Any = None
         self.pic_policy: Any = None
+        self.pic_tenant_salt: str | None = None
         self.prefill_cost: int | None = None
 
     @property
