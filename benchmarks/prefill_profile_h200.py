@@ -1,0 +1,215 @@
+"""Where the prefill time goes on one GPU: Qwen3.5-35B-A3B shapes, dummy bf16 weights (issue 6).
+
+1. plain prefill of 8k and 32k tokens under each (MoE, attention) implementation pair
+   (``HYPIC_MOE_IMPL`` / ``HYPIC_ATTENTION_IMPL``), time and MFU by hypic.bench.flops;
+2. PIC on a 32k prompt (64 x 512-token segments + 64-token query): cold ``full_recompute``,
+   cold ``hypic`` inline and standalone, and the all-hit ``hypic`` w=8 request after the segments
+   were cached in another order;
+3. a torch.profiler table (CUDA time per op, top rows) of the fastest plain 32k prefill and of the
+   all-hit request.
+
+    python3 benchmarks/prefill_profile_h200.py --out OUT_DIR
+
+Writes OUT_DIR/prefill_profile_h200.json and OUT_DIR/prefill_profile_h200.txt (the profiles).
+Every part records its error and carries on, and the JSON is rewritten after each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from hypic.bench.flops import flop_model  # noqa: E402
+from hypic.engine.context import PlainContext, SequenceCache  # noqa: E402
+from hypic.engine.pic_runner import PicRunner  # noqa: E402
+from hypic.models.loader import build_dummy_model  # noqa: E402
+from hypic.pic.keys import Keyer, KeyNamespace  # noqa: E402
+from hypic.pic.modes import PICConfig  # noqa: E402
+from hypic.pic.plan import plan_request  # noqa: E402
+from hypic.pic.segments import SegmentedPrompt  # noqa: E402
+from hypic.pic.store import SegmentStore  # noqa: E402
+
+PEAK_BF16_FLOPS = 790e12
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
+IMPL_PAIRS = (("grouped", "flash"), ("grouped", "flex"), ("reference", "reference"))
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+DEV = "cuda"
+DTYPE = torch.bfloat16
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn):
+    sync()
+    t = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t
+
+
+def plain_prefill(spec, model, ids):
+    cache = SequenceCache.allocate(spec, DEV, DTYPE)
+    with torch.inference_mode():
+        ctx = PlainContext(spec, [cache], [len(ids)])
+        return model(torch.tensor(ids, device=DEV), ctx.positions, ctx)
+
+
+def profile_table(fn, rows=30):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--max-seconds", type=float, default=480.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU, fp32, the embedded tiny config, short prompts")
+    args = ap.parse_args()
+    global DEV, DTYPE
+    scale = 1
+    if args.smoke:
+        DEV, DTYPE, scale = "cpu", torch.float32, 64
+    t_start = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    res = {"device": torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu", "torch": torch.__version__, "errors": {}}
+    texts = []
+
+    def save():
+        with open(os.path.join(args.out, "prefill_profile_h200.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        with open(os.path.join(args.out, "prefill_profile_h200.txt"), "w") as f:
+            f.write("\n\n".join(texts))
+
+    def left():
+        return args.max_seconds - (time.perf_counter() - t_start)
+
+    config_path = CONFIG if not args.smoke else os.path.join(os.path.dirname(CONFIG), "..", "..", "assets", "tiny", "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    spec, model = build_dummy_model(config, dtype=DTYPE, device=DEV, seed=0)
+    sync()
+    fm = flop_model(spec)
+    rng = random.Random(0)
+    vocab = spec.vocab_size
+    n32, seg = 32768 // scale, 512 // scale
+    ids32 = [rng.randrange(vocab) for _ in range(n32)]
+
+    # ---- 1. plain prefill per implementation pair ----
+    runs = []
+    for moe, attn in IMPL_PAIRS:
+        if left() < 120:
+            break
+        os.environ["HYPIC_MOE_IMPL"], os.environ["HYPIC_ATTENTION_IMPL"] = moe, attn
+        try:
+            _, first = timed(lambda: plain_prefill(spec, model, ids32[:2048 // scale]))
+            for n in (8192 // scale, n32):
+                if DEV == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                times = [timed(lambda: plain_prefill(spec, model, ids32[:n]))[1] for _ in range(2)]
+                best = min(times)
+                flops = fm.causal_prefill(n)
+                row = {"moe": moe, "attention": attn, "tokens": n, "prefill_s": best, "all_s": times,
+                       "first_2k_s": first, "tokens_per_s": n / best, "tflop": flops / 1e12,
+                       "mfu": flops / best / PEAK_BF16_FLOPS,
+                       "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if DEV == "cuda" else None}
+                runs.append(row)
+                log(f"{moe:9s} {attn:9s} {n:6d}: {best * 1e3:8.1f} ms  {n / best:8.0f} tok/s  MFU {row['mfu']:.1%}")
+        except Exception:
+            res["errors"][f"plain_{moe}_{attn}"] = traceback.format_exc()
+            log(res["errors"][f"plain_{moe}_{attn}"])
+        res["plain_prefill"] = runs
+        save()
+    ok = [r for r in runs if r["tokens"] == n32]
+    best_pair = min(ok, key=lambda r: r["prefill_s"]) if ok else {"moe": "grouped", "attention": "flex"}
+    os.environ["HYPIC_MOE_IMPL"], os.environ["HYPIC_ATTENTION_IMPL"] = best_pair["moe"], best_pair["attention"]
+    res["best_pair"] = [best_pair["moe"], best_pair["attention"]]
+    try:
+        texts.append(f"== plain prefill 32k, moe={best_pair['moe']} attention={best_pair['attention']} ==\n"
+                     + profile_table(lambda: plain_prefill(spec, model, ids32)))
+    except Exception:
+        res["errors"]["profile_plain"] = traceback.format_exc()
+    save()
+
+    # ---- 2. PIC on 64 x 512 + 64 ----
+    segs = [tuple(ids32[i * seg:(i + 1) * seg]) for i in range(64)]
+    query = tuple(rng.randrange(vocab) for _ in range(64))
+    order = list(range(64))
+    rng.shuffle(order)
+    pic = []
+    for mode, cold in (("full_recompute", "inline"), ("hypic", "inline"), ("hypic", "standalone")):
+        if left() < 60:
+            break
+        try:
+            keyer = Keyer(KeyNamespace("profile", "bfloat16"))
+            policy = PICConfig(mode=mode, seam=8, cold_policy=cold).resolve()
+            state = {}
+
+            def fresh():
+                state.clear()
+                (torch.cuda.empty_cache() if DEV == "cuda" else None)
+                state["store"] = SegmentStore(None, 0, device=DEV)
+                state["runner"] = PicRunner(model, spec, state["store"], torch.device(DEV), DTYPE)
+
+            def run(segments, q=query):
+                plan = plan_request(SegmentedPrompt(tuple(segments), q), policy, store=state["store"], keyer=keyer)
+                with plan:
+                    _, dt = timed(lambda: state["runner"].prefill([plan]))
+                return plan, dt
+
+            cold_times = []
+            for _ in range(2):
+                fresh()  # an empty store: every segment is cold
+                cold_times.append(run(segs)[1])
+            store, runner = state["store"], state["runner"]
+            row = {"mode": mode, "cold_policy": cold, "cold_s": cold_times, "cold_tflop": fm.causal_prefill(n32 + 64) / 1e12}
+            if mode == "hypic":
+                run([segs[i] for i in order])  # cached in another order
+                hits = [run(segs)[1] for _ in range(5)]
+                plan, _ = run(segs)
+                row.update({"all_hit_s": hits, "all_hit_live_tokens": plan.live_tokens,
+                            "all_hit_cached_tokens": plan.cached_tokens,
+                            "store_bytes": store.stats().device_bytes})
+                if cold == "inline":
+                    def hit():
+                        p = plan_request(SegmentedPrompt(tuple(segs), query), policy, store=store, keyer=keyer)
+                        with p:
+                            runner.prefill([p])
+                    texts.append("== all-hit hypic w=8, 64 x 512 + 64 ==\n" + profile_table(hit))
+            pic.append(row)
+            log(json.dumps(row))
+            del store, runner
+            state.clear()
+            (torch.cuda.empty_cache() if DEV == "cuda" else None)
+        except Exception:
+            res["errors"][f"pic_{mode}_{cold}"] = traceback.format_exc()
+            log(res["errors"][f"pic_{mode}_{cold}"])
+        res["pic_32k"] = pic
+        save()
+    res["elapsed_s"] = time.perf_counter() - t_start
+    save()
+    log("\n\n".join(texts)[:12000])
+
+
+if __name__ == "__main__":
+    main()
