@@ -491,13 +491,22 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, reference only")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)} (run in that order)")
+    parser.add_argument("--families", default="gated_delta,kda,delta,gla,simple_gla,mamba2",
+                        help="comma-separated families for the accuracy section (several processes can "
+                             "split them; each writes linear_ops_h200[_TAG].json)")
+    parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     args = parser.parse_args()
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    bad = sorted(set(families) - {"gated_delta", "kda", "delta", "gla", "simple_gla", "mamba2"})
+    if bad:
+        parser.error(f"unknown families {bad}")
     sections = [name.strip() for name in args.sections.split(",") if name.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {SECTIONS}")
     os.makedirs(args.out, exist_ok=True)
-    OUT_PATH = os.path.join(args.out, "linear_ops_dry_run.json" if args.dry_run else "linear_ops_h200.json")
+    OUT_PATH = os.path.join(args.out, ("linear_ops_dry_run" if args.dry_run else "linear_ops_h200")
+                            + (f"_{args.tag}" if args.tag else "") + ".json")
     started = time.perf_counter()
 
     if args.dry_run:
@@ -533,17 +542,20 @@ def main() -> int:
             "timing", "scan", lambda: timing_scan(fast, device, num_segments, reps))
 
     if "accuracy" in sections:
-        for family in ("gated_delta", "kda", "delta", "gla", "simple_gla", "mamba2"):
+        for family in families:
             RESULTS["accuracy"][family] = guarded(
                 "accuracy", family, lambda f=family: accuracy_family(f, fast, device, dtype, acc_lengths))
-        if device.type == "cuda":
+            save()  # guarded() saved before this assignment: a call cut off next must keep it
+        if device.type == "cuda" and "gated_delta" in families:
             RESULTS["accuracy"]["dispatch"] = guarded("accuracy", "dispatch", lambda: accuracy_dispatch(device, dtype))
+            save()
 
     if "families" in sections:
         timing_families = ("kda", "simple_gla", "mamba2") if args.quick else ("kda", "simple_gla", "mamba2", "gla", "delta")
         for family in timing_families:
             RESULTS["timing_ms"][family] = guarded(
                 "timing", family, lambda f=family: timing_family(fast, f, device, dtype, num_segments, seg_len, reps))
+            save()
 
     RESULTS["meta"]["wall_s"] = time.perf_counter() - started
     save()

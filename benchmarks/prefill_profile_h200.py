@@ -40,7 +40,7 @@ from hypic.pic.store import SegmentStore  # noqa: E402
 
 PEAK_BF16_FLOPS = 790e12
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
-IMPL_PAIRS = (("grouped", "flash"), ("grouped", "flex"), ("reference", "reference"))
+IMPL_PAIRS = tuple(tuple(p.split("+")) for p in os.environ.get("PROFILE_IMPL_PAIRS", "grouped+flash,grouped+flex,reference+reference").split(","))
 
 
 def log(*a):

@@ -16,6 +16,8 @@
 # size first, then prompt length, then case, so the acceptance points (32k prompts in 64 x 512
 # segments; 8k and 32k RAG) come first in part 1.
 #
+# TTFT_MAX_SECONDS overrides the per-part time after which no new sweep point starts.
+#
 # Store budget: each mode's store gets --store-bytes on the GPU (weights take ~70 GB of the
 # 141 GB): 36 GiB in part 1, 20 GiB in part 2. A dense GDN summary is 4 MiB per linear layer per
 # segment (~120 MiB per segment over 30 layers, + 20 KiB of K/V per token), so 128k prompts in
@@ -57,7 +59,7 @@ else
   RAG=(--doc-tokens 256,2048 --system-tokens 256 --rag-query-tokens 32,64)
   # Part 2 gets a smaller store: a cold 128k request in 512-token segments records ~30 GB of
   # summaries in one prefill before they reach the store, on top of what the store holds.
-  P1_STORE=36GiB; P2_STORE=20GiB; P1_SECONDS=420; P2_SECONDS=360
+  P1_STORE=36GiB; P2_STORE=20GiB; P1_SECONDS=${TTFT_MAX_SECONDS:-420}; P2_SECONDS=${TTFT_MAX_SECONDS:-360}
   P1_REQ=(--num-requests 8 --cold-requests 3); P2_REQ=(--num-requests 3 --cold-requests 1)
 fi
 COMMON=(bench ttft "${MODEL[@]}" --seed 0 --seam 8 --modes full_recompute,prefix_cache,addition,transition,transition_rope,hypic

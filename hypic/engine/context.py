@@ -311,7 +311,7 @@ class PlainContext(ForwardContext):
             cu_seqlens_q=self.cu_seqlens, cu_seqlens_k=cu_k,
             positions_q=self.positions, positions_k=pos_k, scale=scale,
             index_causal=self.index_causal, max_seqlen_q=max(self.num_tokens_per_seq),
-            max_seqlen_k=max(lengths),
+            max_seqlen_k=max(lengths), layout_key=self,
         )
 
     def select_logits_rows(self, hidden):

@@ -165,7 +165,7 @@ class PicContext(ForwardContext):
             cu_seqlens_q=lay.cu_live_per_request, cu_seqlens_k=lay.cu_keys,
             positions_q=lay.positions, positions_k=lay.positions_k, scale=scale,
             index_causal=lay.index_causal, max_seqlen_q=lay.max_live_per_request,
-            max_seqlen_k=lay.max_keys_per_request,
+            max_seqlen_k=lay.max_keys_per_request, layout_key=lay,
         )
 
     def select_logits_rows(self, hidden):

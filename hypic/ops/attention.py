@@ -23,6 +23,7 @@ unchanged, i.e. across the attention layers of one forward.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -70,6 +71,7 @@ def varlen_attention(
     index_causal: bool = False,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k: Optional[int] = None,
+    layout_key: Optional[object] = None,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention over packed varlen sequences.
 
@@ -82,7 +84,9 @@ def varlen_attention(
     ``index_causal``: the caller vouches that every sequence's keys are positions ``0..Lk-1`` in
     order and its queries the last ``Lq`` of them in order (enables ``"flash"``);
     ``max_seqlen_q`` / ``max_seqlen_k``: host ints for the flash path (read back - a sync - if
-    omitted).
+    omitted). ``layout_key``: any object the caller keeps alive while the layout (cu_seqlens,
+    positions) stays the same - a forward context passes itself - so the flex path validates the
+    layout and builds its block mask once per forward instead of once per layer (None: every call).
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
@@ -121,6 +125,10 @@ def varlen_attention(
         impl = os.environ.get("HYPIC_ATTENTION_IMPL", "auto")
         if impl not in _IMPLS:
             raise ValueError(f"HYPIC_ATTENTION_IMPL must be one of {_IMPLS}, got {impl!r}")
+        if impl == "flash" and not index_causal:
+            # The variable is a preference for A/B runs: layouts flash cannot express (PIC
+            # requests with cached keys) keep the automatic choice instead of failing.
+            impl = "auto"
     if impl == "auto":
         if index_causal and flash_supported(q, v):
             impl = "flash"
@@ -140,7 +148,7 @@ def varlen_attention(
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scale=scale,
         )
     if impl == "flex":
-        block_mask = _cached_block_mask(cu_seqlens_q, cu_seqlens_k, positions_q, positions_k, q.device)
+        block_mask = _cached_block_mask(cu_seqlens_q, cu_seqlens_k, positions_q, positions_k, q.device, layout_key)
         return flex_varlen_attention(q, k, v, block_mask=block_mask, scale=scale)
 
     _check_cu("cu_seqlens_q", cu_seqlens_q, num_q)
@@ -195,25 +203,29 @@ def _flex_cuda_supported(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.dtype in _FLEX_CUDA_DTYPES and all(d >= 16 and d & (d - 1) == 0 for d in dims)
 
 
-# One cached block mask: the layout tensors it was built from (held, so their storage cannot be
-# reused by another tensor) with their version counters, and the mask.
-_mask_cache: Optional[Tuple[Tuple[torch.Tensor, ...], Tuple[int, ...], object]] = None
+# One cached block mask: a weak reference to the caller's layout key, the layout tensors it was
+# built from (held, so a check can compare shapes) and the mask.
+_mask_cache: Optional[Tuple[weakref.ref, Tuple[torch.Tensor, ...], object]] = None
 
 
-def _cached_block_mask(cu_q, cu_k, pos_q, pos_k, device: torch.device):
-    """Value-check the layout and build its block mask on ``device``, once per layout."""
+def _cached_block_mask(cu_q, cu_k, pos_q, pos_k, device: torch.device, layout_key: Optional[object]):
+    """Value-check the layout and build its block mask on ``device``, once per ``layout_key``.
+
+    The key is the caller's promise that the layout is unchanged; a new key object (the next
+    forward's context) or a different token count rebuilds. Inference tensors carry no version
+    counter, so tensor identity or versions cannot tell a reused layout apart.
+    """
     global _mask_cache
     layout = (cu_q, cu_k, pos_q, pos_k)
-    versions = tuple(t._version for t in layout)
-    if _mask_cache is not None:
-        held, held_versions, mask = _mask_cache
-        if all(a is b for a, b in zip(held, layout)) and held_versions == versions:
+    if layout_key is not None and _mask_cache is not None:
+        key_ref, held, mask = _mask_cache
+        if key_ref() is layout_key and all(a.shape == b.shape for a, b in zip(held, layout)):
             return mask
     # Layout tensors may live on the host (the reference reads them there); copy them over.
     on_device = [t.to(device) for t in layout]
     check_varlen_values(*on_device)
     mask = build_varlen_block_mask(*on_device)
-    _mask_cache = (layout, versions, mask)
+    _mask_cache = (weakref.ref(layout_key), layout, mask) if layout_key is not None else None
     return mask
 
 

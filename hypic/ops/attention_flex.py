@@ -215,6 +215,10 @@ def flex_varlen_attention(
     if q.shape[0] == 0:
         return q.new_empty(0, q.shape[1], v.shape[2])
     fn = _flex_fn(q.device, use_compile)
+    # The main Triton kernel always: with fewer than 128 queries "AUTO" picks flex-decoding, whose
+    # template has no valid config for 256-wide heads in bf16 on the H200 (inductor's
+    # NoValidChoicesError, seen on torch 2.11 for a 64-token question over 32k cached keys).
+    options = {"BACKEND": "TRITON"} if q.is_cuda else None
     out = fn(
         q.transpose(0, 1)[None],
         k.transpose(0, 1)[None],
@@ -222,5 +226,6 @@ def flex_varlen_attention(
         block_mask=block_mask,
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
+        kernel_options=options,
     )
     return out[0].transpose(0, 1).contiguous()

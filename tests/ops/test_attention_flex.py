@@ -160,15 +160,37 @@ def test_nan_poisoned_fresh_buffers_are_fully_overwritten(impl, monkeypatch):
     torch.testing.assert_close(out, _naive(*case, 0.3), atol=1e-10, rtol=0)
 
 
-def test_block_mask_cache_follows_layout_identity_and_version():
+def test_block_mask_cache_follows_layout_key():
     gen = torch.Generator().manual_seed(2)
     q, k, v, cu_q, cu_k, pq, pk = _case(gen, [5, 3], [4, 2], 2, 2, 8, 8, torch.float64, False)
-    first = attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device)
-    assert attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device) is first
-    pk[0] = pk[0] + 0  # in-place write bumps the version: the layout may have changed
-    assert attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device) is not first
-    second = attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device)
-    assert attention_module._cached_block_mask(cu_q, cu_k, pq.clone(), pk, q.device) is not second
+
+    class Forward:  # stands for a forward context: alive while its layout is in use
+        pass
+
+    key = Forward()
+    first = attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device, key)
+    assert attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device, key) is first
+    # A new forward (new key) rebuilds, as does every call without a key.
+    other = Forward()
+    second = attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device, other)
+    assert second is not first
+    assert attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device, None) is not second
+    assert attention_module._cached_block_mask(cu_q, cu_k, pq, pk, q.device, None) is not second
+    # Inference tensors (no version counter) work too.
+    with torch.inference_mode():
+        layout = [t.clone() for t in (cu_q, cu_k, pq, pk)]
+        third = attention_module._cached_block_mask(*layout, q.device, key)
+        assert attention_module._cached_block_mask(*layout, q.device, key) is third
+
+
+def test_flash_preference_from_the_environment_falls_back_on_pic_layouts(monkeypatch):
+    gen = torch.Generator().manual_seed(6)
+    case = _interleaved_case(gen, [3, 5], [9, 4], 4, 2, 8, 8, torch.float64)
+    monkeypatch.setenv("HYPIC_ATTENTION_IMPL", "flash")
+    out = _call(*case, impl="auto")  # not index-causal: the automatic choice, no error
+    torch.testing.assert_close(out, _naive(*case, 0.3), atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="causal by index"):
+        _call(*case, impl="flash")  # an explicit request still refuses
 
 
 def test_dispatch_and_validation(monkeypatch):
