@@ -1,13 +1,20 @@
-"""Generate the embedded seeded tiny model ``hypic/assets/tiny/`` (deterministic).
+"""Generate a seeded random Qwen3.5 test model (deterministic); not the shipped ``tiny`` model.
 
-    python3 -m hypic.assets.make_seeded_tiny [--out DIR]
+    python3 -m hypic.assets.make_seeded_tiny --out DIR
+
+The embedded default model ``hypic/assets/tiny/`` is the trained checkpoint of
+``training/train_tiny.py`` (see its README.md). This generator makes a *different*, seeded
+stand-in that the tests use where they need what the trained model lacks: a byte-level tokenizer
+that reads any text, and a ChatML chat template (tests/engine/test_tokenizer.py,
+tests/engine/test_engine_pic.py, tests/entrypoints/test_cli.py, tests/entrypoints/test_llm.py).
+It was the shipped ``tiny`` model before the trained one.
 
 The checkpoint is a Hugging Face-format Qwen3.5 text model (``model_type: qwen3_5_text``):
 8 layers with full attention every 4th, hidden 256, Gated DeltaNet with 4 key heads x 64 and
 8 value heads x 32 (so grouped value heads are exercised), gated GQA attention with partial
 RoPE, a byte-level BPE tokenizer of 1024 tokens trained on a generated corpus, and a ChatML
-chat template. Weights are random (seeded) at scales where every layer matters: it is a
-stand-in for the trained embedded model, not a language model.
+chat template. Weights are random (seeded) at scales where every layer matters: it is not a
+language model.
 
 Everything is derived from fixed seeds: the corpus from ``random.Random``, the weights from a
 ``torch.Generator`` (drawn in fp32, stored as bf16 to keep the folder small).
@@ -221,6 +228,10 @@ def make_weights(config: dict, seed: int = SEED) -> dict[str, torch.Tensor]:
 
 
 def write_tiny_model(out_dir: Path) -> None:
+    """Write the seeded test model (config, generation config, tokenizer, bf16 weights) to ``out_dir``."""
+    out_dir = Path(out_dir)
+    if out_dir.resolve() == (Path(__file__).resolve().parent / "tiny"):
+        raise ValueError(f"out_dir: {out_dir} is the shipped trained model; write the seeded model elsewhere")
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(make_corpus())
     ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
@@ -256,7 +267,8 @@ def write_tiny_model(out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "tiny")
+    # No default: the natural default (hypic/assets/tiny) is the trained model, never to be overwritten.
+    parser.add_argument("--out", type=Path, required=True, help="folder to write (created if missing)")
     args = parser.parse_args(argv)
     write_tiny_model(args.out)
     print(f"wrote {args.out}")

@@ -15,7 +15,7 @@ the same call; spans of length 1 take the recurrent decode kernels.
 from __future__ import annotations
 
 import abc
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -243,6 +243,10 @@ class PlainContext(ForwardContext):
         for n in counts:
             self._cu_host.append(self._cu_host[-1] + n)
         self.is_decode = all(n == 1 for n in counts)
+        # (key lengths, cu_seqlens_k, key positions) of the attention layers: identical for every
+        # full-attention layer of this forward, so built once (one host-to-device copy per
+        # forward instead of one per layer).
+        self._key_layout: Optional[Tuple[List[int], torch.Tensor, torch.Tensor]] = None
         if isinstance(logits_rows, str):
             if logits_rows == "last":
                 self.logits_rows: Optional[torch.Tensor] = self.cu_seqlens[1:] - 1
@@ -299,13 +303,16 @@ class PlainContext(ForwardContext):
         for i, layer in enumerate(layers):
             layer.append(k[cu[i] : cu[i + 1]], v[cu[i] : cu[i + 1]], self.positions[cu[i] : cu[i + 1]])
         if len(layers) == 1:
-            keys, values, pos_k = layers[0].keys, layers[0].values, layers[0].positions
+            keys, values = layers[0].keys, layers[0].values
         else:
             keys = torch.cat([layer.keys for layer in layers])
             values = torch.cat([layer.values for layer in layers])
-            pos_k = torch.cat([layer.positions for layer in layers])
         lengths = [layer.length for layer in layers]
-        cu_k = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)
+        if self._key_layout is None or self._key_layout[0] != lengths:
+            pos_k = layers[0].positions if len(layers) == 1 else torch.cat([layer.positions for layer in layers])
+            cu_k = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)
+            self._key_layout = (lengths, cu_k, pos_k)
+        _, cu_k, pos_k = self._key_layout
         return varlen_attention(
             q, keys, values,
             cu_seqlens_q=self.cu_seqlens, cu_seqlens_k=cu_k,

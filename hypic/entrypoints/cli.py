@@ -1,7 +1,9 @@
 """The ``hypic`` command line.
 
-    hypic generate --model tiny --prompt "hello" [--max-tokens 32 --temperature 0 ...]
+    hypic generate --model tiny --prompt "the mentor of kolton is" [--max-tokens 32 --temperature 0 ...]
     hypic bench <name> ...
+
+The embedded ``tiny`` model reads only the synthetic suites' vocabulary (hypic/assets/tiny/README.md).
 
 ``bench`` is a subcommand group filled from a registry: a module ``hypic/bench/<x>.py`` that
 defines ``BENCH_COMMAND = BenchCommand(name, help, add_arguments, run)`` is discovered

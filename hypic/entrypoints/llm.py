@@ -19,8 +19,10 @@ Prompt = str | list[int] | dict
 class LLM:
     """Generate completions for a batch of prompts with continuous batching.
 
-    >>> llm = LLM(model="tiny", seed=0)
-    >>> out = llm.generate(["Hello", "The model"], SamplingParams(temperature=0, max_tokens=8))
+    >>> llm = LLM(model="tiny", seed=0)  # trained on hypic.data's suites: prompts in their vocabulary
+    >>> out = llm.generate(["<sep> this passage is about kolton . kolton lives in santon . <sep> question : "
+    ...                     "where does kolton live ? answer :", "the mentor of kolton is"],
+    ...                    SamplingParams(temperature=0, max_tokens=8))
     >>> out[0].outputs[0].text, out[0].outputs[0].finish_reason, out[0].metrics.ttft
 
     Arguments as :class:`~hypic.engine.engine.LLMEngine`.

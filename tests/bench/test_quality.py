@@ -178,11 +178,45 @@ def test_text_the_tokenizer_cannot_read_is_refused(word_model, byte_model):
                        "--no-progress"])
     with pytest.raises(ValueError, match="<unk>"):
         run_quality(args)
-    # A tokenizer that does not have the suites' words as tokens (the seeded stand-in model) is refused.
+    # A tokenizer that does not have the suites' words as tokens (a byte-level BPE) is refused.
     args = parse_args(["--model", str(byte_model), "--num-requests", "1", "--modes", "full_recompute",
                        "--no-progress"])
     with pytest.raises(ValueError, match="does not cover the synthetic suites"):
         run_quality(args)
+
+
+def test_embedded_tiny_model_is_scored_on_the_suites():
+    """The embedded model is trained on the suites: its tokenizer passes the coverage check, and it
+    answers held-out single-hop questions (a model that never saw the suites scores ~0)."""
+    args = parse_args(["--model", "tiny", "--tasks", "single_hop", "--num-requests", "6", "--modes",
+                       "full_recompute", "--min-docs", "2", "--max-docs", "3", "--device", "cpu",
+                       "--dtype", "float32", "--no-progress"])
+    run = run_quality(args)
+    (result,) = run.results
+    assert result.task == "single_hop" and result.n == 6 and result.score >= 50.0
+
+
+def test_tokenizer_missing_suite_words_is_refused(tmp_path):
+    """The embedded model's files with a tokenizer that lacks the city names: refused before any run."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from hypic.assets import TINY_MODEL_DIR
+    from hypic.data.vocab import CITIES, SPECIAL_TOKENS, vocabulary
+
+    for name in ("config.json", "tokenizer_config.json"):
+        shutil.copy(TINY_MODEL_DIR / name, tmp_path / name)
+    kept = [w for w in vocabulary() if w not in set(CITIES)]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(kept)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    args = parse_args(["--model", str(tmp_path), "--tasks", "single_hop", "--num-requests", "3", "--modes",
+                       "full_recompute", "--device", "cpu", "--no-progress"])
+    with pytest.raises(ValueError, match="does not cover the synthetic suites") as info:
+        run_quality(args)
+    assert any(city in str(info.value) for city in CITIES)
 
 
 def test_bos_is_its_own_leading_segment(word_model, byte_model):

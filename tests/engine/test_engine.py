@@ -7,14 +7,25 @@ from hypic.engine.engine import LLMEngine, resolve_dtype
 from hypic.engine.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
-# Prompts of different lengths; the 19-token one is longer than the prefill budget (8), so it is
+# Prompts in the suite vocabulary the tiny model was trained on (hypic.data), of different lengths,
+# each continued differently; the 22-token one is longer than the prefill budget (8), so it is
 # prefilled in chunks with carried state while sharing steps with the others.
 PROMPTS = [
-    "Hello there",
-    "The model reads the answer quickly.",
+    "the mentor of kolton is",
+    "<sep> this passage is about kolton . kolton works as a",
     "a",
-    "User: Why is the sky blue? Assistant: the river follows a green apple",
+    "<sep> this passage is about kolton . kolton lives in santon . the mentor of kolton is zala . kolton owns a",
 ]
+
+
+def test_prompts_are_in_the_model_vocabulary():
+    from hypic.assets import TINY_MODEL_DIR
+    from hypic.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(TINY_MODEL_DIR)
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        assert len(ids) == len(prompt.split()) and tok.token_to_id("<unk>") not in ids
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,5 @@
-"""Segment caching through the engine and hypic.LLM on the embedded tiny model."""
+"""Segment caching through the engine and hypic.LLM on the embedded tiny model (trained on the
+synthetic suites: prompts are suite documents and questions)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import pytest
 import torch
 
 from hypic import LLM, SamplingParams
+from hypic.assets.make_seeded_tiny import write_tiny_model
+from hypic.data.language import question_text
+from hypic.data.suites import DocumentPool
 from hypic.engine.engine import LLMEngine
 from hypic.pic.modes import PICConfig
 from hypic.pic.segments import PIC_SEP
@@ -26,12 +30,16 @@ def llm():
     return LLM(model="tiny", seed=0)
 
 
-WORDS = ("the quick brown fox jumps over the lazy dog and then some more words appear here while a "
-         "river story answer comes to the old stone bridge near the small town").split()
+# Held-out suite documents (36-48 tokens each: head, five facts, maybe a filler sentence).
+POOL = DocumentPool("held_out", seed=0, pool_size=16, min_doc_tokens=36, max_doc_tokens=48)
 
 
 def _docs(llm=None, n=3):
-    return [" ".join(WORDS[(7 * i + j) % len(WORDS)] for j in range(30)) for i in range(n)]
+    return [d.text for d in POOL.documents[:n]]
+
+
+def _question(relation="lives", i=0):
+    return question_text(relation, POOL.documents[i].subject)
 
 
 def _run(engine: LLMEngine, prompts, **kw):
@@ -46,7 +54,7 @@ def _run(engine: LLMEngine, prompts, **kw):
 
 def test_all_miss_hypic_generates_like_full_recompute(llm):
     docs = _docs(llm)
-    prompt = PIC_SEP.join(docs + ["what now ?"])
+    prompt = PIC_SEP.join(docs + [_question("job", 1)])
     engine = LLMEngine("tiny", seed=0)
     (ref,) = _run(engine, [prompt], mode="full_recompute")
     (got,) = _run(engine, [prompt], mode="hypic")
@@ -57,9 +65,9 @@ def test_all_miss_hypic_generates_like_full_recompute(llm):
 
 def test_reordered_prompt_hits_the_segment_cache(llm):
     docs = _docs(llm)
-    first = llm.generate(PIC_SEP.join(docs + ["first question"]), GREEDY, use_tqdm=False)[0]
+    first = llm.generate(PIC_SEP.join(docs + [_question("lives", 0)]), GREEDY, use_tqdm=False)[0]
     assert first.metrics.cached_tokens == 0
-    second = llm.generate(PIC_SEP.join(docs[::-1] + ["second question"]), GREEDY, use_tqdm=False)[0]
+    second = llm.generate(PIC_SEP.join(docs[::-1] + [_question("color", 2)]), GREEDY, use_tqdm=False)[0]
     assert second.metrics.cached_tokens > 0
     assert second.metrics.live_tokens < second.metrics.prompt_tokens
     assert len(second.outputs[0].token_ids) == 6
@@ -67,10 +75,27 @@ def test_reordered_prompt_hits_the_segment_cache(llm):
     assert stats.hits >= 3 and stats.device_bytes > 0
 
 
+def test_reused_segments_still_answer_the_question():
+    """The trained model answers from reordered, cached documents (hypic mode, default seam) as it
+    does with the full prompt recomputed: the reuse keeps what the model reads."""
+    llm = LLM(model="tiny", seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    docs = _docs(n=3)
+    cases = [(docs, "lives", 0), (docs[::-1], "job", 1), ([docs[1], docs[2], docs[0]], "animal", 2)]
+    for order, relation, i in cases:
+        prompt = PIC_SEP.join(order + [_question(relation, i)])
+        out = llm.generate(prompt, params, use_tqdm=False)[0]
+        ref = llm.generate(prompt, params, use_tqdm=False, pic_mode="full_recompute")[0]
+        assert out.outputs[0].text == ref.outputs[0].text == POOL.documents[i].fact(relation)
+        assert out.outputs[0].finish_reason == "stop"
+    assert out.metrics.cached_tokens > 0  # the last order hit every document
+
+
 def test_structured_segments_and_per_call_mode(llm):
     docs = _docs(llm, 2)
-    out = llm.generate({"segments": docs + ["a question"]}, GREEDY, use_tqdm=False, pic_mode="prefix_cache")[0]
-    again = llm.generate({"segments": docs + ["another question"]}, GREEDY, use_tqdm=False,
+    out = llm.generate({"segments": docs + [_question("lives", 0)]}, GREEDY, use_tqdm=False,
+                       pic_mode="prefix_cache")[0]
+    again = llm.generate({"segments": docs + [_question("mentor", 1)]}, GREEDY, use_tqdm=False,
                          pic_mode="prefix_cache")[0]
     assert out.metrics.prefix_hit_tokens == 0
     assert again.metrics.prefix_hit_tokens > 0
@@ -78,16 +103,17 @@ def test_structured_segments_and_per_call_mode(llm):
 
 def test_bad_segmented_input_is_rejected_and_engine_keeps_serving(llm):
     engine = LLMEngine("tiny", seed=0)
-    good = engine.add_request("hello there", GREEDY)
+    doc, query = _docs(n=1)[0], _question()
+    good = engine.add_request(doc, GREEDY)
     with pytest.raises(ValueError, match="empty"):
-        engine.add_request(PIC_SEP.join(["doc", "", "q"]), GREEDY)
+        engine.add_request(PIC_SEP.join([doc, "", query]), GREEDY)
     with pytest.raises(ValueError, match="separators"):
         engine.add_request(PIC_SEP + PIC_SEP, GREEDY)
     with pytest.raises(ValueError, match="unknown mode"):
-        engine.add_request(PIC_SEP.join(["doc", "q"]), GREEDY, mode="nope")
+        engine.add_request(PIC_SEP.join([doc, query]), GREEDY, mode="nope")
     with pytest.raises(ValueError, match="context length|max_model_len"):
-        LLMEngine("tiny", seed=0, max_model_len=16).add_request(PIC_SEP.join(["a b c d e f g h"] * 3 + ["q"]), GREEDY)
-    ok = engine.add_request(PIC_SEP.join(["doc one", "q"]), GREEDY)
+        LLMEngine("tiny", seed=0, max_model_len=16).add_request(PIC_SEP.join(["it was quiet ."] * 3 + [query]), GREEDY)
+    ok = engine.add_request(PIC_SEP.join([doc, query]), GREEDY)
     done = set()
     while engine.has_unfinished_requests():
         done |= {o.request_id for o in engine.step() if o.finished}
@@ -96,20 +122,37 @@ def test_bad_segmented_input_is_rejected_and_engine_keeps_serving(llm):
 
 def test_pic_and_plain_requests_share_a_batch():
     engine = LLMEngine("tiny", seed=0, pic=PICConfig(mode="hypic"))
-    doc = _docs(n=1)[0]
-    alone_plain = _run(LLMEngine("tiny", seed=0), ["plain prompt here"])[0]
-    alone_pic = _run(LLMEngine("tiny", seed=0), [PIC_SEP.join([doc, "q"])])[0]
-    both = _run(engine, ["plain prompt here", PIC_SEP.join([doc, "q"])])
+    doc, plain = _docs(n=1)[0], " ".join(_docs(n=2)[1:] + [_question("job", 1)])
+    alone_plain = _run(LLMEngine("tiny", seed=0), [plain])[0]
+    alone_pic = _run(LLMEngine("tiny", seed=0), [PIC_SEP.join([doc, _question()])])[0]
+    both = _run(engine, [plain, PIC_SEP.join([doc, _question()])])
     assert both[0].outputs[0].token_ids == alone_plain.outputs[0].token_ids
     assert both[1].outputs[0].token_ids == alone_pic.outputs[0].token_ids
+    assert both[0].outputs[0].token_ids != both[1].outputs[0].token_ids  # two different answers
 
 
-def test_chat_template_keeps_segment_tokens_and_hits_on_reorder(llm):
+def test_tiny_has_no_chat_template(llm):
+    with pytest.raises(ValueError, match="no chat template"):
+        llm.chat([{"role": "user", "content": PIC_SEP.join(_docs(n=2) + [_question()])}], GREEDY, use_tqdm=False)
+
+
+@pytest.fixture(scope="module")
+def seeded_llm(tmp_path_factory):
+    """The seeded random test model: byte-level tokenizer and a ChatML template (the trained tiny
+    model has no chat template)."""
+    folder = tmp_path_factory.mktemp("seeded")
+    write_tiny_model(folder)
+    return LLM(model=str(folder), seed=0)
+
+
+def test_chat_template_keeps_segment_tokens_and_hits_on_reorder(seeded_llm):
+    llm = seeded_llm
     tok = llm.get_tokenizer()
     docs = _docs(n=2)
-    first = llm.chat([{"role": "user", "content": PIC_SEP.join(docs + ["which one ?"])}], GREEDY, use_tqdm=False)[0]
-    second = llm.chat([{"role": "user", "content": PIC_SEP.join(docs[::-1] + ["and now ?"])}], GREEDY,
+    first = llm.chat([{"role": "user", "content": PIC_SEP.join(docs + [_question()])}], GREEDY, use_tqdm=False)[0]
+    second = llm.chat([{"role": "user", "content": PIC_SEP.join(docs[::-1] + [_question("job", 1)])}], GREEDY,
                       use_tqdm=False)[0]
+    assert first.metrics.cached_tokens == 0
     assert second.metrics.cached_tokens > 0
     ids = second.prompt_token_ids
     for doc in docs:  # each document's tokens appear unchanged inside the templated prompt

@@ -1,13 +1,20 @@
-"""The `hypic` command line: generate on the tiny model, errors, and the bench registry."""
+"""The `hypic` command line: generate on the tiny model (the README's first command included),
+errors, and the bench registry."""
 
 import argparse
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from hypic.assets.make_seeded_tiny import write_tiny_model
 from hypic.entrypoints import cli
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(autouse=True)
@@ -20,31 +27,86 @@ def one_thread():
 
 def test_generate_prints_text_and_stats(capsys):
     code = cli.main([
-        "generate", "--model", "tiny", "--prompt", "Hello there", "--prompt", "a",
+        "generate", "--model", "tiny", "--prompt", "the mentor of kolton is", "--prompt", "a",
         "--max-tokens", "5", "--temperature", "0", "--ignore-eos", "--device", "cpu", "--dtype", "float32",
     ])
     out = capsys.readouterr().out
     assert code == 0
-    assert out.count("=== prompt:") == 2 and "'Hello there'" in out
+    assert out.count("=== prompt:") == 2 and "'the mentor of kolton is'" in out
     assert out.count("finish_reason=length") == 2 and "output_tokens=5" in out
     assert "ttft=" in out and "tok/s" in out and "dtype=float32" in out
 
 
-def test_generate_sampling_options_and_chat(capsys):
-    args = ["generate", "--prompt", "hi", "--max-tokens", "3", "--temperature", "0.8", "--top-p", "0.9",
-            "--top-k", "20", "--seed", "5", "--chat", "--device", "cpu"]
+def test_generate_sampling_options(capsys):
+    args = ["generate", "--prompt", "it was a", "--max-tokens", "6", "--temperature", "0.8", "--top-p", "0.9",
+            "--top-k", "20", "--seed", "5", "--ignore-eos", "--device", "cpu"]
     assert cli.main(args) == 0
     first = capsys.readouterr().out
     assert cli.main(args) == 0
     second = capsys.readouterr().out
     text = lambda s: s.split("\n")[1]  # noqa: E731 - the completion line
     assert text(first) == text(second)  # seeded
+    assert len(text(first).split()) >= 3  # words of the suite vocabulary, not <unk>s dropped on decode
+
+
+def test_generate_chat(capsys, tmp_path):
+    # The trained tiny model has no chat template: a message, exit status 2.
+    assert cli.main(["generate", "--prompt", "a", "--chat", "--max-tokens", "2", "--device", "cpu"]) == 2
+    assert "no chat template" in capsys.readouterr().err
+    # A model with one (the seeded test model, ChatML) wraps each prompt as a user turn.
+    write_tiny_model(tmp_path)
+    args = ["generate", "--model", str(tmp_path), "--prompt", "hi", "--max-tokens", "3", "--temperature", "0.8",
+            "--seed", "5", "--chat", "--ignore-eos", "--device", "cpu"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "output_tokens=3" in out
+    # the prompt is the templated user turn and assistant header, not the bare "hi"
+    from hypic.engine.tokenizer import Tokenizer
+
+    templated = Tokenizer(tmp_path).encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert f"prompt_tokens={len(templated)} " in out and len(templated) > len(Tokenizer(tmp_path).encode("hi"))
+
+
+def _readme_first_command():
+    """The argument list of the README's first `hypic generate` command (Quick start)."""
+    for line in README.read_text().splitlines():
+        if "hypic generate" in line:
+            return shlex.split(line.split("&& hypic ", 1)[1])
+    raise AssertionError("README.md has no `hypic generate` command")
+
+
+def _expected_answer(prompt):
+    """The answer of a single-hop suite question, read from the prompt's own documents."""
+    facts = {"live": "{} lives in (\\w+) \\.", "job": "{} works as a (\\w+) \\."}
+    question = re.search(r"question : (?:where does (\w+) (live)|what is the (job) of (\w+)) \?", prompt)
+    assert question, prompt
+    subject = question.group(1) or question.group(4)
+    relation = question.group(2) or question.group(3)
+    return re.search(facts[relation].format(subject), prompt).group(1)
+
+
+def test_readme_first_command_hits_the_segment_cache_and_answers(capsys):
+    """The README's first command as written (default device and dtype): the second prompt has the
+    same <<PIC_SEP>> segments in another order, reports cached tokens, and both answers are right."""
+    argv = _readme_first_command()
+    assert argv[0] == "generate" and "tiny" in argv
+    prompts = [argv[i + 1] for i, a in enumerate(argv) if a == "--prompt"]
+    assert len(prompts) == 2
+    first, second = (p.split("<<PIC_SEP>>") for p in prompts)
+    assert sorted(first[:-1]) == sorted(second[:-1]) and first[:-1] != second[:-1]  # reordered documents
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    cached = [int(n) for n in re.findall(r"cached_tokens=(\d+)", out)]
+    assert cached[0] == 0 and cached[1] > 0
+    completions = [block.split("\n")[1] for block in out.split("=== prompt:")[1:]]
+    assert completions == [_expected_answer(p) for p in prompts]
+    assert out.count("finish_reason=stop") == 2
 
 
 def test_errors_are_messages_not_tracebacks(capsys):
     assert cli.main(["generate", "--model", "/no/such/model", "--prompt", "x"]) == 2
     assert "no such folder" in capsys.readouterr().err
-    assert cli.main(["generate", "--prompt", "x", "--top-p", "0", "--device", "cpu"]) == 2
+    assert cli.main(["generate", "--prompt", "a", "--top-p", "0", "--device", "cpu"]) == 2
     assert "top_p" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["generate"])  # --prompt is required

@@ -1,10 +1,11 @@
-"""hypic.LLM: the vLLM-shaped offline API on the embedded tiny model."""
+"""hypic.LLM: the vLLM-shaped offline API on the embedded tiny model (prompts in its suite vocabulary)."""
 
 import pytest
 import torch
 
 import hypic
 from hypic import LLM, SamplingParams
+from hypic.assets.make_seeded_tiny import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -23,7 +24,7 @@ def test_top_level_exports():
 
 def test_generate_prompt_forms_and_output_shape(llm):
     tokenizer = llm.get_tokenizer()
-    prompts = ["Hello there", "a much longer prompt about the river and the old tree"]
+    prompts = ["the mentor of kolton is", "<sep> this passage is about kolton . the river was quiet in the"]
     outputs = llm.generate(prompts, GREEDY, use_tqdm=True)
     assert [o.prompt for o in outputs] == prompts
     for out, prompt in zip(outputs, prompts):
@@ -57,28 +58,36 @@ def test_per_prompt_sampling_params(llm):
         SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
         SamplingParams(temperature=0.9, max_tokens=5, seed=3, ignore_eos=True),
     ]
-    outputs = llm.generate(["x", "y"], params, use_tqdm=False)
+    outputs = llm.generate(["a", "it was a"], params, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outputs] == [2, 5]
-    again = llm.generate(["y"], params[1], use_tqdm=False)
+    again = llm.generate(["it was a"], params[1], use_tqdm=False)
     assert again[0].outputs[0].token_ids == outputs[1].outputs[0].token_ids  # seeded
 
 
-def test_chat(llm):
-    out = llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)
-    tokenizer = llm.get_tokenizer()
+def test_chat_needs_a_template(llm, tmp_path):
+    # The trained tiny model has no chat template: a clear error, and the engine keeps serving.
+    with pytest.raises(ValueError, match="no chat template"):
+        llm.chat([{"role": "user", "content": "where does kolton live ?"}], GREEDY, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    # The seeded test model (byte-level BPE, ChatML template) renders conversations.
+    write_tiny_model(tmp_path)
+    seeded = LLM(model=str(tmp_path), dtype="float32", device="cpu", seed=0)
+    out = seeded.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)
+    tokenizer = seeded.get_tokenizer()
     expected = tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     assert out[0].prompt_token_ids == expected
-    two = llm.chat([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]], GREEDY, use_tqdm=False)
+    two = seeded.chat([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]], GREEDY,
+                      use_tqdm=False)
     assert len(two) == 2 and two[0].outputs[0].token_ids == out[0].outputs[0].token_ids
 
 
 def test_bad_input_raises_and_leaves_engine_clean(llm):
-    too_long = "word " * 5000
+    too_long = "the " * (llm.llm_engine.max_model_len + 1)
     with pytest.raises(ValueError, match="prompt 1: .*longer than the maximum context length"):
-        llm.generate(["fine", too_long], GREEDY, use_tqdm=False)
+        llm.generate(["a", too_long], GREEDY, use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
     with pytest.raises(ValueError, match="sampling_params has 1 entries for 2 prompts"):
-        llm.generate(["a", "b"], [GREEDY], use_tqdm=False)
+        llm.generate(["a", "the"], [GREEDY], use_tqdm=False)
     with pytest.raises(ValueError, match="prompt 0"):
         llm.generate([None], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="prompts must be"):
@@ -86,4 +95,4 @@ def test_bad_input_raises_and_leaves_engine_clean(llm):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[1, 99999]], GREEDY, use_tqdm=False)
     # and the engine still serves
-    assert llm.generate("ok", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+    assert llm.generate("it was a", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
