@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import _timing  # noqa: E402  (benchmarks/, the script's folder)
 from hypic.bench.flops import flop_model  # noqa: E402
 from hypic.engine.context import PlainContext, SequenceCache  # noqa: E402
 from hypic.engine.pic_runner import PicRunner  # noqa: E402
@@ -52,16 +53,11 @@ DTYPE = torch.bfloat16
 
 
 def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
+    _timing.sync(DEV)
 
 
 def timed(fn):
-    sync()
-    t = time.perf_counter()
-    out = fn()
-    sync()
-    return out, time.perf_counter() - t
+    return _timing.timed(fn, DEV)
 
 
 def plain_prefill(spec, model, ids):

@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from _timing import sync, timed  # noqa: E402  (benchmarks/, the script's folder)
 from hypic.bench.flops import flop_model  # noqa: E402
 from hypic.engine.context import PlainContext, SequenceCache  # noqa: E402
 from hypic.engine.pic_runner import PicRunner  # noqa: E402
@@ -40,18 +41,6 @@ CONFIG = os.path.join(os.path.dirname(__file__), "..", "hypic", "models", "confi
 
 def log(*a):
     print(*a, flush=True)
-
-
-def sync():
-    torch.cuda.synchronize()
-
-
-def timed(fn):
-    sync()
-    t = time.perf_counter()
-    out = fn()
-    sync()
-    return out, time.perf_counter() - t
 
 
 def plain_prefill(spec, model, ids, split_at=None):
