@@ -39,7 +39,8 @@ def _build_kernel():
     autotuning cannot benchmark, so one fixed block is used.
     """
     import triton
-    import triton.language as tl
+
+    from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
 
     # a dense fp32 T tile is 64 KiB at K = 128: at most two pipeline stages fit in shared memory
     configs = [
@@ -49,60 +50,9 @@ def _build_kernel():
         triton.Config({"BV": 32}, num_warps=8, num_stages=2),
         triton.Config({"BV": 64}, num_warps=8, num_stages=1),
     ]
-
-    @triton.jit
-    def scan_chain_kernel(
-        trans,        # dense [M, HV, K, K] / diagonal [M, HV, K] / scalar [M, HV], fp32
-        state,        # [M, HV, K, V] fp32: S(C_i | 0)
-        init,         # [B, HV, K, V] fp32 (read only when HAS_INIT)
-        incoming,     # [M, HV, K, V] fp32 out: state entering span i
-        final,        # [B, HV, K, V] fp32 out: state after the chain
-        cu_chains,    # [B + 1] int64
-        HV: tl.constexpr,
-        K: tl.constexpr,
-        V: tl.constexpr,
-        BK: tl.constexpr,
-        BV: tl.constexpr,
-        MODE: tl.constexpr,
-        HAS_INIT: tl.constexpr,
-        PRECISION: tl.constexpr,
-    ):
-        i_v = tl.program_id(0)
-        i_h = tl.program_id(1).to(tl.int64)
-        i_b = tl.program_id(2).to(tl.int64)
-        start = tl.load(cu_chains + i_b).to(tl.int64)
-        end = tl.load(cu_chains + i_b + 1).to(tl.int64)
-
-        o_k = tl.arange(0, BK)
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_k = o_k < K
-        m_kv = m_k[:, None] & (o_v < V)[None, :]
-        kv_off = o_k[:, None] * V + o_v[None, :]
-
-        if HAS_INIT:
-            b_h = tl.load(init + (i_b * HV + i_h) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
-        else:
-            b_h = tl.zeros([BK, BV], dtype=tl.float32)
-
-        for i in range(start, end):
-            base = i * HV + i_h
-            tl.store(incoming + base * K * V + kv_off, b_h, mask=m_kv)
-            b_s = tl.load(state + base * K * V + kv_off, mask=m_kv, other=0.0)
-            if MODE == 0:
-                p_t = trans + base * K * K + o_k[:, None] * K + o_k[None, :]
-                b_t = tl.load(p_t, mask=m_k[:, None] & m_k[None, :], other=0.0)
-                b_h = tl.dot(b_t, b_h, input_precision=PRECISION) + b_s
-            elif MODE == 1:
-                b_ld = tl.load(trans + base * K + o_k, mask=m_k, other=0.0)
-                b_h = tl.exp(b_ld)[:, None] * b_h + b_s
-            else:
-                b_ld = tl.load(trans + base)
-                b_h = tl.exp(b_ld) * b_h + b_s
-
-        tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
-
     if _interpreting():
         return scan_chain_kernel, 32
+
     def prune(configs, named_args, **kwargs):
         # scalar / diagonal T: no big tile, nothing to tune (saves compile time)
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
@@ -165,7 +115,7 @@ def scan_chain_triton(
     kernel[grid](
         trans, state, init, incoming, final, cu,
         HV=num_heads, K=key_dim, V=value_dim, BK=block_k,
-        MODE=mode, HAS_INIT=has_init, PRECISION=precision, **extra,
+        MODE=mode, HAS_INIT=has_init, PRECISION=precision, WHILE_LOOP=_interpreting(), **extra,
     )
     return incoming, final
 
