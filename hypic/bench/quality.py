@@ -157,7 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma-separated among {', '.join(ALL_MODES)}")
     parser.add_argument("--seams", default=DEFAULT_SEAMS,
                         help=f"hypic seam widths: int tokens or fractions in (0, 1] (default {DEFAULT_SEAMS})")
-    parser.add_argument("--cold-policies", default=",".join(COLD_POLICIES), help="comma-separated: inline,standalone")
+    parser.add_argument("--cold-policies", default=",".join(COLD_POLICIES), help="comma-separated among " + ",".join(COLD_POLICIES))
     parser.add_argument("--seed", type=int, default=0, help="suite seed (and engine seed)")
     parser.add_argument("--split", default="held_out", choices=["held_out", "train"], help="suite split")
     parser.add_argument("--min-docs", type=int, default=None, help="suite override: fewest documents per request")

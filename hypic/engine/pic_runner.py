@@ -31,6 +31,7 @@ from hypic.engine.pic_layout import (
     build_layout,
 )
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
+from hypic.pic.modes import COLD_CANONICAL
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
 from hypic.pic.plan import ENTRY_FROM_STANDALONE, RequestPlan, SpanKind
 from hypic.pic.store import SegmentHandle, SegmentStore
@@ -62,9 +63,16 @@ class PicRunner:
         standalone = self._run_standalone(plans)
         try:
             budget = [self._write_budget()]
-            layouts = [self._request_layout(p, standalone, budget) for p in plans]
+            canonical: Dict[object, Tuple[Tuple[int, ...], int]] = {}
+            layouts = [self._request_layout(p, standalone, budget, canonical) for p in plans]
             logits, caches, ctx = self._forward(layouts)
             self._write_entries(ctx)
+            del ctx  # its records are written: free them before the canonical pass
+            if canonical:
+                # Canonical entries of this batch's cold segments (``canonical`` policy): after
+                # the requests' own exact forward, as the standalone policy would have made them.
+                for entry in self._standalone_entries(canonical):
+                    self.store.insert(entry)
         finally:
             for h in standalone.values():
                 h.release()
@@ -88,15 +96,7 @@ class PicRunner:
             return {}
         if self.store is None:
             raise ValueError("the standalone cold policy needs a segment store")
-        layouts = []
-        for key, (tokens, body_start) in todo.items():
-            elems = []
-            if body_start > 0:
-                elems.append(LiveElement(tuple(tokens[:body_start]), 0))
-            elems.append(LiveElement(tuple(tokens[body_start:]), body_start, Write(WRITE_SEGMENT, key, 0)))
-            layouts.append(RequestLayout(tuple(elems), need_logits=False))
-        _, _, ctx = self._forward(layouts, want_caches=False)
-        entries = self._write_entries(ctx, insert=False)
+        entries = self._standalone_entries(todo)
         handles: Dict[object, SegmentHandle] = {}
         try:
             for entry in entries:
@@ -106,6 +106,19 @@ class PicRunner:
                 h.release()
             raise
         return handles
+
+    def _standalone_entries(self, todo: Dict[object, Tuple[Tuple[int, ...], int]]) -> List[SegmentEntry]:
+        """Canonical entries: each segment ``key -> (tokens, body_start)`` prefilled alone at
+        position 0 from a zero state (one varlen forward), its body recorded."""
+        layouts = []
+        for key, (tokens, body_start) in todo.items():
+            elems = []
+            if body_start > 0:
+                elems.append(LiveElement(tuple(tokens[:body_start]), 0))
+            elems.append(LiveElement(tuple(tokens[body_start:]), body_start, Write(WRITE_SEGMENT, key, 0)))
+            layouts.append(RequestLayout(tuple(elems), need_logits=False))
+        _, _, ctx = self._forward(layouts, want_caches=False)
+        return self._write_entries(ctx, insert=False)
 
     def _write_budget(self) -> Optional[int]:
         """Bytes of new entries the store can hold (device + host tier); None = unbounded."""
@@ -127,10 +140,13 @@ class PicRunner:
         return len(self.linear_layers) * linear * state_bytes + len(self.attention_layers) * attention * elem
 
     def _request_layout(self, plan: RequestPlan, standalone: Dict[object, SegmentHandle],
-                        budget: List[Optional[int]]) -> RequestLayout:
+                        budget: List[Optional[int]],
+                        canonical: Dict[object, Tuple[Tuple[int, ...], int]]) -> RequestLayout:
         """``budget[0]``: bytes of writes still allowed in this batch. Cold segments beyond it run
         live without being recorded: their entries could not stay in the store anyway, and
-        recording them would hold their summaries in device memory until the forward ends."""
+        recording them would hold their summaries in device memory until the forward ends.
+        Under the ``canonical`` cold policy a cold segment runs live unrecorded and is added to
+        ``canonical`` (key -> tokens, body start) for the standalone pass after the forward."""
         prompt = plan.prompt
         mode = plan.policy.mode
         elems: List[object] = []
@@ -146,6 +162,10 @@ class PicRunner:
                 elems.append(BodyElement(handle.entry, s.start + s.body_start, s.num_tokens - s.body_start, s.start))
             elif s.kind is SpanKind.MISS and s.writes_entry and self._take_budget(budget, s, mode):
                 kind = WRITE_CHECKPOINT if mode.uses_prefix_checkpoints else WRITE_SEGMENT
+                if kind == WRITE_SEGMENT and plan.policy.cold_policy == COLD_CANONICAL:
+                    canonical[s.key] = (tuple(tokens), s.body_start)
+                    elems.append(LiveElement(tuple(tokens), s.start))
+                    continue
                 if s.body_start > 0:
                     elems.append(LiveElement(tuple(tokens[: s.body_start]), s.start))
                 elems.append(LiveElement(tuple(tokens[s.body_start:]), s.start + s.body_start,

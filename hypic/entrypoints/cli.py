@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from hypic.pic.modes import COLD_POLICIES
 from hypic.pic.segments import PIC_SEP
 
 
@@ -98,7 +99,9 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="segment-caching mode for every prompt: full_recompute | prefix_cache | addition | "
                              "transition | transition_rope | hypic (default: hypic for prompts with <<PIC_SEP>>)")
     parser.add_argument("--seam", default="8", help="seam window: int tokens or a fraction in (0, 1] (default 8)")
-    parser.add_argument("--cold-policy", default="inline", choices=["inline", "standalone"])
+    parser.add_argument("--cold-policy", default="inline", choices=list(COLD_POLICIES),
+                        help="cold segments: inline (exact, context-bound entries), standalone (canonical "
+                             "entries first, then all-HIT) or canonical (exact now, canonical entries after)")
 
 
 def _run_generate(args: argparse.Namespace) -> int:

@@ -20,8 +20,11 @@ segment, ``w_eff = ceil(w * L)`` (with a 1e-9 tolerance so 0.3 * 10 is 3, not 4)
 ``w_eff`` is clipped to ``L``: a window covering the whole segment makes it entirely live.
 
 Cold policies: ``inline`` (a MISS runs live with its true prefix; its entry is summarised from
-those activations) and ``standalone`` (MISS segments are first prefilled alone at position 0, which
-writes canonical entries; then the request runs as all-HIT).
+those activations, so it carries that request's context), ``standalone`` (MISS segments are first
+prefilled alone at position 0, which writes canonical entries; then the request runs as all-HIT)
+and ``canonical`` (a MISS runs live with its true prefix, exact for this request like ``inline``,
+and its entry is written canonically by a standalone pass after the request's forward: later
+requests reuse context-free entries, at the price of that extra pass).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ SeamSetting = Union[int, float]
 
 COLD_INLINE = "inline"
 COLD_STANDALONE = "standalone"
-COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE)
+COLD_CANONICAL = "canonical"
+COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE, COLD_CANONICAL)
 DEFAULT_SEAM = 8
 
 

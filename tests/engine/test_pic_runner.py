@@ -177,6 +177,48 @@ def test_standalone_policy(tiny):
     assert torch.isfinite(res.logits).all()
 
 
+def _entry_tensors(entry):
+    out = []
+    for layer in sorted(entry.linear):
+        lin = entry.linear[layer]
+        out += [lin.summary.transition, lin.summary.state, lin.conv_tail]
+    for layer in sorted(entry.attention):
+        out += [entry.attention[layer].key, entry.attention[layer].value]
+    return out
+
+
+def test_canonical_policy_is_exact_now_and_writes_standalone_entries(tiny):
+    spec, model = tiny
+    segs = [random_segment(n, 400 + n) for n in (30, 45, 26)]
+    query = random_segment(5, 402)
+    harness = {p: PicHarness(spec, model, config=PICConfig(cold_policy=p))
+               for p in ("canonical", "standalone", "inline")}
+    # All cold: the request itself runs live, exact (like inline), and records every segment.
+    plan, res = harness["canonical"].run(segs, query)
+    assert plan.cached_tokens == 0 and plan.standalone_tokens == 0
+    assert _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+    assert len(harness["canonical"].store) == 3
+    for p in ("standalone", "inline"):
+        harness[p].run(segs, query)
+    # Its entries are the standalone policy's (prefilled alone at position 0), not inline's
+    # (summarised in the first request's context) for the segments that did not come first.
+    for i, seg in enumerate(segs):
+        w = PICConfig().resolve().seam_tokens(len(seg))
+        key = harness["canonical"].keyer.segment_key(seg, w)
+        with harness["canonical"].store.acquire(key) as c, harness["standalone"].store.acquire(key) as s, \
+                harness["inline"].store.acquire(key) as n:
+            gap_standalone = max(_max_err(a, b) for a, b in zip(_entry_tensors(c.entry), _entry_tensors(s.entry)))
+            gap_inline = max(_max_err(a, b) for a, b in zip(_entry_tensors(c.entry), _entry_tensors(n.entry)))
+        assert gap_standalone < 1e-6
+        if i > 0:
+            assert gap_inline > 1e-4
+    # Reordered reuse then reads the same entries as under the standalone policy.
+    order = [segs[2], segs[0], segs[1]]
+    _, res_c = harness["canonical"].run(order, query)
+    _, res_s = harness["standalone"].run(order, query)
+    assert _max_err(res_c.logits, res_s.logits) < 1e-5
+
+
 def test_prefix_cache_is_exact_and_reuses_checkpoints(tiny):
     spec, model = tiny
     h = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
