@@ -31,7 +31,7 @@ from hypic.engine.pic_runner import PicRunner
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model
 from hypic.pic.keys import Keyer, KeyNamespace
-from hypic.pic.modes import PICConfig
+from hypic.pic.modes import COLD_CANONICAL, PICConfig
 from hypic.pic.plan import plan_request
 from hypic.pic.segments import PIC_SEP, SegmentedPrompt, build_segmented_prompt
 from hypic.pic.store import SegmentStore, StoreStats
@@ -209,14 +209,18 @@ class LLMEngine:
             raise ValueError(f"request {request_id}: {e}") from None
 
     def _expected_live_tokens(self, prompt: SegmentedPrompt, policy, tenant_salt) -> int:
-        """Scheduler charge of a PIC request: its tokens minus the bodies already stored."""
+        """Scheduler charge of a PIC request: its tokens minus the bodies already stored, plus
+        the standalone pass over cold segments that writes canonical entries (``canonical``)."""
         if not policy.mode.uses_segment_store:
             return prompt.num_tokens
+        canonical = policy.cold_policy == COLD_CANONICAL
         live = len(prompt.query)
         for seg in prompt.segments:
             w = policy.seam_tokens(len(seg))
             hit = w < len(seg) and self.keyer.segment_key(seg, w, tenant_salt=tenant_salt) in self.store
             live += w if hit else len(seg)
+            if canonical and not hit and w < len(seg):
+                live += len(seg)
         return live
 
     def segment_cache_stats(self) -> StoreStats:

@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Any, List, Optional, Tuple
 
 from hypic.pic.keys import Keyer, StoreKey
-from hypic.pic.modes import COLD_STANDALONE, RequestPolicy
+from hypic.pic.modes import COLD_CANONICAL, COLD_STANDALONE, RequestPolicy
 from hypic.pic.segments import SegmentedPrompt
 from hypic.pic.store import SegmentHandle, SegmentStore
 
@@ -120,10 +120,13 @@ class RequestPlan:
 
     @property
     def standalone_segments(self) -> Tuple[int, ...]:
-        """Segment indices (first occurrences) to prefill alone at position 0 before the main pass."""
+        """Segment indices (first occurrences) prefilled alone at position 0: before the main pass
+        under the ``standalone`` cold policy, after it (their canonical entries) under ``canonical``."""
+        canonical = self.policy.cold_policy == COLD_CANONICAL and self.policy.mode.uses_segment_store
         seen, out = set(), []
         for s in self.spans:
-            if s.entry_source == ENTRY_FROM_STANDALONE and s.key not in seen:
+            alone = s.entry_source == ENTRY_FROM_STANDALONE or (canonical and s.kind is SpanKind.MISS and s.writes_entry)
+            if alone and s.key not in seen:
                 seen.add(s.key)
                 out.append(s.segment_index)
         return tuple(out)
