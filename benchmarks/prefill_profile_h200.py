@@ -31,13 +31,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import _timing  # noqa: E402  (benchmarks/, the script's folder)
 from hypic.bench.flops import flop_model  # noqa: E402
 from hypic.engine.context import PlainContext, SequenceCache  # noqa: E402
-from hypic.engine.pic_runner import PicRunner  # noqa: E402
+from hypic.bench.floor import WorkModel  # noqa: E402
+from hypic.bench.ttft_mode import ModeBench  # noqa: E402
 from hypic.models.loader import build_dummy_model  # noqa: E402
-from hypic.pic.keys import Keyer, KeyNamespace  # noqa: E402
-from hypic.pic.modes import PICConfig  # noqa: E402
-from hypic.pic.plan import plan_request  # noqa: E402
 from hypic.pic.segments import SegmentedPrompt  # noqa: E402
-from hypic.pic.store import SegmentStore  # noqa: E402
 
 PEAK_BF16_FLOPS = 790e12
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
@@ -106,6 +103,7 @@ def main():
     spec, model = build_dummy_model(config, dtype=DTYPE, device=DEV, seed=0)
     sync()
     fm = flop_model(spec)
+    work = WorkModel(spec, model)
     rng = random.Random(0)
     vocab = spec.vocab_size
     n32, seg = 32768 // scale, 512 // scale
@@ -157,46 +155,39 @@ def main():
         if left() < 60:
             break
         try:
-            keyer = Keyer(KeyNamespace("profile", "bfloat16"))
-            policy = PICConfig(mode=mode, seam=8, cold_policy=cold).resolve()
-            state = {}
-
+            # hypic.bench.ttft_mode.ModeBench: one store + keyer + runner per (mode, cold policy),
+            # timing plan + prefill between syncs; prefill time = ttft_s - plan_s.
             def fresh():
-                state.clear()
-                (torch.cuda.empty_cache() if DEV == "cuda" else None)
-                state["store"] = SegmentStore(None, 0, device=DEV)
-                state["runner"] = PicRunner(model, spec, state["store"], torch.device(DEV), DTYPE)
+                if DEV == "cuda":
+                    torch.cuda.empty_cache()
+                return ModeBench(model, spec, work, DEV, DTYPE, mode, cold, 8, None, "profile")
 
-            def run(segments, q=query):
-                plan = plan_request(SegmentedPrompt(tuple(segments), q), policy, store=state["store"], keyer=keyer)
-                with plan:
-                    _, dt = timed(lambda: state["runner"].prefill([plan]))
-                return plan, dt
+            def prefill_s(sample):
+                return sample.ttft_s - sample.plan_s
 
-            cold_times = []
+            prompt = SegmentedPrompt(tuple(segs), query)
+            cold_times, bench = [], None
             for _ in range(2):
-                fresh()  # an empty store: every segment is cold
-                cold_times.append(run(segs)[1])
-            store, runner = state["store"], state["runner"]
+                if bench is not None:
+                    bench.close()
+                bench = fresh()  # an empty store: every segment is cold
+                cold_times.append(prefill_s(bench.run(prompt)))
             row = {"mode": mode, "cold_policy": cold, "cold_s": cold_times, "cold_tflop": fm.causal_prefill(n32 + 64) / 1e12}
             if mode == "hypic":
-                run([segs[i] for i in order])  # cached in another order
-                hits = [run(segs)[1] for _ in range(5)]
-                plan, _ = run(segs)
-                row.update({"all_hit_s": hits, "all_hit_live_tokens": plan.live_tokens,
-                            "all_hit_cached_tokens": plan.cached_tokens,
-                            "store_bytes": store.stats().device_bytes})
+                reordered = SegmentedPrompt(tuple(segs[i] for i in order), query)
+                bench.run(reordered)  # cached in another order
+                samples = [bench.run(prompt) for _ in range(6)]
+                row.update({"all_hit_s": [prefill_s(x) for x in samples[:5]],
+                            "all_hit_live_tokens": samples[-1].live_tokens,
+                            "all_hit_cached_tokens": samples[-1].reused_tokens,
+                            "store_bytes": bench.store.stats().device_bytes})
                 if cold == "inline":
-                    def hit():
-                        p = plan_request(SegmentedPrompt(tuple(segs), query), policy, store=store, keyer=keyer)
-                        with p:
-                            runner.prefill([p])
-                    texts.append("== all-hit hypic w=8, 64 x 512 + 64 ==\n" + profile_table(hit))
+                    texts.append("== all-hit hypic w=8, 64 x 512 + 64 ==\n" + profile_table(lambda: bench.run(prompt)))
             pic.append(row)
             log(json.dumps(row))
-            del store, runner
-            state.clear()
-            (torch.cuda.empty_cache() if DEV == "cuda" else None)
+            bench.close()
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
         except Exception:
             res["errors"][f"pic_{mode}_{cold}"] = traceback.format_exc()
             log(res["errors"][f"pic_{mode}_{cold}"])
