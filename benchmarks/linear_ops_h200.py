@@ -52,12 +52,15 @@ def save() -> None:
         json.dump(RESULTS, fh, indent=2, sort_keys=True, default=str)
 
 
-def guarded(section: str, name: str, fn):
-    """Run one variant; record its error text and carry on."""
+def guarded(section: str, name: str, fn, into=None):
+    """Run one variant; record its error text and carry on. ``into=(dict, key)`` stores the result
+    there *before* the JSON is saved, so a call cut off right after still keeps it."""
     t0 = time.perf_counter()
     try:
         out = fn()
         log(f"{section}/{name}: ok ({time.perf_counter() - t0:.1f}s)")
+        if into is not None:
+            into[0][into[1]] = out
         return out
     except Exception as err:  # noqa: BLE001 - the benchmark must keep going
         text = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=6)}"
@@ -531,31 +534,30 @@ def main() -> int:
     save()
 
     if "bytes" in sections:
-        RESULTS["bytes_per_segment_per_layer"] = guarded("bytes", "all", bytes_per_segment) or {}
+        if guarded("bytes", "all", bytes_per_segment, into=(RESULTS, "bytes_per_segment_per_layer")) is None:
+            RESULTS["bytes_per_segment_per_layer"] = {}
 
     # GDN first: the headline numbers
     if "gdn" in sections:
-        RESULTS["timing_ms"]["gated_delta_qwen35"] = guarded(
-            "timing", "gdn", lambda: timing_gdn(fast, device, dtype, num_segments, seg_len, reps))
+        guarded("timing", "gdn", lambda: timing_gdn(fast, device, dtype, num_segments, seg_len, reps),
+                into=(RESULTS["timing_ms"], "gated_delta_qwen35"))
     if "scan" in sections:
-        RESULTS["timing_ms"]["scan_chain"] = guarded(
-            "timing", "scan", lambda: timing_scan(fast, device, num_segments, reps))
+        guarded("timing", "scan", lambda: timing_scan(fast, device, num_segments, reps),
+                into=(RESULTS["timing_ms"], "scan_chain"))
 
     if "accuracy" in sections:
         for family in families:
-            RESULTS["accuracy"][family] = guarded(
-                "accuracy", family, lambda f=family: accuracy_family(f, fast, device, dtype, acc_lengths))
-            save()  # guarded() saved before this assignment: a call cut off next must keep it
+            guarded("accuracy", family, lambda f=family: accuracy_family(f, fast, device, dtype, acc_lengths),
+                    into=(RESULTS["accuracy"], family))
         if device.type == "cuda" and "gated_delta" in families:
-            RESULTS["accuracy"]["dispatch"] = guarded("accuracy", "dispatch", lambda: accuracy_dispatch(device, dtype))
-            save()
+            guarded("accuracy", "dispatch", lambda: accuracy_dispatch(device, dtype),
+                    into=(RESULTS["accuracy"], "dispatch"))
 
     if "families" in sections:
         timing_families = ("kda", "simple_gla", "mamba2") if args.quick else ("kda", "simple_gla", "mamba2", "gla", "delta")
         for family in timing_families:
-            RESULTS["timing_ms"][family] = guarded(
-                "timing", family, lambda f=family: timing_family(fast, f, device, dtype, num_segments, seg_len, reps))
-            save()
+            guarded("timing", family, lambda f=family: timing_family(fast, f, device, dtype, num_segments, seg_len, reps),
+                    into=(RESULTS["timing_ms"], family))
 
     RESULTS["meta"]["wall_s"] = time.perf_counter() - started
     save()

@@ -203,9 +203,9 @@ def _flex_cuda_supported(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.dtype in _FLEX_CUDA_DTYPES and all(d >= 16 and d & (d - 1) == 0 for d in dims)
 
 
-# One cached block mask: a weak reference to the caller's layout key, the layout tensors it was
-# built from (held, so a check can compare shapes) and the mask.
-_mask_cache: Optional[Tuple[weakref.ref, Tuple[torch.Tensor, ...], object]] = None
+# One cached block mask: a weak reference to the caller's layout key, the shapes of the layout
+# tensors it was built from, and the mask.
+_mask_cache: Optional[Tuple[weakref.ref, Tuple[torch.Size, ...], object]] = None
 
 
 def _cached_block_mask(cu_q, cu_k, pos_q, pos_k, device: torch.device, layout_key: Optional[object]):
@@ -217,15 +217,16 @@ def _cached_block_mask(cu_q, cu_k, pos_q, pos_k, device: torch.device, layout_ke
     """
     global _mask_cache
     layout = (cu_q, cu_k, pos_q, pos_k)
+    shapes = tuple(t.shape for t in layout)
     if layout_key is not None and _mask_cache is not None:
-        key_ref, held, mask = _mask_cache
-        if key_ref() is layout_key and all(a.shape == b.shape for a, b in zip(held, layout)):
+        key_ref, held_shapes, mask = _mask_cache
+        if key_ref() is layout_key and held_shapes == shapes:
             return mask
     # Layout tensors may live on the host (the reference reads them there); copy them over.
     on_device = [t.to(device) for t in layout]
     check_varlen_values(*on_device)
     mask = build_varlen_block_mask(*on_device)
-    _mask_cache = (weakref.ref(layout_key), layout, mask) if layout_key is not None else None
+    _mask_cache = (weakref.ref(layout_key), shapes, mask) if layout_key is not None else None
     return mask
 
 
