@@ -47,6 +47,7 @@ if [[ "$SMOKE" == "1" ]]; then
   P2_PROMPTS=1024;    P2_SEGMENTS=128,64
   RAG=(--doc-tokens 32,96 --system-tokens 32 --rag-query-tokens 8,16)
   P1_STORE=none; P2_STORE=1MiB; P1_SECONDS=300; P2_SECONDS=300
+  P3_PROMPTS=512,256; P3_SEGMENT=64; P4_SEGMENT=128
   P1_REQ=(--num-requests 2 --cold-requests 1); P2_REQ=(--num-requests 2 --cold-requests 1)
 else
   MODEL=(--dummy-config hypic/models/configs/qwen3_5_35b_a3b.json --load-format dummy
@@ -59,6 +60,7 @@ else
   RAG=(--doc-tokens 256,2048 --system-tokens 256 --rag-query-tokens 32,64)
   # Part 2 gets a smaller store: a cold 128k request in 512-token segments records ~30 GB of
   # summaries in one prefill before they reach the store, on top of what the store holds.
+  P3_PROMPTS=32768,8192; P3_SEGMENT=512; P4_SEGMENT=2048
   P1_STORE=36GiB; P2_STORE=20GiB; P1_SECONDS=${TTFT_MAX_SECONDS:-420}; P2_SECONDS=${TTFT_MAX_SECONDS:-360}
   P1_REQ=(--num-requests 8 --cold-requests 3); P2_REQ=(--num-requests 3 --cold-requests 1)
 fi
@@ -76,6 +78,20 @@ case "$PART" in
       --store-bytes "$P2_STORE" --warmup-requests 0 --corpus-factor 1.5 --max-seconds "$P2_SECONDS" \
       --json "$OUT_DIR/ttft_h200_part2.json" --plot-dir "$OUT_DIR/ttft_h200_part2_plots"
     ;;
+  3)
+    # Session 3 (host-side chain gather without per-segment tensor ops): the host-bound all-hit and
+    # RAG points again, prefix_cache and hypic only, 32k first.
+    hypic_cli bench ttft "${MODEL[@]}" --seed 0 --seam 8 --modes prefix_cache,hypic --cases all_hit,rag \
+      --query-tokens 64 "${RAG[@]}" --no-progress --prompt-tokens "$P3_PROMPTS" --segment-tokens "$P3_SEGMENT" "${P1_REQ[@]}" \
+      --store-bytes "$P1_STORE" --warmup-requests 2 --corpus-factor 3 --max-seconds "${TTFT_MAX_SECONDS:-300}" \
+      --json "$OUT_DIR/ttft_h200_part3.json" --plot-dir "$OUT_DIR/ttft_h200_part3_plots"
+    ;;
+  4)
+    # 128k prompts in 2048-token segments, all_hit and rag in every mode (part 2 reached cold only).
+    hypic_cli "${COMMON[@]/cold,all_hit,rag/all_hit,rag}" --prompt-tokens "$P2_PROMPTS" --segment-tokens "$P4_SEGMENT" "${P2_REQ[@]}" \
+      --store-bytes "$P2_STORE" --warmup-requests 0 --corpus-factor 1.5 --max-seconds "${TTFT_MAX_SECONDS:-300}" \
+      --json "$OUT_DIR/ttft_h200_part4.json" --plot-dir "$OUT_DIR/ttft_h200_part4_plots"
+    ;;
   merge)
     parts=()
     for f in "$OUT_DIR/ttft_h200_part1.json" "$OUT_DIR/ttft_h200_part2.json"; do
@@ -89,7 +105,7 @@ case "$PART" in
       --plot-dir "$OUT_DIR/ttft_h200_plots"
     ;;
   *)
-    echo "usage: [SMOKE=1] bash benchmarks/ttft_h200.sh 1|2|merge" >&2
+    echo "usage: [SMOKE=1] bash benchmarks/ttft_h200.sh 1|2|3|4|merge" >&2
     exit 2
     ;;
 esac

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from hypic.bench.quality_report import QualityResult, format_table, plot_results, summarize, write_json
+from hypic.bench.quality_report import (
+    QualityResult, format_table, merge_json_files, plot_results, summarize, write_json,
+)
 from hypic.bench.quality_run import (
     ALL_MODES, Configuration, PromptEncoder, RequestRecord, encode_requests,
     expand_configurations, parse_cold_policies, parse_modes, parse_seams, run_task, write_records,
 )
-from hypic.data.suites import TASKS, SuiteConfig, generate_suite
+from hypic.data.suites import SUITE_TASKS, TASKS, SuiteConfig, generate_suite
 from hypic.entrypoints.cli import BenchCommand
 from hypic.pic.modes import COLD_POLICIES
 
@@ -45,10 +47,10 @@ class QualityRun:
 def parse_tasks(text: Optional[str]) -> Tuple[str, ...]:
     names = [t.strip() for t in str(text or "").split(",") if t.strip()]
     if not names:
-        raise ValueError(f"tasks: none given; valid tasks: {', '.join(TASKS)}")
+        raise ValueError(f"tasks: none given; valid tasks: {', '.join(SUITE_TASKS)}")
     for name in names:
-        if name not in TASKS:
-            raise ValueError(f"tasks: unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
+        if name not in SUITE_TASKS:
+            raise ValueError(f"tasks: unknown task {name!r}; valid tasks: {', '.join(SUITE_TASKS)}")
     return tuple(dict.fromkeys(names))
 
 
@@ -117,23 +119,6 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
         task: args.max_tokens if args.max_tokens is not None else max(e.answer_tokens for e in es) + 1
         for task, es in encoded.items()
     }
-    total = len(configurations) * sum(len(es) for es in encoded.values())
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, desc="bench quality", unit="req", dynamic_ncols=True, disable=args.no_progress)
-    runs = []
-    try:
-        for config in configurations:
-            for task, es in encoded.items():
-                bar.set_postfix_str(f"{task} | {config.label}", refresh=False)
-                records = run_task(model_path, config, es, max_tokens=max_tokens[task], device=args.device,
-                                   dtype=args.dtype, seed=args.seed, batch_size=args.batch_size,
-                                   on_request_done=lambda: bar.update(1))
-                runs.append((task, config, records))
-    finally:
-        bar.close()
-    # Rows grouped by task, then in configuration order.
-    runs.sort(key=lambda run: list(encoded).index(run[0]))
     config = {
         "source": str(args.longbench) if args.longbench else "synthetic",
         "split": None if args.longbench else args.split,
@@ -144,7 +129,31 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
         "max_tokens": max_tokens, "bos": bool(args.bos), "decoding": "greedy, stop at eos",
         "store_warming": "fresh engine and store per (configuration, task); requests in suite order",
     }
-    return QualityRun(str(args.model), config, summarize(runs), tuple(runs))
+    total = len(configurations) * sum(len(es) for es in encoded.values())
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc="bench quality", unit="req", dynamic_ncols=True, disable=args.no_progress)
+    runs = []
+    try:
+        for configuration in configurations:
+            for task, es in encoded.items():
+                bar.set_postfix_str(f"{task} | {configuration.label}", refresh=False)
+                records = run_task(model_path, configuration, es, max_tokens=max_tokens[task], device=args.device,
+                                   dtype=args.dtype, seed=args.seed, batch_size=args.batch_size,
+                                   on_request_done=lambda: bar.update(1))
+                runs.append((task, configuration, records))
+                if args.json:
+                    # A long run killed by a time limit keeps every finished cell ("complete": false).
+                    write_json(args.json, str(args.model), {**config, "complete": False}, summarize(_by_task(runs, encoded)))
+    finally:
+        bar.close()
+    return QualityRun(str(args.model), {**config, "complete": True}, summarize(_by_task(runs, encoded)), tuple(_by_task(runs, encoded)))
+
+
+def _by_task(runs: list, encoded: dict) -> list:
+    """Rows grouped by task (in the order the tasks were asked for), then in configuration order."""
+    order = list(encoded)
+    return sorted(runs, key=lambda run: order.index(run[0]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,7 +162,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 | float64")
     parser.add_argument("--num-requests", type=int, default=20, help="requests per task (default 20)")
     parser.add_argument("--tasks", default=None,
-                        help=f"comma-separated suite tasks (default {','.join(TASKS)}); with --longbench: datasets")
+                        help=f"comma-separated suite tasks among {','.join(SUITE_TASKS)} (default {','.join(TASKS)}); "
+                             "with --longbench: datasets")
     parser.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma-separated among {', '.join(ALL_MODES)}")
     parser.add_argument("--seams", default=DEFAULT_SEAMS,
                         help=f"hypic seam widths: int tokens or fractions in (0, 1] (default {DEFAULT_SEAMS})")
@@ -174,9 +184,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--records", default=None, metavar="FILE", help="write per-request predictions as jsonl")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="plot score against seam width")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="FILE.json",
+                        help="run nothing: merge the JSON files of earlier runs (disjoint cells, same model, "
+                             "requests and decoding) into one table, --json and --plot")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.merge:
+        model, config, results = merge_json_files(args.merge)
+        print(format_table(results))
+        if args.json:
+            write_json(args.json, model, config, results)
+            print(f"wrote {args.json}")
+        if args.plot:
+            plot_results(args.plot, results, title=f"{model} ({config['source']})")
+            print(f"wrote {args.plot}")
+        return 0
     result = run_quality(args)
     print(format_table(result.results))
     if args.json:

@@ -82,6 +82,75 @@ def write_json(path: str, model: str, config: dict, results: Sequence[QualityRes
         handle.write("\n")
 
 
+# Config fields that must agree for rows of several runs to share one table: same requests, same
+# decoding. Modes, seams and cold policies may differ (that is what a split run splits).
+_MERGE_KEYS = ("source", "split", "num_requests", "seed", "dtype", "min_docs", "max_docs", "max_tokens", "bos",
+               "decoding", "store_warming")
+
+
+def merge_json_files(paths: Sequence[str]) -> Tuple[str, dict, Tuple[QualityResult, ...]]:
+    """Rows of several ``--json`` files (e.g. one process per task and cold policy) as one table.
+
+    Every file must name the same model and agree on :data:`_MERGE_KEYS` for the tasks they share;
+    a (task, mode, seam, cold policy) cell may appear in one file only. ``gap_to_full`` is recomputed
+    from the merged ``full_recompute`` rows. Files left ``"complete": false`` by a killed run are
+    merged with what they hold, and the merged config says which were incomplete.
+    """
+    if not paths:
+        raise ValueError("merge: give at least one JSON file")
+    model = None
+    base: Optional[dict] = None
+    rows: Dict[tuple, dict] = {}
+    incomplete = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            payload = json.load(handle)
+        if not isinstance(payload, dict) or not {"model", "config", "results"} <= set(payload):
+            raise ValueError(f"merge: {path} is not a quality-bench JSON file (needs model, config, results)")
+        if model is None:
+            model, base = payload["model"], dict(payload["config"])
+            base["num_requests"] = dict(base.get("num_requests", {}))
+            base["max_tokens"] = dict(base.get("max_tokens", {}))
+        elif payload["model"] != model:
+            raise ValueError(f"merge: {path} is for model {payload['model']!r}, the first file for {model!r}")
+        cfg = payload["config"]
+        for key in _MERGE_KEYS:
+            mine, theirs = base.get(key), cfg.get(key)
+            if isinstance(mine, dict) and isinstance(theirs, dict):
+                for task, value in theirs.items():
+                    if mine.setdefault(task, value) != value:
+                        raise ValueError(f"merge: {path} has {key}[{task}] = {value!r}, an earlier file {mine[task]!r}")
+            elif mine != theirs:
+                raise ValueError(f"merge: {path} has {key} = {theirs!r}, the first file {mine!r}")
+        if not cfg.get("complete", True):
+            incomplete.append(str(path))
+        for row in payload["results"]:
+            cell = (row["task"], row["mode"], row["seam"], row["cold_policy"])
+            if cell in rows:
+                raise ValueError(f"merge: cell {cell} appears in more than one file (again in {path})")
+            rows[cell] = row
+    full = {r["task"]: r["score"] for r in rows.values() if r["mode"] == "full_recompute"}
+    tasks = list(dict.fromkeys(r["task"] for r in rows.values()))
+    from hypic.pic.modes import MODES
+
+    modes = list(MODES)
+
+    def order(r: dict) -> tuple:  # task as first seen, then mode, cold policy and seam
+        seam = -1.0 if r["seam"] is None else float(r["seam"])
+        mode = modes.index(r["mode"]) if r["mode"] in modes else len(modes)
+        return tasks.index(r["task"]), mode, r["cold_policy"] or "", seam
+
+    results = []
+    for row in sorted(rows.values(), key=order):
+        gap = full[row["task"]] - row["score"] if row["task"] in full else None
+        results.append(QualityResult(**{**row, "gap_to_full": gap}))
+    config = {**base, "tasks": tasks, "merged_from": [str(p) for p in paths], "incomplete_files": incomplete,
+              "complete": not incomplete}
+    for key in ("modes", "seams", "cold_policies"):
+        config.pop(key, None)
+    return model, config, tuple(results)
+
+
 def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 

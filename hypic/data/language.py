@@ -53,6 +53,8 @@ _QUERY_TEMPLATE = SEP_TOKEN + " question : {q} answer :"
 SUMMARY_QUESTION = "list the people of the passages in order ?"
 COPY_QUESTION = "repeat the sequence ?"
 RECALL_QUESTION = "what follows {key} ?"
+# The ordered lookup: the subject of the passage right after the one about {s}.
+ORDER_QUESTION = "who follows {s} in order ?"
 
 # Filler sentences (word lists of vocab.FILLER_*). The last one is 4 words long, used to top a
 # document up to its minimum length when a longer filler would overflow the maximum.
@@ -100,6 +102,21 @@ def query_segment(question: str) -> str:
 def bridge_phrase(subject: str) -> str:
     """The subject phrase of a two-hop question: the person found through the first hop."""
     return f"the mentor of {subject}"
+
+
+def bridge_answer(mentor: str, relation: str, value: str) -> str:
+    """The reference answer of a two-hop question: the bridge spelled out, then the fact.
+
+    ``"<mentor> lives in <city>"`` -- the fact sentence about the mentor without its full stop. The
+    answer names the person found by the first hop before the attribute found by the second (an
+    explicit reasoning step, as a chat model would answer), and exact match needs both right: a
+    7 M-parameter model does not compose two lookups latently within one token (session 2: 17%
+    held-out after 3,100 steps), while each hop alone is a single in-context lookup.
+    """
+    if relation not in ATTRIBUTE_RELATIONS:
+        raise ValueError(f"relation: {relation!r} is not one of {ATTRIBUTE_RELATIONS}")
+    sentence = fact_sentence(mentor, relation, value)
+    return sentence[: -len(" .")] if sentence.endswith(" .") else sentence
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,9 @@ CURRICULUM: Tuple[CurriculumStage, ...] = (
     # (16% after the first 90 steps here) to pass 85% first.
     CurriculumStage("bridge", (("recall", 0.05), ("single_hop", 0.4), ("two_hop", 0.4), ("summary", 0.15)),
                     2, 8, 48, 160, 0.85, 500, 2000),
-    # The evaluation shape: 4-16 documents of 64-256 tokens.
+    # The evaluation shape: 4-16 documents of 64-256 tokens. (Session 3 tried adding order_lookup
+    # at 0.3 from step 3,962: 7% training exact match after 490 steps, and the other tasks slipped;
+    # those weights were not kept. See training/README.md.)
     CurriculumStage("full", (("single_hop", 0.35), ("two_hop", 0.45), ("summary", 0.2)), 4, 16,
                     64, 256, None, 0),
 )
@@ -146,7 +148,7 @@ class TrainingStream:
         rng, stage = self._rng, self.stage
         task = rng.choices(self._tasks, self._weights)[0]
         num_docs = rng.randint(stage.min_docs, stage.max_docs)
-        if task == "two_hop":
+        if task in ("two_hop", "order_lookup"):
             num_docs = max(num_docs, 2)
         self._count += 1
         return fresh_request(rng, task, num_docs, stage.min_doc_tokens, stage.max_doc_tokens,

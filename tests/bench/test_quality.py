@@ -265,3 +265,75 @@ def test_summarize_means_and_gap_sign(tmp_path):
     assert "+50.00" in table and "+5.00" in table
     plot_results(str(tmp_path / "p.png"), results)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _run_cli(argv):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(argv)
+    assert code == 0
+    return printed.getvalue()
+
+
+def test_split_runs_merge_into_the_single_run_table(suite_run, word_model, tmp_path):
+    """What a device call does: one process per part of the table, then --merge."""
+    _, out, _ = suite_run
+    common = ["bench", "quality", "--model", str(word_model), "--num-requests", "3", "--min-docs", "2",
+              "--max-docs", "3", "--device", "cpu", "--no-progress"]
+    _run_cli(common + ["--modes", "full_recompute", "--json", str(tmp_path / "a.json")])
+    _run_cli(common + ["--modes", "hypic", "--seams", "1.0,8", "--cold-policies", "inline,standalone",
+                       "--json", str(tmp_path / "b.json")])
+    for part in ("a", "b"):
+        assert json.loads((tmp_path / f"{part}.json").read_text())["config"]["complete"] is True
+    printed = _run_cli(["bench", "quality", "--merge", str(tmp_path / "b.json"), str(tmp_path / "a.json"),
+                        "--json", str(tmp_path / "m.json"), "--plot", str(tmp_path / "m.png")])
+    merged = json.loads((tmp_path / "m.json").read_text())
+    single = json.loads((out / "q.json").read_text())
+    key = lambda r: (r["task"], r["mode"], str(r["seam"]), str(r["cold_policy"]))  # noqa: E731
+    assert sorted(map(key, merged["results"])) == sorted(map(key, single["results"]))
+    by_cell = {key(r): r for r in single["results"]}
+    for row in merged["results"]:
+        assert row == by_cell[key(row)]
+    assert merged["config"]["complete"] is True and merged["config"]["incomplete_files"] == []
+    assert "gap" in printed.splitlines()[0]
+    # A cell present twice, or files about different requests, are refused.
+    other = json.loads((tmp_path / "b.json").read_text())
+    other["config"]["seed"] = 7
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    for files, message in (("aa", "appears in more than one file"), ("ac", "has seed = 7")):
+        errors = io.StringIO()
+        with contextlib.redirect_stderr(errors):
+            code = main(["bench", "quality", "--merge", *(str(tmp_path / f"{f}.json") for f in files)])
+        assert code != 0 and message in errors.getvalue()
+
+
+def test_partial_json_is_written_after_each_cell(word_model, tmp_path, monkeypatch):
+    """A run killed part-way leaves the finished cells on disk, marked incomplete."""
+    import hypic.bench.quality as quality
+
+    calls = []
+    real = quality.run_task
+
+    def run_then_maybe_die(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the third cell never finishes
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quality, "run_task", run_then_maybe_die)
+    args = parse_args(["--model", str(word_model), "--num-requests", "2", "--modes", "full_recompute,addition",
+                       "--cold-policies", "inline", "--tasks", "single_hop,summary", "--min-docs", "2",
+                       "--max-docs", "2", "--device", "cpu", "--no-progress", "--json", str(tmp_path / "p.json")])
+    with pytest.raises(KeyboardInterrupt):
+        run_quality(args)
+    payload = json.loads((tmp_path / "p.json").read_text())
+    assert payload["config"]["complete"] is False
+    assert [(r["task"], r["mode"]) for r in payload["results"]] == [
+        ("single_hop", "full_recompute"), ("summary", "full_recompute")]
+
+
+def test_order_lookup_is_an_opt_in_task():
+    assert parse_tasks("order_lookup,single_hop") == ("order_lookup", "single_hop")
+    from hypic.data.suites import TASKS
+
+    assert "order_lookup" not in TASKS  # the default table: tasks the embedded model was trained on

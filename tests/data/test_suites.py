@@ -172,7 +172,11 @@ def _answer_in_context_two_hop(r):
     bridge = mentors[0]
     assert len(_docs_by_subject(r)[bridge]) == 1
     stated = [f for d in r.documents for f in parse_facts(d) if f[0] == bridge and f[1] == rel]
-    assert stated == [(bridge, rel, r.answers[0])]
+    assert len(stated) == 1
+    # The answer spells out the bridge, then the fact: "<mentor> <fact words> <value>".
+    words = r.answers[0].split()
+    assert words[0] == bridge and words[-1] == stated[0][2]
+    assert r.answers[0] + " ." in r.documents[[subject_of(d) for d in r.documents].index(bridge)]
     # The answer is not reachable in one hop: the source's own fact differs or is another relation.
     assert bridge != source
 
@@ -217,3 +221,43 @@ def test_suite_config_validation(overrides, field):
     fields.update(overrides)
     with pytest.raises(ValueError, match=field):
         SuiteConfig(**fields)
+
+
+def _answer_in_context_order(r):
+    m = re.search(r"who follows (\w+) in order \?", r.query)
+    assert m, r.query
+    subjects = [subject_of(d) for d in r.documents]
+    assert subjects.count(m.group(1)) == 1
+    i = subjects.index(m.group(1))
+    assert i + 1 < len(subjects) and r.answers == (subjects[i + 1],)
+
+
+def test_order_lookup_answer_is_the_next_passage_subject():
+    for r in generate_suite(SuiteConfig(task="order_lookup", **SMALL), 30):
+        _answer_in_context_order(r)
+        assert r.metric == "exact_match"
+    rng = random.Random(3)
+    for _ in range(30):
+        _answer_in_context_order(fresh_request(rng, "order_lookup", rng.randint(2, 6), 36, 80))
+    with pytest.raises(ValueError, match="num_docs"):
+        fresh_request(rng, "order_lookup", 1, 36, 80)
+
+
+def test_order_lookup_depends_on_document_order():
+    """The same documents in reverse order give a different answer for the same question."""
+    r = generate_suite(SuiteConfig(task="order_lookup", **SMALL), 1)[0]
+    subjects = [subject_of(d) for d in r.documents]
+    asked = re.search(r"who follows (\w+) in order", r.query).group(1)
+    reversed_subjects = subjects[::-1]
+    j = reversed_subjects.index(asked)
+    if j + 1 < len(reversed_subjects):
+        assert reversed_subjects[j + 1] != r.answers[0]
+
+
+def test_bridge_answer_spells_out_the_bridge():
+    from hypic.data.language import bridge_answer
+
+    assert bridge_answer("palan", "lives", "santon") == "palan lives in santon"
+    assert bridge_answer("palan", "job", "banker") == "palan works as a banker"
+    with pytest.raises(ValueError, match="relation"):
+        bridge_answer("palan", "mentor", "bipur")  # a bridge question asks an attribute, not a person
