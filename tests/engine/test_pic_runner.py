@@ -287,3 +287,51 @@ def test_entry_size_estimate_is_exact_and_writes_beyond_the_budget_are_skipped(t
     plan, res = h.run([a, b, c], query)
     assert len(h.store) == 2 and h.runner.skipped_writes == 1
     assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
+
+
+class _EngineOpCounter:
+    """Counts the aten ops whose innermost hypic frame is in hypic/engine or hypic/models (the
+    layers and the forward context), leaving out the ops/ kernels, whose CPU references loop over
+    chain steps by design (the GPU paths batch them)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import traceback
+
+                frames = [f for f in traceback.extract_stack() if "/hypic/" in f.filename.replace("\\", "/")]
+                if frames:
+                    area = frames[-1].filename.replace("\\", "/").split("/hypic/")[-1].split("/")[0]
+                    if area in ("engine", "models"):
+                        counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.count = 0
+        self.mode = Mode()
+
+
+@pytest.mark.parametrize("mode", ["hypic", "addition"])
+def test_engine_issues_no_tensor_op_per_cached_segment(tiny, mode):
+    """Issue 6: per-segment work is batched, never a Python loop of tensor ops per segment per
+    layer. An all-hit request over 12 cached segments must cost the engine and model code the same
+    number of tensor ops as one over 4 (session 2's chain gather cost 12 more per segment here)."""
+    spec, model = tiny
+    counts = {}
+    for n in (4, 12):
+        h = PicHarness(spec, model, config=PICConfig(mode=mode))
+        segs = [random_segment(40, 300 + i) for i in range(n)]
+        query = random_segment(5, 9)
+        h.run(list(reversed(segs)), query)  # cache every segment, in another order
+        plan = h.plan(segs, query)
+        assert plan.cached_tokens > 0
+        counter = _EngineOpCounter()
+        with plan:
+            with counter.mode:
+                h.runner.prefill([plan])
+        counts[n] = counter.count
+    assert counts[4] > 0
+    assert counts[12] == counts[4], counts
