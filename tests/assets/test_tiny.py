@@ -118,6 +118,19 @@ def test_answers_held_out_single_hop_questions():
     assert all(o.outputs[0].finish_reason == "stop" for o in outputs)
 
 
+def test_answers_held_out_two_hop_questions_naming_the_bridge():
+    """Two-hop answers spell out the bridge, then the fact (``palan lives in santon``): both hops
+    must be right for an exact match (7 of 8 on this shape at step 3,962)."""
+    from hypic import LLM, SamplingParams
+
+    llm = LLM("tiny", dtype="float32", device="cpu", seed=0)
+    requests = _short_requests("two_hop", 8)
+    outputs = llm.generate([r.prompt() for r in requests], SamplingParams(temperature=0, max_tokens=8),
+                           use_tqdm=False)
+    correct = sum(o.outputs[0].text == r.answers[0] for o, r in zip(outputs, requests))
+    assert correct >= 6, [(o.outputs[0].text, r.answers[0]) for o, r in zip(outputs, requests)]
+
+
 def test_transformers_loads_tiny_with_same_logits_and_greedy_tokens():
     transformers = pytest.importorskip("transformers")
     from hypic.engine.context import PlainContext, SequenceCache
