@@ -103,32 +103,21 @@ def test_loader_builds_the_checkpoint():
     assert torch.equal(model.output_weight(), stored["model.embed_tokens.weight"].float())
 
 
-def test_answers_held_out_single_hop_questions():
+@pytest.mark.parametrize("task, max_tokens", [("single_hop", 6), ("two_hop", 8)])
+def test_answers_held_out_lookup_questions(task, max_tokens):
     """The trained model reads facts from its context (held-out facts, short shape); a random or
-    untrained model scores ~0 here."""
+    untrained model scores ~0 here. Two-hop answers spell out the bridge, then the fact (``palan
+    lives in santon``): both hops must be right (7 of 8 on this shape at step 3,962)."""
     from hypic import LLM, SamplingParams
 
     llm = LLM("tiny", dtype="float32", device="cpu", seed=0)
-    requests = _short_requests("single_hop", 8)
-    outputs = llm.generate([r.prompt() for r in requests], SamplingParams(temperature=0, max_tokens=6),
+    requests = _short_requests(task, 8)
+    outputs = llm.generate([r.prompt() for r in requests], SamplingParams(temperature=0, max_tokens=max_tokens),
                            use_tqdm=False)
     correct = sum(o.outputs[0].text == r.answers[0] for o, r in zip(outputs, requests))
     assert correct >= 6, [(o.outputs[0].text, r.answers[0]) for o, r in zip(outputs, requests)]
     # Answers end with <eos>: generation stops by itself.
     assert all(o.outputs[0].finish_reason == "stop" for o in outputs)
-
-
-def test_answers_held_out_two_hop_questions_naming_the_bridge():
-    """Two-hop answers spell out the bridge, then the fact (``palan lives in santon``): both hops
-    must be right for an exact match (7 of 8 on this shape at step 3,962)."""
-    from hypic import LLM, SamplingParams
-
-    llm = LLM("tiny", dtype="float32", device="cpu", seed=0)
-    requests = _short_requests("two_hop", 8)
-    outputs = llm.generate([r.prompt() for r in requests], SamplingParams(temperature=0, max_tokens=8),
-                           use_tqdm=False)
-    correct = sum(o.outputs[0].text == r.answers[0] for o, r in zip(outputs, requests))
-    assert correct >= 6, [(o.outputs[0].text, r.answers[0]) for o, r in zip(outputs, requests)]
 
 
 def test_transformers_loads_tiny_with_same_logits_and_greedy_tokens():
