@@ -38,7 +38,11 @@ from hypic.pic.segments import SegmentedPrompt  # noqa: E402
 
 PEAK_BF16_FLOPS = 790e12
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
+# "moe+attention" or "moe+attention+cnorm" (the last: HYPIC_COMPILE_NORMS=1, the fused norms).
 IMPL_PAIRS = tuple(tuple(p.split("+")) for p in os.environ.get("PROFILE_IMPL_PAIRS", "grouped+flash,grouped+flex,reference+reference").split(","))
+for _pair in IMPL_PAIRS:
+    if len(_pair) not in (2, 3) or (len(_pair) == 3 and _pair[2] != "cnorm"):
+        raise ValueError(f"PROFILE_IMPL_PAIRS: entries are moe+attention[+cnorm], got {'+'.join(_pair)!r}")
 
 
 def log(*a):
@@ -111,10 +115,11 @@ def main():
 
     # ---- 1. plain prefill per implementation pair ----
     runs = []
-    for moe, attn in IMPL_PAIRS:
+    for moe, attn, *flags in IMPL_PAIRS:
         if left() < 120:
             break
         os.environ["HYPIC_MOE_IMPL"], os.environ["HYPIC_ATTENTION_IMPL"] = moe, attn
+        os.environ["HYPIC_COMPILE_NORMS"] = "1" if "cnorm" in flags else "0"
         try:
             _, first = timed(lambda: plain_prefill(spec, model, ids32[:2048 // scale]))
             for n in (8192 // scale, n32):
@@ -123,23 +128,27 @@ def main():
                 times = [timed(lambda: plain_prefill(spec, model, ids32[:n]))[1] for _ in range(2)]
                 best = min(times)
                 flops = fm.causal_prefill(n)
-                row = {"moe": moe, "attention": attn, "tokens": n, "prefill_s": best, "all_s": times,
+                row = {"moe": moe, "attention": attn, "compile_norms": "cnorm" in flags, "tokens": n, "prefill_s": best, "all_s": times,
                        "first_2k_s": first, "tokens_per_s": n / best, "tflop": flops / 1e12,
                        "mfu": flops / best / PEAK_BF16_FLOPS,
                        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if DEV == "cuda" else None}
                 runs.append(row)
-                log(f"{moe:9s} {attn:9s} {n:6d}: {best * 1e3:8.1f} ms  {n / best:8.0f} tok/s  MFU {row['mfu']:.1%}")
+                log(f"{moe:9s} {attn:9s} {'+'.join(flags):5s} {n:6d}: {best * 1e3:8.1f} ms  {n / best:8.0f} tok/s  MFU {row['mfu']:.1%}")
         except Exception:
-            res["errors"][f"plain_{moe}_{attn}"] = traceback.format_exc()
-            log(res["errors"][f"plain_{moe}_{attn}"])
+            name = "_".join(["plain", moe, attn, *flags])
+            res["errors"][name] = traceback.format_exc()
+            log(res["errors"][name])
         res["plain_prefill"] = runs
         save()
     ok = [r for r in runs if r["tokens"] == n32]
-    best_pair = min(ok, key=lambda r: r["prefill_s"]) if ok else {"moe": "grouped", "attention": "flex"}
+    best_pair = (min(ok, key=lambda r: r["prefill_s"]) if ok
+                 else {"moe": "grouped", "attention": "flex", "compile_norms": False})
     os.environ["HYPIC_MOE_IMPL"], os.environ["HYPIC_ATTENTION_IMPL"] = best_pair["moe"], best_pair["attention"]
-    res["best_pair"] = [best_pair["moe"], best_pair["attention"]]
+    os.environ["HYPIC_COMPILE_NORMS"] = "1" if best_pair["compile_norms"] else "0"
+    res["best_pair"] = [best_pair["moe"], best_pair["attention"]] + (["cnorm"] if best_pair["compile_norms"] else [])
     try:
-        texts.append(f"== plain prefill 32k, moe={best_pair['moe']} attention={best_pair['attention']} ==\n"
+        texts.append(f"== plain prefill 32k, moe={best_pair['moe']} attention={best_pair['attention']} "
+                     f"compile_norms={best_pair['compile_norms']} ==\n"
                      + profile_table(lambda: plain_prefill(spec, model, ids32)))
     except Exception:
         res["errors"]["profile_plain"] = traceback.format_exc()
