@@ -38,11 +38,11 @@ from hypic.pic.segments import SegmentedPrompt  # noqa: E402
 
 PEAK_BF16_FLOPS = 790e12
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
-# "moe+attention" or "moe+attention+cnorm" (the last: HYPIC_COMPILE_NORMS=1, the fused norms).
+# "moe+attention" or "moe+attention+glue" (the last: HYPIC_COMPILE_GLUE=1, hypic.ops.fused).
 IMPL_PAIRS = tuple(tuple(p.split("+")) for p in os.environ.get("PROFILE_IMPL_PAIRS", "grouped+flash,grouped+flex,reference+reference").split(","))
 for _pair in IMPL_PAIRS:
-    if len(_pair) not in (2, 3) or (len(_pair) == 3 and _pair[2] != "cnorm"):
-        raise ValueError(f"PROFILE_IMPL_PAIRS: entries are moe+attention[+cnorm], got {'+'.join(_pair)!r}")
+    if len(_pair) not in (2, 3) or (len(_pair) == 3 and _pair[2] != "glue"):
+        raise ValueError(f"PROFILE_IMPL_PAIRS: entries are moe+attention[+glue], got {'+'.join(_pair)!r}")
 
 
 def log(*a):
@@ -119,7 +119,7 @@ def main():
         if left() < 120:
             break
         os.environ["HYPIC_MOE_IMPL"], os.environ["HYPIC_ATTENTION_IMPL"] = moe, attn
-        os.environ["HYPIC_COMPILE_NORMS"] = "1" if "cnorm" in flags else "0"
+        os.environ["HYPIC_COMPILE_GLUE"] = "1" if "glue" in flags else "0"
         try:
             _, first = timed(lambda: plain_prefill(spec, model, ids32[:2048 // scale]))
             for n in (8192 // scale, n32):
@@ -128,7 +128,7 @@ def main():
                 times = [timed(lambda: plain_prefill(spec, model, ids32[:n]))[1] for _ in range(2)]
                 best = min(times)
                 flops = fm.causal_prefill(n)
-                row = {"moe": moe, "attention": attn, "compile_norms": "cnorm" in flags, "tokens": n, "prefill_s": best, "all_s": times,
+                row = {"moe": moe, "attention": attn, "compile_glue": "glue" in flags, "tokens": n, "prefill_s": best, "all_s": times,
                        "first_2k_s": first, "tokens_per_s": n / best, "tflop": flops / 1e12,
                        "mfu": flops / best / PEAK_BF16_FLOPS,
                        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if DEV == "cuda" else None}
@@ -142,13 +142,13 @@ def main():
         save()
     ok = [r for r in runs if r["tokens"] == n32]
     best_pair = (min(ok, key=lambda r: r["prefill_s"]) if ok
-                 else {"moe": "grouped", "attention": "flex", "compile_norms": False})
+                 else {"moe": "grouped", "attention": "flex", "compile_glue": False})
     os.environ["HYPIC_MOE_IMPL"], os.environ["HYPIC_ATTENTION_IMPL"] = best_pair["moe"], best_pair["attention"]
-    os.environ["HYPIC_COMPILE_NORMS"] = "1" if best_pair["compile_norms"] else "0"
-    res["best_pair"] = [best_pair["moe"], best_pair["attention"]] + (["cnorm"] if best_pair["compile_norms"] else [])
+    os.environ["HYPIC_COMPILE_GLUE"] = "1" if best_pair["compile_glue"] else "0"
+    res["best_pair"] = [best_pair["moe"], best_pair["attention"]] + (["glue"] if best_pair["compile_glue"] else [])
     try:
         texts.append(f"== plain prefill 32k, moe={best_pair['moe']} attention={best_pair['attention']} "
-                     f"compile_norms={best_pair['compile_norms']} ==\n"
+                     f"compile_glue={best_pair['compile_glue']} ==\n"
                      + profile_table(lambda: plain_prefill(spec, model, ids32)))
     except Exception:
         res["errors"]["profile_plain"] = traceback.format_exc()

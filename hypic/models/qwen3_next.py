@@ -28,7 +28,8 @@ from torch import nn
 
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.ops.moe import moe_experts, route_topk_softmax
-from hypic.ops.norms import gated_rms_norm, l2_normalize, rms_norm_zero_centered
+from hypic.ops.fused import sigmoid_gate, swiglu
+from hypic.ops.norms import add_rms_norm_zero_centered, gated_rms_norm, l2_normalize, rms_norm_zero_centered
 from hypic.ops.rope import RotaryEmbedding, apply_rotary
 
 # transformers' l2norm inside the GDN kernels uses eps 1e-6 regardless of rms_norm_eps.
@@ -175,7 +176,7 @@ class Qwen3NextAttention(nn.Module):
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         o = ctx.attention(self.layer_idx, q, k, v, self.scale, rotary)  # [T, Hq, D]
-        o = o.reshape(num_tokens, self.num_heads * self.head_dim) * torch.sigmoid(gate)
+        o = sigmoid_gate(o.reshape(num_tokens, self.num_heads * self.head_dim), gate)
         return self.o_proj(o)
 
 
@@ -189,7 +190,7 @@ class Qwen3NextMLP(nn.Module):
         self.down_proj = _linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class Qwen3NextExperts(nn.Module):
@@ -245,8 +246,9 @@ class Qwen3NextDecoderLayer(nn.Module):
             h = self.linear_attn(h, ctx)
         else:
             h = self.self_attn(h, cos, sin, rotary, ctx)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        norm = self.post_attention_layernorm
+        x, normed = add_rms_norm_zero_centered(x, h, norm.weight, norm.eps)
+        return x + self.mlp(normed)
 
 
 class Qwen3NextModel(nn.Module):

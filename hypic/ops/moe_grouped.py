@@ -23,7 +23,8 @@ column-major in their last two dims, which the kernel accepts as long as the lea
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from hypic.ops.fused import swiglu
 
 # Dtypes torch._grouped_mm accepts. On CPU (torch 2.13): bf16, fp16, fp32 (fp64 is rejected).
 # On CUDA the fast kernel is bf16 only and needs sm90+ (Hopper).
@@ -104,7 +105,7 @@ def moe_experts_grouped(
     rows_x = x.index_select(0, token_of_row)  # [T*k, H], grouped by expert
     gate_up_rows = torch._grouped_mm(rows_x, gate_up.transpose(1, 2), offs=offs)  # [T*k, 2I]
     gate, up = gate_up_rows.chunk(2, dim=-1)
-    hidden_rows = F.silu(gate) * up  # [T*k, I], contiguous
+    hidden_rows = swiglu(gate, up)  # [T*k, I], contiguous
     rows_out = torch._grouped_mm(hidden_rows, down.transpose(1, 2), offs=offs)  # [T*k, H]
     # Back to (token, slot) order: row r of the sorted list is assignment order[r].
     per_slot = torch.empty_like(rows_out).index_copy_(0, order, rows_out).view(num_tokens, top_k, hidden)

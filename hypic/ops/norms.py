@@ -1,49 +1,19 @@
 """RMSNorm variants used by the Qwen3-Next / Qwen3.5 family.
 
 All math is done in fp32 (or fp64 for fp64 inputs) and cast back to the input dtype, matching
-transformers' reference modules bit-for-bit in fp32.
-
-Fused path (opt-in, CUDA): in eager mode each norm is 6-8 full passes over the activations (an
-fp32 copy, pow, mean, two or three multiplies, the cast back); at a 32k-token prefill of
-Qwen3.5-35B-A3B shapes these elementwise passes are a large share of the memory-bound time
-(prefill_profile_h200.txt: ``mul`` 211 ms and ``copy_`` 145 ms of 1,374 ms). With
-``HYPIC_COMPILE_NORMS=1`` the same math runs through ``torch.compile`` (one generated kernel per
-norm: read once, write once). It is off by default until the H200 run that measures it; the eager
-functions here stay the reference, and tests compare the compiled math against them.
+transformers' reference modules bit-for-bit in fp32. Each public function checks its inputs and
+runs its ``*_math`` function, compiled on CUDA when ``HYPIC_COMPILE_GLUE=1``
+(:mod:`hypic.ops.fused`: in eager mode a norm is 6-8 passes over the activations).
 """
 
 from __future__ import annotations
 
-import os
-from typing import Callable, Dict
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 
-_COMPILE_ENV = "HYPIC_COMPILE_NORMS"
-_COMPILED: Dict[Callable, Callable] = {}
-
-
-def compile_norms_enabled() -> bool:
-    """Whether CUDA norms go through the compiled math (``HYPIC_COMPILE_NORMS`` = 0 or 1)."""
-    value = os.environ.get(_COMPILE_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{_COMPILE_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-def compiled(fn: Callable) -> Callable:
-    """``torch.compile(fn)`` once per function (dynamic shapes: token counts vary per step)."""
-    out = _COMPILED.get(fn)
-    if out is None:
-        out = torch.compile(fn, dynamic=True, fullgraph=True)
-        _COMPILED[fn] = out
-    return out
-
-
-def _dispatch(fn: Callable, x: torch.Tensor) -> Callable:
-    # The switch is read first, so a bad value is an error on every device.
-    return compiled(fn) if compile_norms_enabled() and x.is_cuda else fn
+from hypic.ops.fused import add_then, dispatch
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -72,7 +42,21 @@ def rms_norm_zero_centered_math(x: torch.Tensor, weight: torch.Tensor, eps: floa
 def rms_norm_zero_centered(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``rmsnorm(x) * (1 + weight)``: weights are stored zero-centred (initialised to 0)."""
     _check("rms_norm_zero_centered", x, weight)
-    return _dispatch(rms_norm_zero_centered_math, x)(x, weight, eps)
+    return dispatch(rms_norm_zero_centered_math, x)(x, weight, eps)
+
+
+_ADD_RMS_NORM_ZERO_CENTERED = add_then(rms_norm_zero_centered_math)
+
+
+def add_rms_norm_zero_centered(
+    x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(x + h, rms_norm_zero_centered(x + h))``: a decoder layer's residual add and the norm
+    that follows it (one kernel on the fused path)."""
+    if h.shape != x.shape or h.dtype != x.dtype:
+        raise ValueError(f"add_rms_norm_zero_centered: h {tuple(h.shape)} {h.dtype} != x {tuple(x.shape)} {x.dtype}")
+    _check("add_rms_norm_zero_centered", x, weight)
+    return dispatch(_ADD_RMS_NORM_ZERO_CENTERED, x)(x, h, weight, eps)
 
 
 def gated_rms_norm_math(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -92,7 +76,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     _check("gated_rms_norm", x, weight)
     if gate.shape != x.shape:
         raise ValueError(f"gated_rms_norm: gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
-    return _dispatch(gated_rms_norm_math, x)(x, gate, weight, eps)
+    return dispatch(gated_rms_norm_math, x)(x, gate, weight, eps)
 
 
 def l2_normalize_math(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -105,4 +89,4 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2) + eps)`` over the last dim, in fp32 (as fla / transformers' l2norm)."""
     if not isinstance(x, torch.Tensor) or x.dtype not in _FLOAT:
         raise ValueError("l2_normalize: x must be a floating tensor")
-    return _dispatch(l2_normalize_math, x)(x, eps)
+    return dispatch(l2_normalize_math, x)(x, eps)
