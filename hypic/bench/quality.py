@@ -147,7 +147,8 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
                     write_json(args.json, str(args.model), {**config, "complete": False}, summarize(_by_task(runs, encoded)))
     finally:
         bar.close()
-    return QualityRun(str(args.model), {**config, "complete": True}, summarize(_by_task(runs, encoded)), tuple(_by_task(runs, encoded)))
+    runs = _by_task(runs, encoded)
+    return QualityRun(str(args.model), {**config, "complete": True}, summarize(runs), tuple(runs))
 
 
 def _by_task(runs: list, encoded: dict) -> list:
@@ -192,24 +193,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.merge:
         model, config, results = merge_json_files(args.merge)
-        print(format_table(results))
-        if args.json:
-            write_json(args.json, model, config, results)
-            print(f"wrote {args.json}")
-        if args.plot:
-            plot_results(args.plot, results, title=f"{model} ({config['source']})")
-            print(f"wrote {args.plot}")
-        return 0
-    result = run_quality(args)
-    print(format_table(result.results))
+        records = None
+    else:
+        result = run_quality(args)
+        model, config, results, records = result.model, result.config, result.results, result.records
+    print(format_table(results))
     if args.json:
-        write_json(args.json, result.model, result.config, result.results)
+        write_json(args.json, model, config, results)
         print(f"wrote {args.json}")
-    if args.records:
-        write_records(args.records, ((c, r) for _, c, rs in result.records for r in rs))
+    if args.records and records is not None:
+        write_records(args.records, ((c, r) for _, c, rs in records for r in rs))
         print(f"wrote {args.records}")
     if args.plot:
-        plot_results(args.plot, result.results, title=f"{result.model} ({result.config['source']})")
+        plot_results(args.plot, results, title=f"{model} ({config['source']})")
         print(f"wrote {args.plot}")
     return 0
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
-from hypic.bench.quality_run import Configuration, RequestRecord
+from hypic.bench.quality_run import ALL_MODES, Configuration, RequestRecord
 
 
 @dataclass(frozen=True)
@@ -131,13 +131,10 @@ def merge_json_files(paths: Sequence[str]) -> Tuple[str, dict, Tuple[QualityResu
             rows[cell] = row
     full = {r["task"]: r["score"] for r in rows.values() if r["mode"] == "full_recompute"}
     tasks = list(dict.fromkeys(r["task"] for r in rows.values()))
-    from hypic.pic.modes import MODES
-
-    modes = list(MODES)
 
     def order(r: dict) -> tuple:  # task as first seen, then mode, cold policy and seam
         seam = -1.0 if r["seam"] is None else float(r["seam"])
-        mode = modes.index(r["mode"]) if r["mode"] in modes else len(modes)
+        mode = ALL_MODES.index(r["mode"]) if r["mode"] in ALL_MODES else len(ALL_MODES)
         return tasks.index(r["task"]), mode, r["cold_policy"] or "", seam
 
     results = []

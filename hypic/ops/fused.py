@@ -67,10 +67,6 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return dispatch(sigmoid_gate_math, x)(x, gate)
 
 
-def residual_add_math(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    return x + h
-
-
 def add_then(norm_math: Callable) -> Callable:
     """``(x + h, norm_math(x + h, weight, eps))`` as one function (one compiled kernel)."""
 

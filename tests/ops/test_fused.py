@@ -28,8 +28,11 @@ def _cases(x, gate, w):
 def toolchain():
     """The compiled math runs on CPU through inductor's C++ backend: the same graphs the CUDA path
     compiles to Triton. Skip (with the reason) where no compiler toolchain works."""
+    def probe(a):  # not the code under test: a failure of that must fail the tests, not skip them
+        return a * 2 + 1
+
     try:
-        fused.compiled(fused.swiglu_math)(torch.ones(2, 4), torch.ones(2, 4))
+        torch.compile(probe, fullgraph=True)(torch.ones(2, 4))
     except Exception as err:  # pragma: no cover - depends on the machine's compiler
         pytest.skip(f"torch.compile unavailable here: {type(err).__name__}: {err}")
 
