@@ -77,6 +77,33 @@ def profile_table(fn, rows=30):
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
 
 
+# PROFILE_COLD=1 adds a profile table and a host-sync census of every cold PIC run.
+PROFILE_COLD = os.environ.get("PROFILE_COLD", "0") == "1"
+
+
+def sync_census(fn):
+    """Host-device synchronisations during ``fn`` (``torch.cuda.set_sync_debug_mode("warn")``):
+    their count and the Python lines (outside torch) that triggered them."""
+    import warnings
+
+    if DEV != "cuda":
+        return None
+    sync()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sync()
+    where = {}
+    for w in caught:
+        key = f"{os.path.relpath(w.filename)}:{w.lineno}"
+        where[key] = where.get(key, 0) + 1
+    return {"count": len(caught), "where": dict(sorted(where.items(), key=lambda kv: -kv[1])[:20])}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -115,13 +142,18 @@ def main():
 
     # ---- 1. plain prefill per implementation pair ----
     runs = []
+    reference_logits = None
     for moe, attn, *flags in IMPL_PAIRS:
         if left() < 120:
             break
         os.environ["HYPIC_MOE_IMPL"], os.environ["HYPIC_ATTENTION_IMPL"] = moe, attn
         os.environ["HYPIC_COMPILE_GLUE"] = "1" if "glue" in flags else "0"
         try:
-            _, first = timed(lambda: plain_prefill(spec, model, ids32[:2048 // scale]))
+            logits_2k, first = timed(lambda: plain_prefill(spec, model, ids32[:2048 // scale]))
+            # every pair against the first one on the same 2k prompt: a wrong fast path shows here
+            if reference_logits is None:
+                reference_logits = logits_2k.float()
+            rel_vs_first = float((logits_2k.float() - reference_logits).norm() / reference_logits.norm())
             for n in (8192 // scale, n32):
                 if DEV == "cuda":
                     torch.cuda.reset_peak_memory_stats()
@@ -129,7 +161,7 @@ def main():
                 best = min(times)
                 flops = fm.causal_prefill(n)
                 row = {"moe": moe, "attention": attn, "compile_glue": "glue" in flags, "tokens": n, "prefill_s": best, "all_s": times,
-                       "first_2k_s": first, "tokens_per_s": n / best, "tflop": flops / 1e12,
+                       "first_2k_s": first, "logits_2k_rel_vs_first_pair": rel_vs_first, "tokens_per_s": n / best, "tflop": flops / 1e12,
                        "mfu": flops / best / PEAK_BF16_FLOPS,
                        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if DEV == "cuda" else None}
                 runs.append(row)
@@ -182,6 +214,14 @@ def main():
                 bench = fresh()  # an empty store: every segment is cold
                 cold_times.append(prefill_s(bench.run(prompt)))
             row = {"mode": mode, "cold_policy": cold, "cold_s": cold_times, "cold_tflop": fm.causal_prefill(n32 + 64) / 1e12}
+            if PROFILE_COLD and left() > 120:
+                bench.close()
+                bench = fresh()
+                texts.append(f"== cold {mode} ({cold}), 64 x 512 + 64 ==\n"
+                             + profile_table(lambda: bench.run(prompt), rows=40))
+                bench.close()
+                bench = fresh()
+                row["sync_cold"] = sync_census(lambda: bench.run(prompt))
             if mode == "hypic":
                 reordered = SegmentedPrompt(tuple(segs[i] for i in order), query)
                 bench.run(reordered)  # cached in another order
@@ -191,7 +231,8 @@ def main():
                             "all_hit_cached_tokens": samples[-1].reused_tokens,
                             "store_bytes": bench.store.stats().device_bytes})
                 if cold == "inline":
-                    texts.append("== all-hit hypic w=8, 64 x 512 + 64 ==\n" + profile_table(lambda: bench.run(prompt)))
+                    texts.append("== all-hit hypic w=8, 64 x 512 + 64 ==\n" + profile_table(lambda: bench.run(prompt), rows=40))
+                    row["sync_all_hit"] = sync_census(lambda: bench.run(prompt))
             pic.append(row)
             log(json.dumps(row))
             bench.close()

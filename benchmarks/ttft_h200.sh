@@ -31,6 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PART="${1:-}"
+TTFT_MODES="${TTFT_MODES:-prefix_cache,hypic,full_recompute,addition,transition,transition_rope}"
 SMOKE="${SMOKE:-0}"
 if [[ "$SMOKE" == "1" ]]; then
   OUT_DIR="${OUT:-/tmp/ttft_h200_smoke}"
@@ -92,6 +93,16 @@ case "$PART" in
       --store-bytes "$P2_STORE" --warmup-requests 0 --corpus-factor 1.5 --max-seconds "${TTFT_MAX_SECONDS:-300}" \
       --json "$OUT_DIR/ttft_h200_part4.json" --plot-dir "$OUT_DIR/ttft_h200_part4_plots"
     ;;
+  5)
+    # 128k prompts in 2048-token segments, the RAG trace (part 4 ran out of time before it). One
+    # process per mode (TTFT_MODES, comma-separated; default all six), each with its own JSON
+    # (ttft_h200_part5_MODE.json), so a call cut off by its time limit keeps the modes it finished.
+    for m in ${TTFT_MODES//,/ }; do
+      hypic_cli "${COMMON[@]/cold,all_hit,rag/rag}" --modes "$m" --prompt-tokens "$P2_PROMPTS" --segment-tokens "$P4_SEGMENT" \
+        "${P2_REQ[@]}" --store-bytes "$P2_STORE" --warmup-requests 0 --corpus-factor 1.5 \
+        --json "$OUT_DIR/ttft_h200_part5_$m.json" --plot-dir "$OUT_DIR/ttft_h200_part5_plots_$m"
+    done
+    ;;
   merge)
     parts=()
     for f in "$OUT_DIR/ttft_h200_part1.json" "$OUT_DIR/ttft_h200_part2.json"; do
@@ -105,7 +116,7 @@ case "$PART" in
       --plot-dir "$OUT_DIR/ttft_h200_plots"
     ;;
   *)
-    echo "usage: [SMOKE=1] bash benchmarks/ttft_h200.sh 1|2|3|4|merge" >&2
+    echo "usage: [SMOKE=1] bash benchmarks/ttft_h200.sh 1|2|3|4|5|merge" >&2
     exit 2
     ;;
 esac

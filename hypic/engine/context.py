@@ -221,7 +221,9 @@ class PlainContext(ForwardContext):
         self.num_tokens_per_seq = counts
         device = _cache_device(caches[0])
         self.device = device
-        self.cu_seqlens = torch.tensor([0] + counts, dtype=torch.long).cumsum(0).to(device)
+        # The host copy spares the fla kernels a device-to-host read of the lengths.
+        self.cu_seqlens_cpu = torch.tensor([0] + counts, dtype=torch.long).cumsum(0)
+        self.cu_seqlens = self.cu_seqlens_cpu.to(device)
         total = sum(counts)
         index_causal_default = positions is None
         if positions is None:
@@ -275,7 +277,8 @@ class PlainContext(ForwardContext):
             y, new_states = causal_conv1d_update(x, states, weight, bias, activation="silu")
         else:
             y, new_states = causal_conv1d(
-                x, weight, bias, cu_seqlens=self.cu_seqlens, initial_state=states, activation="silu"
+                x, weight, bias, cu_seqlens=self.cu_seqlens, initial_state=states, activation="silu",
+                cu_seqlens_cpu=self.cu_seqlens_cpu,
             )
         for layer, state in zip(layers, new_states):
             layer.conv_state = state.to(layer.conv_state.dtype)
@@ -287,7 +290,8 @@ class PlainContext(ForwardContext):
         if self.is_decode:
             o, final = gated_delta_decode(q, k, v, g, beta, states)
         else:
-            o, final = gated_delta_forward(q, k, v, g, beta, cu_seqlens=self.cu_seqlens, initial_state=states)
+            o, final = gated_delta_forward(q, k, v, g, beta, cu_seqlens=self.cu_seqlens, initial_state=states,
+                                           cu_seqlens_cpu=self.cu_seqlens_cpu)
         for layer, state, n in zip(layers, final, self.num_tokens_per_seq):
             layer.recurrent_state = state.to(layer.recurrent_state.dtype)
             layer.num_tokens += n

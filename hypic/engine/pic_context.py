@@ -25,7 +25,7 @@ from hypic.engine.context import ForwardContext
 from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
-from hypic.ops.conv import causal_conv1d
+from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
 from hypic.ops.linear.gated_delta import gated_delta_forward, gated_delta_summarize
 from hypic.ops.linear.summary import DenseSummary, scan_chain
 from hypic.ops.rope import apply_rotary
@@ -77,12 +77,15 @@ class PicContext(ForwardContext):
         lay = self.layout
         width = weight.shape[1]
         init = self._run_initial_conv_states(layer_idx, x, width)
-        y, _ = causal_conv1d(x, weight, bias, cu_seqlens=lay.cu_runs, initial_state=init, activation="silu")
+        y, _ = causal_conv1d(x, weight, bias, cu_seqlens=lay.cu_runs, initial_state=init, activation="silu",
+                             cu_seqlens_cpu=lay.cu_runs_cpu, output_final_state=False)
         # Tails: the last W-1 conv inputs before each recorded end (writes, then each request's end).
-        src = torch.cat([x, init.transpose(1, 2).reshape(-1, x.shape[1])])
-        tails = src.index_select(0, lay.tail_index).view(-1, width - 1, x.shape[1]).transpose(1, 2)
+        init_rows = init.transpose(1, 2).reshape(-1, x.shape[1])
+        tails = gather_rows_of_cat(x, init_rows, lay.tail_index).view(-1, width - 1, x.shape[1]).transpose(1, 2)
         rec = self.records.setdefault(layer_idx, LinearRecord())
-        rec.tails = tails.to(_state_dtype(x))
+        # contiguous: each write's tail is then a dense view, which the batched copy of the
+        # store writes takes on its fast path
+        rec.tails = tails.to(_state_dtype(x)).contiguous()
         return y
 
     # -- linear attention -----------------------------------------------------------------------
@@ -129,12 +132,13 @@ class PicContext(ForwardContext):
 
     def linear_attention(self, layer_idx, q, k, v, g, beta):
         lay = self.layout
-        live = gated_delta_summarize(k, v, g, beta, cu_seqlens=lay.cu_spans)
+        live = gated_delta_summarize(k, v, g, beta, cu_seqlens=lay.cu_spans, cu_seqlens_cpu=lay.cu_spans_cpu)
         chain = self._chain_summaries(layer_idx, live)
         init = self._initial_states(layer_idx, live.state)
         incoming, final = scan_chain(chain, lay.cu_chains, init)
         span_init = incoming.index_select(0, lay.span_chain_pos)
-        o, _ = gated_delta_forward(q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_state=span_init)
+        o, _ = gated_delta_forward(q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_state=span_init,
+                                   cu_seqlens_cpu=lay.cu_spans_cpu)
         rec = self.records.setdefault(layer_idx, LinearRecord())
         rec.final_states = final
         if lay.writes:

@@ -28,7 +28,7 @@ from torch import nn
 
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.ops.moe import moe_experts, route_topk_softmax
-from hypic.ops.fused import sigmoid_gate, swiglu
+from hypic.ops.fused import add_sigmoid_gated, sigmoid_gate, swiglu
 from hypic.ops.norms import add_rms_norm_zero_centered, gated_rms_norm, l2_normalize, rms_norm_zero_centered
 from hypic.ops.rope import RotaryEmbedding, apply_rotary
 
@@ -221,7 +221,7 @@ class Qwen3NextSparseMoeBlock(nn.Module):
         # transformers rounds the routing weights to the activation dtype before mixing.
         out = moe_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights.to(x.dtype), ids)
         if self.has_shared:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = add_sigmoid_gated(out, self.shared_expert(x), self.shared_expert_gate(x))
         return out
 
 

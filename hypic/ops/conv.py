@@ -19,6 +19,7 @@ from hypic.ops.linear._checks import (
     FLOAT_DTYPES,
     check_cu_seqlens,
     check_same_device,
+    check_cu_seqlens_cpu,
     check_tensor,
     compute_dtype,
     cu_seqlens_to_list,
@@ -52,24 +53,31 @@ def causal_conv1d(
     cu_seqlens: torch.Tensor,
     initial_state: Optional[torch.Tensor] = None,
     activation: Optional[str] = "silu",
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+    output_final_state: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Varlen causal depthwise conv.
 
     x ``[T, D]``; weight ``[D, W]``; bias ``[D]`` or None; cu_seqlens ``[N+1]``; initial_state
     ``[N, D, W-1]`` in x's dtype or None (zeros). Returns ``(y [T, D] in x.dtype,
     final_state [N, D, W-1] in x.dtype)``: the last W-1 inputs of ``initial_state ++ span``.
+    ``cu_seqlens_cpu``: optional host copy of ``cu_seqlens`` (spares the GPU path a sync).
+    ``output_final_state=False`` returns None in its place (a caller that records its own tails
+    saves the gathers).
     """
     check_tensor("x", x, (None, None), FLOAT_DTYPES)
     num_tokens, dim = x.shape
     width = _check_common(dim, weight, bias, activation)
     check_cu_seqlens(cu_seqlens, num_tokens)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, num_tokens)
     num_seqs = cu_seqlens.numel() - 1
     if initial_state is not None:
         check_tensor("initial_state", initial_state, (num_seqs, dim, width - 1), (x.dtype,))
     check_same_device(x=x, weight=weight, bias=bias, initial_state=initial_state)
     fast = cuda_fast_path("causal_conv1d", x)
     if fast is not None:
-        return fast(x, weight, bias, cu_seqlens=cu_seqlens, initial_state=initial_state, activation=activation)
+        return fast(x, weight, bias, cu_seqlens=cu_seqlens, initial_state=initial_state, activation=activation,
+                    cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=output_final_state)
 
     hist = width - 1
     if initial_state is None:
@@ -91,26 +99,61 @@ def causal_conv1d(
     if bias is not None:
         y += bias.to(dtype)
     y = _activate(y, activation).to(x.dtype)
+    if not output_final_state:
+        return y, None
     final_state = src.index_select(0, tail_src).reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
     return y, final_state
 
 
-def _conv_gather_indices(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int):
+def gather_rows_of_cat(x: torch.Tensor, extra: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([x, extra]).index_select(0, index)`` without materialising the concatenation
+    (at a 32k-token prefill ``x`` is 0.5 GB per layer; the index selects a few rows): one gather
+    from each source and a select. No host sync."""
+    if x.shape[0] == 0:
+        return extra.index_select(0, index)
+    if extra.shape[0] == 0:
+        return x.index_select(0, index)
+    num_x = x.shape[0]
+    in_x = (index < num_x).unsqueeze(-1)
+    from_x = x.index_select(0, index.clamp(max=num_x - 1))
+    from_extra = extra.index_select(0, (index - num_x).clamp(min=0))
+    return torch.where(in_x, from_x, from_extra)
+
+
+def conv_final_state(x: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: torch.Tensor,
+                     hist: int) -> torch.Tensor:
+    """The last ``hist`` inputs of ``initial_state ++ span`` per sequence: ``[N, D, hist]`` in x's
+    dtype (what :func:`causal_conv1d` returns as the final state)."""
+    num_tokens, dim = x.shape
+    num_seqs = cu_seqlens.numel() - 1
+    if initial_state is None:
+        initial_state = x.new_zeros(num_seqs, dim, hist)
+    _, tail_src = _conv_gather_indices(cu_seqlens.to(x.device), num_tokens, num_seqs, hist, tails_only=True)
+    states = initial_state.transpose(1, 2).reshape(num_seqs * hist, dim).to(x.dtype)
+    rows = gather_rows_of_cat(x, states, tail_src)
+    return rows.reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
+
+
+def _conv_gather_indices(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int,
+                         tails_only: bool = False):
     """Rows of ``cat(x [T], states [N*(W-1)])``: ``token_src[j, t]`` is the input j steps before
-    token t (j = 0..W-1); ``tail_src`` lists each sequence's last W-1 inputs (state included)."""
+    token t (j = 0..W-1, None when ``tails_only``); ``tail_src`` lists each sequence's last W-1
+    inputs (state included)."""
     cu = cu_seqlens.long()
     device = cu.device
     lengths = cu[1:] - cu[:-1]
+    k = lengths[:, None] - hist + torch.arange(hist, device=device)[None]  # [N, W-1] span index
+    seq_ids = torch.arange(num_seqs, device=device)[:, None]
+    tail_src = torch.where(k >= 0, cu[:-1, None] + k, num_tokens + seq_ids * hist + hist + k).reshape(-1)
+    if tails_only:
+        return None, tail_src
     seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), lengths, output_size=num_tokens)
     token = torch.arange(num_tokens, device=device)
     local = token - cu[:-1].index_select(0, seq) if num_tokens else token
     back = torch.arange(hist + 1, device=device)[:, None]  # [W, 1]
     state_row = num_tokens + seq[None] * hist + hist + (local[None] - back)
     token_src = torch.where(local[None] >= back, token[None] - back, state_row)
-    k = lengths[:, None] - hist + torch.arange(hist, device=device)[None]  # [N, W-1] span index
-    seq_ids = torch.arange(num_seqs, device=device)[:, None]
-    tail_src = torch.where(k >= 0, cu[:-1, None] + k, num_tokens + seq_ids * hist + hist + k)
-    return token_src, tail_src.reshape(-1)
+    return token_src, tail_src
 
 
 def causal_conv1d_update(

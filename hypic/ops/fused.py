@@ -1,13 +1,19 @@
-"""Opt-in fusion of the memory-bound glue between the big kernels (norms, gates, residuals).
+"""Fusion of the memory-bound glue between the big kernels (norms, the MoE combine).
 
-In eager mode every elementwise step of a norm or gate is one full pass over the activations: at
-a 32k-token prefill of Qwen3.5-35B-A3B shapes these passes are a large share of the time
-(prefill_profile_h200.txt: ``mul`` 211 ms, ``copy_`` 145 ms, ``add_`` 88 ms, ``silu`` 38 ms of
-1,374 ms). With ``HYPIC_COMPILE_GLUE=1`` the small math functions of :mod:`hypic.ops.norms` and
-this module run through ``torch.compile`` on CUDA (one generated kernel each: read once, write
-once; dynamic shapes, since token counts change every step). Off by default until an H200 run
-measures it; the eager functions are the reference, and tests compare the compiled graphs with
-them (on CPU, through inductor's C++ backend).
+In eager mode every elementwise step of a norm is one full pass over the activations: at a
+32k-token prefill of Qwen3.5-35B-A3B shapes these passes were a large share of the time
+(prefill_profile_h200.txt, session 2: ``mul`` 211 ms, ``copy_`` 145 ms, ``add_`` 88 ms of
+1,374 ms). On CUDA the small math functions of :mod:`hypic.ops.norms` and the MoE combine
+(:func:`hypic.ops.moe_grouped.combine_slots_math`) run through ``torch.compile`` (one generated
+kernel each: read once, write once; dynamic shapes, since token counts change every step).
+``HYPIC_COMPILE_GLUE=0`` turns this off (the eager functions are the reference; tests compare
+the compiled graphs with them on CPU through inductor's C++ backend, and
+benchmarks/glue_check_h200.py on the GPU).
+
+Measured on the H200 at 32k tokens (benchmarks/results/glue_check_h200.json): a norm takes
+0.23-0.66 ms compiled against 0.78-3.45 ms eager, and the whole plain prefill 787 ms against
+1,022 ms. SwiGLU and the sigmoid gates stay eager: two-op chains, compiled they were no faster
+(0.41 vs 0.36 ms, 0.44 vs 0.35 ms).
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ _COMPILED: Dict[Callable, Callable] = {}
 
 
 def compile_glue_enabled() -> bool:
-    """Whether CUDA glue goes through the compiled math (``HYPIC_COMPILE_GLUE`` = 0 or 1)."""
-    value = os.environ.get(COMPILE_ENV, "0")
+    """Whether CUDA glue goes through the compiled math (``HYPIC_COMPILE_GLUE`` = 0 or 1, default 1)."""
+    value = os.environ.get(COMPILE_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{COMPILE_ENV} must be 0 or 1, got {value!r}")
     return value == "1"
@@ -53,7 +59,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` (the SwiGLU of dense and routed experts)."""
     if gate.shape != up.shape:
         raise ValueError(f"swiglu: gate shape {tuple(gate.shape)} != up shape {tuple(up.shape)}")
-    return dispatch(swiglu_math, gate)(gate, up)
+    return swiglu_math(gate, up)
 
 
 def sigmoid_gate_math(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -64,7 +70,20 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(gate)`` (the gated-attention output gate)."""
     if gate.shape != x.shape:
         raise ValueError(f"sigmoid_gate: gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
-    return dispatch(sigmoid_gate_math, x)(x, gate)
+    return sigmoid_gate_math(x, gate)
+
+
+def add_sigmoid_gated_math(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return x + torch.sigmoid(gate) * h
+
+
+def add_sigmoid_gated(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``x + sigmoid(gate) * h`` with ``gate`` broadcast over ``h`` (the shared expert's gate)."""
+    if h.shape != x.shape:
+        raise ValueError(f"add_sigmoid_gated: h shape {tuple(h.shape)} != x shape {tuple(x.shape)}")
+    if gate.dim() != x.dim() or gate.shape[:-1] != x.shape[:-1] or gate.shape[-1] not in (1, x.shape[-1]):
+        raise ValueError(f"add_sigmoid_gated: gate shape {tuple(gate.shape)} does not broadcast to {tuple(x.shape)}")
+    return add_sigmoid_gated_math(x, h, gate)
 
 
 def add_then(norm_math: Callable) -> Callable:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypic.ops import conv
 from hypic.ops.conv import causal_conv1d, causal_conv1d_update
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
@@ -121,3 +122,42 @@ def test_bad_arguments_raise_value_error():
     for call in bad_calls:
         with pytest.raises(ValueError):
             call()
+
+
+def test_gather_rows_of_cat_equals_cat_then_index():
+    gen = torch.Generator().manual_seed(0)
+    x, extra = torch.randn(7, 5, generator=gen), torch.randn(4, 5, generator=gen)
+    index = torch.tensor([0, 10, 6, 7, 3, 8, 8, 1])
+    assert torch.equal(conv.gather_rows_of_cat(x, extra, index), torch.cat([x, extra]).index_select(0, index))
+    # an empty source on either side
+    assert torch.equal(conv.gather_rows_of_cat(x[:0], extra, index[:3] % 4), extra.index_select(0, index[:3] % 4))
+    assert torch.equal(conv.gather_rows_of_cat(x, extra[:0], index % 7), x.index_select(0, index % 7))
+
+
+@pytest.mark.parametrize("with_init", [False, True])
+def test_conv_final_state_matches_the_forward(with_init):
+    """The final-state helper the GPU path uses equals the reference forward's final state,
+    spans shorter than W-1 (which keep part of the incoming state) included."""
+    gen = torch.Generator().manual_seed(1)
+    lengths = [1, 0, 9, 2, 5]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    x = torch.randn(sum(lengths), 6, generator=gen)
+    weight = torch.randn(6, 4, generator=gen)
+    init = torch.randn(len(lengths), 6, 3, generator=gen) if with_init else None
+    _, final = conv.causal_conv1d(x, weight, None, cu_seqlens=cu, initial_state=init)
+    assert torch.equal(conv.conv_final_state(x, init, cu, 3), final)
+    y, none = conv.causal_conv1d(x, weight, None, cu_seqlens=cu, initial_state=init, output_final_state=False)
+    assert none is None and torch.equal(y, conv.causal_conv1d(x, weight, None, cu_seqlens=cu, initial_state=init)[0])
+
+
+def test_cu_seqlens_cpu_is_checked_on_the_host():
+    x, weight = torch.randn(5, 4), torch.randn(4, 4)
+    cu = torch.tensor([0, 2, 5])
+    y, _ = conv.causal_conv1d(x, weight, cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    assert torch.equal(y, conv.causal_conv1d(x, weight, cu_seqlens=cu)[0])
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must be int64"):
+        conv.causal_conv1d(x, weight, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must end"):
+        conv.causal_conv1d(x, weight, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 2, 4]))
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must be a CPU tensor"):
+        conv.causal_conv1d(x, weight, cu_seqlens=cu, cu_seqlens_cpu=[0, 2, 5])

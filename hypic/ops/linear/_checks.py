@@ -76,6 +76,22 @@ def check_cu_seqlens(cu_seqlens: object, num_tokens: int) -> torch.Tensor:
     return cu_seqlens
 
 
+def check_cu_seqlens_cpu(cu_seqlens_cpu: object, cu_seqlens: torch.Tensor, num_tokens: int) -> None:
+    """``cu_seqlens_cpu``: an optional host copy of ``cu_seqlens`` that GPU paths read lengths from
+    instead of reading the device tensor back (a synchronisation). Checked here on the host
+    (shape and values, free); that it equals the device tensor is the caller's promise."""
+    if cu_seqlens_cpu is None:
+        return
+    if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.device.type != "cpu":
+        raise ValueError("cu_seqlens_cpu must be a CPU tensor (a host copy of cu_seqlens)")
+    if cu_seqlens_cpu.dtype != torch.int64 or tuple(cu_seqlens_cpu.shape) != tuple(cu_seqlens.shape):
+        raise ValueError(
+            f"cu_seqlens_cpu must be int64 with the shape of cu_seqlens {tuple(cu_seqlens.shape)}, "
+            f"got {cu_seqlens_cpu.dtype} {tuple(cu_seqlens_cpu.shape)}"
+        )
+    cu_seqlens_to_list(cu_seqlens_cpu, num_tokens, name="cu_seqlens_cpu")
+
+
 def cu_seqlens_to_list(cu_seqlens: torch.Tensor, num_tokens: int, name: str = "cu_seqlens") -> list:
     """Value check: starts at 0, non-decreasing, ends at ``num_tokens``. Returns a Python list."""
     values = [int(x) for x in cu_seqlens.tolist()]

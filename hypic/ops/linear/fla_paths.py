@@ -97,10 +97,13 @@ def _cu(cu_seqlens: torch.Tensor, device) -> torch.Tensor:
     return cu_seqlens.to(device=device, dtype=torch.long).contiguous()
 
 
-def _chunk_indices(cu: torch.Tensor) -> torch.Tensor:
+def _chunk_indices(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fla's chunk table. From the device ``cu`` alone fla reads the lengths back to the host (a
+    sync); with a host copy ``cu_cpu`` it builds the table on the host (one async copy). fla
+    caches the result by argument identity, so a forward pays once per distinct ``cu``."""
     from fla.ops.utils.index import prepare_chunk_indices
 
-    return prepare_chunk_indices(cu, CHUNK_SIZE)
+    return prepare_chunk_indices(cu, CHUNK_SIZE, cu_seqlens_cpu=cu_cpu)
 
 
 def _b1(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -155,6 +158,30 @@ def _cp_summaries(k4, w, u, gc, gk, cu, num_spans: int, transition_only: bool):
 
 
 # --------------------------------------------------------------------------------------------
+# Short causal conv (fla's Triton kernel; the reference is hypic.ops.conv)
+# --------------------------------------------------------------------------------------------
+
+def causal_conv1d(x, weight, bias=None, *, cu_seqlens, initial_state=None, activation="silu", cu_seqlens_cpu=None,
+                  output_final_state=True):
+    """Varlen causal depthwise conv via ``fla.modules.causal_conv1d.causal_conv1d_fwd`` (fp32
+    accumulation, output in x's dtype, SiLU fused). Same contract as the reference."""
+    from fla.modules.causal_conv1d import causal_conv1d_fwd
+
+    from hypic.ops.conv import conv_final_state
+
+    hist = weight.shape[1] - 1
+    cu = _cu(cu_seqlens, x.device)
+    # fla's state is [N, D, W] with column j the input j - W steps back: a width-W conv never reads
+    # column 0, so hypic's [N, D, W-1] state is that with one zero column in front.
+    init = None if initial_state is None else torch.nn.functional.pad(initial_state, (1, 0)).contiguous()
+    y, _ = causal_conv1d_fwd(
+        x.unsqueeze(0), weight.contiguous(), bias, None, initial_state=init, output_final_state=False,
+        activation=activation, cu_seqlens=cu, chunk_indices=_chunk_indices(cu, cu_seqlens_cpu),
+    )
+    return y[0], conv_final_state(x, initial_state, cu, hist) if output_final_state else None
+
+
+# --------------------------------------------------------------------------------------------
 # Gated DeltaNet and DeltaNet (shared WY machinery; DeltaNet = no gate)
 # --------------------------------------------------------------------------------------------
 
@@ -180,11 +207,11 @@ def _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale):
     return o, final
 
 
-def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary):
+def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary, cu_cpu=None):
     """Varlen forward (and optionally summaries) of GDN (g given) or DeltaNet (g None)."""
     scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
     cu = _cu(cu_seqlens, k.device)
-    ci = _chunk_indices(cu)
+    ci = _chunk_indices(cu, cu_cpu)
     q4, k4, v4, beta3 = _b1(q), _b1(k), _b1(v), _b1(beta)
     gc = _local_cumsum(_b1(g), cu, ci)
     w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
@@ -204,9 +231,9 @@ def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary
     return o, final, DenseSummary(transition=trans, state=zero_start)
 
 
-def _wy_summarize(k, v, g, beta, cu_seqlens):
+def _wy_summarize(k, v, g, beta, cu_seqlens, cu_cpu=None):
     cu = _cu(cu_seqlens, k.device)
-    ci = _chunk_indices(cu)
+    ci = _chunk_indices(cu, cu_cpu)
     k4, v4, beta3 = _b1(k), _b1(v), _b1(beta)
     gc = _local_cumsum(_b1(g), cu, ci)
     w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
@@ -215,7 +242,7 @@ def _wy_summarize(k, v, g, beta, cu_seqlens):
     return DenseSummary(transition=trans, state=zero_start)
 
 
-def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None):
+def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None, cu_seqlens_cpu=None):
     """Varlen GDN forward via fla's public ``chunk_gated_delta_rule``. Returns (o, final fp32)."""
     if _any_fp64(q, k, v, g, beta, initial_state):
         return _on_cpu_reference("gated_delta", "gated_delta_forward", (q, k, v, g, beta),
@@ -228,11 +255,13 @@ def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, sca
         o, final = chunk_gated_delta_rule(
             _b1(q), _b1(k), _b1(v), _b1(g.float()), _b1(beta), scale=scale,
             initial_state=_state_or_none(initial_state), output_final_state=True, cu_seqlens=cu,
+            chunk_indices=_chunk_indices(cu, cu_seqlens_cpu),
         )
     return o[0].to(v.dtype), final
 
 
-def gated_delta_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None):
+def gated_delta_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None,
+                                      cu_seqlens_cpu=None):
     """Forward + zero-start summaries of the same spans, sharing the intra-chunk WY step.
 
     Returns (o, final_state, DenseSummary). With ``initial_state=None`` the forward's final states
@@ -242,17 +271,18 @@ def gated_delta_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, initial_s
         return _reference_forward_and_summarize("gated_delta", q, k, v, (g, beta), cu_seqlens, initial_state, scale)
     _check_fla_inputs("gated_delta_forward_and_summarize", k.shape[-1], q, k, v, g, beta)
     with torch.no_grad():
-        return _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary=True)
+        return _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary=True,
+                           cu_cpu=cu_seqlens_cpu)
 
 
-def gated_delta_summarize(k, v, g, beta, *, cu_seqlens):
+def gated_delta_summarize(k, v, g, beta, *, cu_seqlens, cu_seqlens_cpu=None):
     """Zero-start summaries (T dense fp32, S fp32) of every span in one launch of each kernel."""
     if _any_fp64(k, v, g, beta):
         return _on_cpu_reference("gated_delta", "gated_delta_summarize", (k, v, g, beta),
                                  dict(cu_seqlens=cu_seqlens))
     _check_fla_inputs("gated_delta_summarize", k.shape[-1], k, v, g, beta)
     with torch.no_grad():
-        return _wy_summarize(k, v, g, beta, cu_seqlens)
+        return _wy_summarize(k, v, g, beta, cu_seqlens, cu_cpu=cu_seqlens_cpu)
 
 
 def gated_delta_decode(q, k, v, g, beta, state, *, scale=None):

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _family
+from ._checks import check_cu_seqlens_cpu
 from ._dispatch import cuda_fast_path
 from .summary import DenseSummary
 
@@ -27,13 +28,17 @@ def gated_delta_forward(
     cu_seqlens: torch.Tensor,
     initial_state: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen forward. q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``;
-    initial_state ``[N, HV, K, V]`` or None. Returns ``(o [T, HV, V], final [N, HV, K, V])``."""
+    initial_state ``[N, HV, K, V]`` or None. Returns ``(o [T, HV, V], final [N, HV, K, V])``.
+    ``cu_seqlens_cpu``: optional host copy of ``cu_seqlens`` (spares the GPU path a sync)."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
     fast = cuda_fast_path("gated_delta_forward", q, k, v)
     if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
+                    cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
 
 
@@ -62,12 +67,14 @@ def gated_delta_summarize(
     beta: torch.Tensor,
     *,
     cu_seqlens: torch.Tensor,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> DenseSummary:
     """Summaries ``(T, S(C|0))`` of every span of ``cu_seqlens`` in one call."""
     _family.validate_summarize(SPEC, k, v, g, beta, cu_seqlens)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, k.shape[0])
     fast = cuda_fast_path("gated_delta_summarize", k, v)
     if fast is not None:
-        return fast(k, v, g, beta, cu_seqlens=cu_seqlens)
+        return fast(k, v, g, beta, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
 
 
@@ -81,13 +88,16 @@ def gated_delta_forward_and_summarize(
     cu_seqlens: torch.Tensor,
     initial_state: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, DenseSummary]:
     """``gated_delta_forward`` plus ``gated_delta_summarize`` of the same spans in one pass.
 
     Returns ``(o, final_state, summary)``; the summary's S is the zero-start state of each span
     whatever ``initial_state`` is."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
     fast = cuda_fast_path("gated_delta_forward_and_summarize", q, k, v)
     if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
+                    cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.forward_and_summarize(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)

@@ -345,3 +345,29 @@ def test_public_functions_dispatch_to_fla_paths():
     o1, f1 = gated_delta.gated_delta_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu)
     o2, f2 = fla_paths.gated_delta_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu)
     assert torch.equal(o1, o2) and torch.equal(f1, f2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("with_init", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv1d_fla_matches_reference(with_init, dtype):
+    """fla's Triton conv (the CUDA path of hypic.ops.conv.causal_conv1d) against the reference on
+    CPU: output and final state, spans shorter than W-1 included, NaN-poisoned caches around."""
+    from hypic.ops import conv
+
+    gen = torch.Generator().manual_seed(3 + with_init)
+    lengths = [1, 2, 70, 3, 129, 64]
+    cu = cu_of(lengths)
+    num_tokens, dim, width = sum(lengths), 96, 4
+    x = torch.randn(num_tokens, dim, generator=gen).to(dtype)
+    weight = torch.randn(dim, width, generator=gen).to(dtype)
+    init = torch.randn(len(lengths), dim, width - 1, generator=gen).to(dtype) if with_init else None
+    y_ref, f_ref = conv.causal_conv1d(x, weight, None, cu_seqlens=cu, initial_state=init, activation="silu")
+    dev = torch.device("cuda")
+    torch.empty(4 * num_tokens * dim, device=dev).fill_(float("nan"))  # poison the allocator's cache
+    y, f = conv.causal_conv1d(x.to(dev), weight.to(dev), None, cu_seqlens=cu.to(dev),
+                              initial_state=None if init is None else init.to(dev), activation="silu",
+                              cu_seqlens_cpu=cu)
+    assert y.dtype == dtype and f.dtype == dtype and torch.isfinite(y).all()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel(y, y_ref) < tol and rel(f, f_ref) == 0.0

@@ -1,0 +1,104 @@
+"""All-hit TTFT of ``hypic`` (w = 8) on one GPU, for an A/B of two versions of the package.
+
+Qwen3.5-35B-A3B shapes, dummy bf16 weights; per prompt size: cache every segment in another
+order (one cold request), then time ``--repeats`` all-hit requests (plan + prefill between device
+syncs, hypic.bench.ttft_mode.ModeBench); the host-device syncs of one request
+(``torch.cuda.set_sync_debug_mode``) and a profile table of another. Run it once per version with
+``PYTHONPATH`` pointing at each package:
+
+    PYTHONPATH=OLD python3 benchmarks/allhit_ab_h200.py --tag old --out OUT
+    PYTHONPATH=.   python3 benchmarks/allhit_ab_h200.py --tag new --out OUT
+
+Writes OUT/allhit_ab_TAG.json and OUT/allhit_ab_TAG_profile.txt. ``--smoke``: CPU, tiny config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import warnings
+
+import torch
+
+import hypic
+from hypic.bench.floor import WorkModel
+from hypic.bench.ttft_mode import ModeBench
+from hypic.models.loader import build_dummy_model
+from hypic.pic.segments import SegmentedPrompt
+
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic", "models", "configs",
+                      "qwen3_5_35b_a3b.json")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--prompts", default="32768,8192", help="prompt token counts, 512-token segments")
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
+    config_path = CONFIG if not args.smoke else os.path.join(os.path.dirname(CONFIG), "..", "..", "assets", "tiny", "config.json")
+    with open(config_path) as f:
+        spec, model = build_dummy_model(json.load(f), dtype=dtype, device=device, seed=0)
+    work = WorkModel(spec, model)
+    seg_tokens = 32 if args.smoke else 512
+    res = {"tag": args.tag, "package": os.path.dirname(hypic.__file__),
+           "compile_glue_env": os.environ.get("HYPIC_COMPILE_GLUE"), "device": device, "rows": []}
+    texts = []
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    for prompt_tokens in [int(x) for x in args.prompts.split(",")]:
+        n = prompt_tokens // 512
+        rng = random.Random(prompt_tokens)
+        segs = [tuple(rng.randrange(spec.vocab_size) for _ in range(seg_tokens)) for _ in range(n)]
+        query = tuple(rng.randrange(spec.vocab_size) for _ in range(64 if not args.smoke else 8))
+        bench = ModeBench(model, spec, work, device, dtype, "hypic", "inline", 8, None, f"ab-{args.tag}")
+        bench.run(SegmentedPrompt(tuple(reversed(segs)), query))  # cold: caches every segment
+        prompt = SegmentedPrompt(tuple(segs), query)
+        bench.run(prompt)  # first all-hit (compiles what this shape needs)
+        samples = [bench.run(prompt) for _ in range(args.repeats)]
+        ttft = [s.ttft_s * 1e3 for s in samples]
+        row = {"prompt_tokens": prompt_tokens, "segments": n, "live_tokens": samples[-1].live_tokens,
+               "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft),
+               "plan_p50_ms": statistics.median(s.plan_s * 1e3 for s in samples)}
+        if device == "cuda":
+            sync()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    bench.run(prompt)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            where = {}
+            for w in caught:
+                key = f"{os.path.relpath(w.filename)}:{w.lineno}"
+                where[key] = where.get(key, 0) + 1
+            row["syncs"] = {"count": len(caught), "where": where}
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                bench.run(prompt)
+                sync()
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens} ({n} x 512 + 64) ==\n"
+                         + prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
+        bench.close()
+        res["rows"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "ttft_ms"}), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"allhit_ab_{args.tag}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(args.out, f"allhit_ab_{args.tag}_profile.txt"), "w") as f:
+        f.write("\n\n".join(texts))
+
+
+if __name__ == "__main__":
+    main()
