@@ -26,9 +26,9 @@ class CountingStore(SegmentStore):
         self.written_bytes = 0
         self.reread_bytes = 0  # inserted with acquire=True: the standalone entries read back
 
-    def insert(self, entry, *, acquire: bool = False):
+    def insert(self, entry, *, acquire: bool = False, compact: bool = True):
         new = entry.key not in self
-        handle = super().insert(entry, acquire=acquire)
+        handle = super().insert(entry, acquire=acquire, compact=compact)
         if new:
             self.written_bytes += entry.nbytes
             if acquire:

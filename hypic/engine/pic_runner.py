@@ -72,7 +72,7 @@ class PicRunner:
                 # Canonical entries of this batch's cold segments (``canonical`` policy): after
                 # the requests' own exact forward, as the standalone policy would have made them.
                 for entry in self._standalone_entries(canonical):
-                    self.store.insert(entry)
+                    self.store.insert(entry, compact=False)
         finally:
             for h in standalone.values():
                 h.release()
@@ -100,7 +100,7 @@ class PicRunner:
         handles: Dict[object, SegmentHandle] = {}
         try:
             for entry in entries:
-                handles[entry.key] = self.store.insert(entry, acquire=True)
+                handles[entry.key] = self.store.insert(entry, acquire=True, compact=False)
         except BaseException:
             for h in handles.values():
                 h.release()
@@ -236,8 +236,9 @@ class PicRunner:
                 if w.kind == WRITE_CHECKPOINT:
                     linear[layer] = (take(rec.write_states[i]), take(rec.tails[i]))
                 else:
-                    part = rec.write_summaries.narrow(i, 1)
-                    linear[layer] = (type(part), take(part.transition), take(part.state), take(rec.tails[i]))
+                    summ = rec.write_summaries  # slices of its two fields; one summary is built below
+                    linear[layer] = (type(summ), take(summ._t()[i:i + 1]), take(summ.state[i:i + 1]),
+                                     take(rec.tails[i]))
             for layer in self.attention_layers:
                 rec = ctx.records[layer]
                 attention[layer] = (take(rec.keys[a:z]), take(rec.values[a:z]))
@@ -256,7 +257,7 @@ class PicRunner:
             entries.append(SegmentEntry(key=w.key, linear=lin, attention=att, origin_position=w.origin_position))
         if insert and self.store is not None:
             for e in entries:
-                self.store.insert(e)
+                self.store.insert(e, compact=False)  # fresh exact-size copies, already on the device
         return entries
 
 

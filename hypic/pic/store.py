@@ -247,8 +247,12 @@ class SegmentStore:
             self._enforce_device_budget()  # a promotion may have pushed the device over budget
             return handle
 
-    def insert(self, entry: SegmentEntry, *, acquire: bool = False) -> Optional[SegmentHandle]:
-        """Store ``entry`` (moved to the device, compacted). Returns a handle if ``acquire``."""
+    def insert(self, entry: SegmentEntry, *, acquire: bool = False, compact: bool = True) -> Optional[SegmentHandle]:
+        """Store ``entry`` (moved to the device, compacted). Returns a handle if ``acquire``.
+
+        ``compact=False``: the caller made every tensor of ``entry`` for it alone, exact-size, on
+        the store's device (the runner's fresh copies), so the per-tensor move-and-compact walk
+        is skipped (a cold 64-segment prefill inserts ~7,000 tensors)."""
         if not isinstance(entry, SegmentEntry):
             raise ValueError(f"entry: expected SegmentEntry, got {type(entry).__name__}")
         key = entry.key
@@ -269,9 +273,12 @@ class SegmentStore:
                 self._counts["collisions"] += 1
             # Move to the device tier without an extra copy when already there, then compact so
             # that bytes are exactly the tensors' bytes.
-            stored = entry.map_payload(
-                lambda o: compact_payload(move_payload(o, self.device, copy=False))
-            )
+            if compact:
+                stored = entry.map_payload(
+                    lambda o: compact_payload(move_payload(o, self.device, copy=False))
+                )
+            else:
+                stored = entry
             slot = _Slot(stored, TIER_DEVICE, stored.nbytes)
             self._device[key] = slot
             self._device_bytes += slot.nbytes

@@ -41,6 +41,20 @@ def test_views_are_compacted_on_insert():
     assert store.stats().device_bytes == 2 * 3 * 4 * 4
 
 
+def test_insert_without_compaction_keeps_the_callers_tensors():
+    """compact=False (the runner's fresh exact-size copies): the entry is stored as given, no walk
+    and no copy; its byte count is the one taken when the entry was built."""
+    k = key(0, length=5, body_start=2)
+    kv = AttentionLayerCache(torch.randn(3, 1, 4), torch.randn(3, 1, 4))
+    e = SegmentEntry(k, attention={0: kv})
+    assert e.nbytes == 2 * 3 * 4 * 4
+    store = SegmentStore(device_budget_bytes=None)
+    with store.insert(e, acquire=True, compact=False) as h:
+        assert h.entry is e and h.entry.attention[0].key is kv.key
+    assert store.stats().device_bytes == e.nbytes
+    store.check_consistency()
+
+
 def test_miss_hit_and_handle_lifecycle():
     store = SegmentStore(device_budget_bytes=None)
     assert store.acquire(key(0)) is None

@@ -68,14 +68,6 @@ class _SummaryOps:
         idx = idx.to(self.state.device)
         return type(self)(self._t().index_select(0, idx), self.state.index_select(0, idx))
 
-    def narrow(self, start: int, length: int):
-        """Spans ``start .. start + length - 1`` as views (no tensor op on the device; a host
-        int needs no index tensor, whose host-to-device copy would synchronise)."""
-        if not (isinstance(start, int) and isinstance(length, int)) or start < 0 or length < 0 \
-                or start + length > self.num_spans:
-            raise ValueError(f"narrow({start}, {length}) out of range for {self.num_spans} spans")
-        return type(self)(self._t()[start:start + length], self.state[start:start + length])
-
     def to(self, device: Union[str, torch.device]):
         return type(self)(self._t().to(device), self.state.to(device))
 

@@ -124,13 +124,3 @@ def test_bad_arguments_raise_value_error():
         with pytest.raises(ValueError):
             call()
 
-
-def test_narrow_is_a_view_of_the_spans():
-    from hypic.ops.linear.summary import DenseSummary
-
-    t, s = torch.randn(5, 2, 3, 3), torch.randn(5, 2, 3, 4)
-    part = DenseSummary(t, s).narrow(1, 2)
-    assert torch.equal(part.transition, t[1:3]) and torch.equal(part.state, s[1:3])
-    assert part.state.data_ptr() == s[1:].data_ptr()  # a view: no copy, no index tensor
-    with pytest.raises(ValueError, match="out of range"):
-        DenseSummary(t, s).narrow(4, 2)

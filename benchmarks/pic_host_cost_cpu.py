@@ -1,0 +1,89 @@
+"""Host (Python and dispatch) cost of the PIC paths, on the CPU, with the 40-layer layout of
+Qwen3.5-35B-A3B at tiny widths: the tensor math is then negligible and what remains is the per-op
+and per-object work that the GPU path pays on its host thread too.
+
+Measures, for a prompt of 64 segments x 16 tokens + an 8-token query:
+
+* ``write_ms``: recording the 64 cold segments' store entries (``PicRunner._write_entries``,
+  store inserts included) after a cold ``hypic`` prefill;
+* ``cold_ms`` / ``all_hit_ms``: the whole cold and all-hit ``hypic`` requests (plan + prefill).
+
+Run once per version of the package (``PYTHONPATH`` picks it) and compare:
+
+    PYTHONPATH=. python3 benchmarks/pic_host_cost_cpu.py --tag new --json OUT.json
+
+Medians over ``--repeats`` fresh stores; one torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+import torch
+
+import hypic
+from hypic.bench.floor import WorkModel
+from hypic.bench.ttft_mode import ModeBench
+from hypic.engine import pic_runner
+from hypic.models.loader import build_dummy_model
+from hypic.pic.segments import SegmentedPrompt
+
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic", "models", "configs",
+                      "qwen3_5_35b_a3b.json")
+NARROW = dict(vocab_size=512, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with open(CONFIG) as f:
+        config = json.load(f)
+    config["text_config"].update(NARROW)
+    spec, model = build_dummy_model(config, dtype=torch.float32, device="cpu", seed=0)
+    work = WorkModel(spec, model)
+
+    write_s = []
+    original = pic_runner.PicRunner._write_entries
+
+    def timed_write(self, ctx, *a, **k):
+        start = time.perf_counter()
+        try:
+            return original(self, ctx, *a, **k)
+        finally:
+            write_s.append(time.perf_counter() - start)
+
+    pic_runner.PicRunner._write_entries = timed_write
+    cold, all_hit, writes = [], [], []
+    for rep in range(args.repeats):
+        rng = random.Random(rep)
+        segs = [tuple(rng.randrange(spec.vocab_size) for _ in range(16)) for _ in range(64)]
+        query = tuple(rng.randrange(spec.vocab_size) for _ in range(8))
+        bench = ModeBench(model, spec, work, "cpu", torch.float32, "hypic", "inline", 8, None, "host")
+        write_s.clear()
+        cold.append(bench.run(SegmentedPrompt(tuple(reversed(segs)), query)).ttft_s)
+        writes.append(sum(write_s))
+        all_hit.append(bench.run(SegmentedPrompt(tuple(segs), query)).ttft_s)
+        bench.close()
+    row = {"tag": args.tag, "package": os.path.dirname(hypic.__file__), "segments": 64, "layers": spec.num_layers,
+           "write_ms": statistics.median(writes) * 1e3, "cold_ms": statistics.median(cold) * 1e3,
+           "all_hit_ms": statistics.median(all_hit) * 1e3,
+           "all": {"write_ms": [x * 1e3 for x in writes], "cold_ms": [x * 1e3 for x in cold],
+                   "all_hit_ms": [x * 1e3 for x in all_hit]}}
+    print(f"{args.tag:6s} write {row['write_ms']:8.1f} ms  cold {row['cold_ms']:8.1f} ms  all-hit {row['all_hit_ms']:8.1f} ms")
+    with open(args.json, "w") as f:
+        json.dump(row, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
