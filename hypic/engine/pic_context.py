@@ -122,19 +122,30 @@ class PicContext(ForwardContext):
             states.append(_on(summ.state, device, dtype))
         return DenseSummary(torch.cat(transitions), torch.cat(states))
 
-    def _initial_states(self, layer_idx: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+    def _initial_states(self, layer_idx: int, v: torch.Tensor) -> Optional[torch.Tensor]:
+        """Per request, the linear state its chain starts from: the last prefix checkpoint's, or
+        zeros; None when no request has a prefix."""
         lay = self.layout
         if not any(lay.chain_has_prefix):
             return None
-        zero = like.new_zeros(like.shape[1:])
+        num_heads, key_dim, value_dim = self.spec.linear_num_value_heads, self.spec.linear_key_head_dim, v.shape[-1]
+        dtype = _state_dtype(v)
+        zero = torch.zeros(num_heads, key_dim, value_dim, dtype=dtype, device=v.device)
         states = [req.prefix[-1].linear[layer_idx].state if req.prefix else zero for req in lay.requests]
-        return torch.stack([s.to(device=like.device, dtype=like.dtype) for s in states])
+        return torch.stack([_on(s, v.device, dtype) for s in states])
 
     def linear_attention(self, layer_idx, q, k, v, g, beta):
         lay = self.layout
+        init = self._initial_states(layer_idx, v)
+        if lay.linear_one_run_per_request:
+            # Nothing cached and nothing to record: a plain varlen forward over each request's
+            # live tokens (a cold full_recompute prefill pays no summaries and no scan).
+            o, final = gated_delta_forward(q, k, v, g, beta, cu_seqlens=lay.cu_live_per_request, initial_state=init,
+                                           cu_seqlens_cpu=lay.cu_live_per_request_cpu)
+            self.records.setdefault(layer_idx, LinearRecord()).final_states = final
+            return o
         live = gated_delta_summarize(k, v, g, beta, cu_seqlens=lay.cu_spans, cu_seqlens_cpu=lay.cu_spans_cpu)
         chain = self._chain_summaries(layer_idx, live)
-        init = self._initial_states(layer_idx, live.state)
         incoming, final = scan_chain(chain, lay.cu_chains, init)
         span_init = incoming.index_select(0, lay.span_chain_pos)
         o, _ = gated_delta_forward(q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_state=span_init,

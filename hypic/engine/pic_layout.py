@@ -89,6 +89,10 @@ class PackedLayout:
     input_ids: torch.Tensor  # [T] live tokens, request after request
     positions: torch.Tensor  # [T]
     cu_live_per_request: torch.Tensor  # [B+1] live tokens of each request
+    cu_live_per_request_cpu: torch.Tensor  # host copy
+    # No cached body and no write in the batch: each request's live tokens are one run from its
+    # prefix state (or zero), so the linear layers need no summaries and no chain scan.
+    linear_one_run_per_request: bool
     cu_spans: torch.Tensor  # [S+1] live elements
     cu_spans_cpu: torch.Tensor  # host copy: fla reads lengths from it instead of the device
     # chain of every request: live elements and bodies in prompt order
@@ -261,6 +265,8 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         input_ids=dev["input_ids"],
         positions=dev["positions"],
         cu_live_per_request=dev["cu_live_per_request"],
+        cu_live_per_request_cpu=torch.tensor(cu_req, dtype=torch.long),
+        linear_one_run_per_request=not bodies and not writes,
         cu_spans=dev["cu_spans"],
         cu_spans_cpu=torch.tensor(cu_spans, dtype=torch.long),
         cu_chains=dev["cu_chains"],

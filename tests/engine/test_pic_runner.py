@@ -379,3 +379,28 @@ def test_compact_copies_are_exact_fresh_tensors():
         assert o.untyped_storage().nbytes() == o.numel() * o.element_size()  # nothing for the store to compact
         assert o.untyped_storage().data_ptr() not in (base32.untyped_storage().data_ptr(),
                                                       base16.untyped_storage().data_ptr())
+
+
+def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatch):
+    """A forward with no cached body and no write (cold full_recompute; prefix_cache whose every
+    checkpoint exists) runs each request's live tokens as one linear-attention run from its prefix
+    state: no summaries, no scan, and still exact."""
+    from hypic.engine import pic_context
+
+    spec, model = tiny
+    segs = [random_segment(n, 700 + n) for n in (23, 9, 30)]
+    query = random_segment(5, 3)
+    calls = []
+    real = pic_context.gated_delta_summarize
+    monkeypatch.setattr(pic_context, "gated_delta_summarize", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    full = PicHarness(spec, model, config=PICConfig(mode="full_recompute"))
+    _, res = full.run(segs, query)
+    assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+
+    prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
+    prefix.run(segs, random_segment(4, 1))  # records the checkpoints (summaries are used here)
+    calls.clear()
+    plan, res = prefix.run(segs, query)
+    assert plan.prefix_hit_tokens == sum(len(s) for s in segs)
+    assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
