@@ -15,116 +15,28 @@ summary kernel ``chunk_cp_fwd_h`` (``[S(C|0) | T_C]`` per span, T chain in fp32 
 the intra-chunk WY step (``w, u``). ``*_forward_and_summarize`` shares that WY step between the
 varlen forward and the summaries. fla-core is pinned to 0.6.0: these are private APIs.
 
-float64 inputs cannot use fla: they are computed by the CPU reference and moved back.
+float64 inputs cannot use fla: they are computed by the CPU reference and moved back. Shared
+helpers (layout adapters, chunk tables, that fallback) live in :mod:`hypic.ops.linear._fla_common`.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-from typing import Optional
-
 import torch
 
+from hypic.ops.linear._fla_common import (
+    CHUNK_SIZE,
+    _any_fp64,
+    _b1,
+    _check_fla_inputs,
+    _chunk_indices,
+    _cu,
+    _local_cumsum,
+    _on_cpu_reference,
+    _reference_forward_and_summarize,
+    _state_or_none,
+    _summary_classes,
+)
 from hypic.ops.linear.triton_scan import scan_chain_torch, scan_chain_triton
-
-CHUNK_SIZE = 64  # fla chunk length (tokens); summaries are exact for any span length
-MAX_KEY_DIM = 256  # fla's delta-rule state kernels assert K <= 256
-
-
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-
-def _summary_classes():
-    from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary
-
-    return DenseSummary, DiagonalSummary, ScalarSummary
-
-
-def _any_fp64(*tensors) -> bool:
-    return any(t is not None and t.dtype == torch.float64 for t in tensors)
-
-
-def _on_cpu_reference(module: str, name: str, args, kwargs):
-    """fp64 (or otherwise unsupported) inputs: run the CPU reference and move results back."""
-    device = None
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            device = a.device
-            break
-    fn = getattr(importlib.import_module(f"hypic.ops.linear.{module}"), name)
-    to_cpu = lambda a: a.cpu() if isinstance(a, torch.Tensor) else a  # noqa: E731
-    out = fn(*[to_cpu(a) for a in args], **{k: to_cpu(v) for k, v in kwargs.items()})
-    return _to_device(out, device)
-
-
-def _reference_forward_and_summarize(family, q, k, v, gates, cu_seqlens, initial_state, scale):
-    """float64: the reference forward and summaries on CPU, moved back to q's device."""
-    mod = importlib.import_module(f"hypic.ops.linear.{family}")
-    cpu = lambda t: None if t is None else t.cpu()  # noqa: E731
-    gates = tuple(cpu(t) for t in gates)
-    o, final = getattr(mod, f"{family}_forward")(
-        cpu(q), cpu(k), cpu(v), *gates, cu_seqlens=cpu(cu_seqlens), initial_state=cpu(initial_state), scale=scale)
-    summary = getattr(mod, f"{family}_summarize")(cpu(k), cpu(v), *gates, cu_seqlens=cpu(cu_seqlens))
-    return o.to(q.device), final.to(q.device), summary.to(q.device)
-
-
-def _to_device(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple):
-        return tuple(_to_device(o, device) for o in obj)
-    if hasattr(obj, "to") and callable(obj.to):
-        return obj.to(device)
-    return obj
-
-
-def _interpreting() -> bool:
-    # TRITON_INTERPRET=1 runs the same kernels on CPU tensors (slow): used only by local tests.
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _check_fla_inputs(name: str, key_dim: int, *tensors) -> None:
-    for t in tensors:
-        if t is not None and not t.is_cuda and not _interpreting():
-            raise ValueError(f"{name}: fla path needs CUDA tensors, got one on {t.device}")
-    if key_dim > MAX_KEY_DIM:
-        raise ValueError(f"{name}: fla delta-rule kernels need key dim <= {MAX_KEY_DIM}, got {key_dim}")
-
-
-def _cu(cu_seqlens: torch.Tensor, device) -> torch.Tensor:
-    return cu_seqlens.to(device=device, dtype=torch.long).contiguous()
-
-
-def _chunk_indices(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """fla's chunk table. From the device ``cu`` alone fla reads the lengths back to the host (a
-    sync); with a host copy ``cu_cpu`` it builds the table on the host (one async copy). fla
-    caches the result by argument identity, so a forward pays once per distinct ``cu``."""
-    from fla.ops.utils.index import prepare_chunk_indices
-
-    return prepare_chunk_indices(cu, CHUNK_SIZE, cu_seqlens_cpu=cu_cpu)
-
-
-def _b1(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Add fla's batch dim (B = 1 for varlen)."""
-    return None if t is None else t.unsqueeze(0).contiguous()
-
-
-def _state_or_none(initial_state: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if initial_state is None else initial_state.to(torch.float32).contiguous()
-
-
-def _local_cumsum(g: Optional[torch.Tensor], cu, ci) -> Optional[torch.Tensor]:
-    """Per-chunk cumsum of log gates, in log2 units (what fla's kernels use with exp2)."""
-    if g is None:
-        return None
-    from fla.ops.utils import chunk_local_cumsum
-    from fla.ops.utils.constant import RCP_LN2
-
-    return chunk_local_cumsum(
-        g.float(), chunk_size=CHUNK_SIZE, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci
-    )
 
 
 _TRANSITION_ONLY_OK = [True]  # cleared if the V = 0 launch ever fails (then S is recomputed too)
