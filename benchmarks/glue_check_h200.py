@@ -107,7 +107,7 @@ def main():
     res = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "num_tokens": num_tokens, "ops": {}}
     for name, (fn, fargs) in op_cases(num_tokens, spec, device, dtype, gen).items():
         ref = fn(*fargs)
-        comp = fused.compiled(fn)
+        comp = fused.compile_graph(fn)
         out = comp(*fargs)  # compiles
         refs, outs = (ref if isinstance(ref, tuple) else (ref,)), (out if isinstance(out, tuple) else (out,))
         row = {"rel_err": max(rel(o, r) for o, r in zip(outs, refs)),
@@ -120,7 +120,7 @@ def main():
     rows_t = torch.randn(num_tokens * top_k, spec.hidden_size, generator=gen).to(device=device, dtype=dtype)
     inv = torch.randperm(rows_t.shape[0], generator=gen).to(device)
     mix = torch.rand(num_tokens, top_k, generator=gen).to(device=device, dtype=dtype)
-    res["combine_compiled_vs_eager_rel"] = rel(fused.compiled(moe_grouped.combine_slots_math)(rows_t, inv, mix),
+    res["combine_compiled_vs_eager_rel"] = rel(fused.compile_graph(moe_grouped.combine_slots_math)(rows_t, inv, mix),
                                                moe_grouped.combine_slots(rows_t, inv, mix))
     del rows_t
     ids = torch.randint(spec.vocab_size, (64 if args.smoke else 2048,), generator=gen).tolist()

@@ -19,6 +19,7 @@ Measured on the H200 at 32k tokens (benchmarks/results/glue_check_h200.json): a 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Callable, Dict, Tuple
 
 import torch
@@ -36,12 +37,35 @@ def compile_glue_enabled() -> bool:
     return value == "1"
 
 
+def compile_graph(fn: Callable) -> Callable:
+    """The compiled graph of ``fn`` (dynamic shapes, one graph), without any fallback: what the
+    tests and benchmarks compare with the eager math."""
+    return torch.compile(fn, dynamic=True, fullgraph=True)
+
+
 def compiled(fn: Callable) -> Callable:
-    """``torch.compile(fn)`` once per function."""
+    """``torch.compile(fn)`` once per function, falling back to ``fn`` where compiling fails.
+
+    The glue is compiled by default, so a machine whose toolchain cannot compile (no working
+    Triton or C compiler) must still serve: when a compiled call raises but ``fn`` itself runs
+    on the same arguments, the failure was the compiler's; it is reported once as a warning and
+    ``fn`` is used from then on. When ``fn`` raises too, that error propagates (bad inputs)."""
     out = _COMPILED.get(fn)
     if out is None:
-        out = torch.compile(fn, dynamic=True, fullgraph=True)
-        _COMPILED[fn] = out
+        graph = compile_graph(fn)
+
+        def run(*args):
+            try:
+                return graph(*args)
+            except Exception as err:  # noqa: BLE001 - sorted out by running the eager math below
+                result = fn(*args)
+                warnings.warn(f"hypic: compiling {fn.__name__} failed ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); using the eager version",
+                              RuntimeWarning, stacklevel=2)
+                _COMPILED[fn] = fn
+                return result
+
+        out = _COMPILED[fn] = run
     return out
 
 

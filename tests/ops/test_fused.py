@@ -44,7 +44,7 @@ def test_compiled_glue_matches_the_eager_reference(toolchain, dtype, tol, num_to
     w = (torch.randn(64, generator=gen) * 0.1).to(dtype)
     for name, (args, eager) in _cases(x, gate, w).items():
         ref = eager(*args)
-        out = fused.compiled(eager)(*args)
+        out = fused.compile_graph(eager)(*args)  # the graph itself: no eager fallback
         refs = ref if isinstance(ref, tuple) else (ref,)
         outs = out if isinstance(out, tuple) else (out,)
         assert len(outs) == len(refs), name
@@ -80,3 +80,26 @@ def test_shape_errors():
         fused.add_sigmoid_gated(x, x, x[:, :2])
     with pytest.raises(ValueError, match="sigmoid_gate"):
         fused.sigmoid_gate(x, x[:, :4])
+
+
+def test_a_failing_compiler_falls_back_to_the_eager_math(monkeypatch):
+    """Compiled glue is the default on CUDA: a toolchain that cannot compile must not stop
+    serving. The first call warns and returns the eager result; later calls use the eager
+    function. Errors of the math itself still propagate."""
+    def broken_compile(fn):
+        def graph(*args):
+            raise RuntimeError("no compiler here")
+        return graph
+
+    def math(a, b):
+        return a * 2 + b
+
+    monkeypatch.setattr(fused, "compile_graph", broken_compile)
+    monkeypatch.setattr(fused, "_COMPILED", {})
+    x = torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning, match="compiling math failed .*no compiler here"):
+        assert torch.equal(fused.compiled(math)(x, x), math(x, x))
+    assert fused.compiled(math) is math
+    monkeypatch.setattr(fused, "_COMPILED", {})
+    with pytest.raises(RuntimeError, match="size of tensor"):  # the eager math fails too: its error
+        fused.compiled(math)(x, torch.randn(5, 4))

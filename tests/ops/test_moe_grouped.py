@@ -168,7 +168,7 @@ def test_cuda_auto_dispatch_is_grouped_sync_free_and_matches_reference():
 def test_compiled_combine_matches_the_eager_combine(dtype, tol):
     """The fused path's gather-multiply-sum (compiled with HYPIC_COMPILE_GLUE=1 on CUDA) against the
     eager gather + bmm, compiled here through inductor's C++ backend; and both against a loop."""
-    from hypic.ops.fused import compiled
+    from hypic.ops.fused import compile_graph
     from hypic.ops.moe_grouped import combine_slots, combine_slots_math
 
     gen = torch.Generator().manual_seed(7)
@@ -180,7 +180,7 @@ def test_compiled_combine_matches_the_eager_combine(dtype, tol):
                         for t in range(num_tokens)])
     eager = combine_slots(rows, inverse, mix)
     try:
-        fused = compiled(combine_slots_math)(rows, inverse, mix)
+        fused = compile_graph(combine_slots_math)(rows, inverse, mix)
     except Exception as err:  # pragma: no cover - depends on the machine's compiler
         pytest.skip(f"torch.compile unavailable here: {type(err).__name__}: {err}")
     for got in (eager, fused, combine_slots_math(rows, inverse, mix)):
