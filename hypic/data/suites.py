@@ -183,6 +183,16 @@ def _order_lookup(rng: random.Random, docs: List[Document], request_id: str) -> 
     return _request("order_lookup", docs, query, docs[i + 1].subject, request_id)
 
 
+def _one_set_request(task: str, rng: random.Random, docs: List[Document], request_id: str) -> Request:
+    """A request of a task asked about an already drawn document set (every task but two-hop,
+    whose set is drawn around its source and bridge)."""
+    if task == "single_hop":
+        return _single_hop(rng, docs, request_id)
+    if task == "order_lookup":
+        return _order_lookup(rng, docs, request_id)
+    return _summary(docs, request_id)
+
+
 def _summary(docs: List[Document], request_id: str) -> Request:
     answer = " ".join(d.subject for d in docs)
     return _request("summary", docs, query_segment(SUMMARY_QUESTION), answer, request_id)
@@ -225,12 +235,7 @@ def generate_suite(config: SuiteConfig, num_requests: int) -> List[Request]:
         picked = zipf_sample(rng, size, num_docs, config.zipf_exponent)
         rng.shuffle(picked)
         docs = [pool.documents[i] for i in picked]
-        if config.task == "single_hop":
-            requests.append(_single_hop(rng, docs, request_id))
-        elif config.task == "order_lookup":
-            requests.append(_order_lookup(rng, docs, request_id))
-        else:
-            requests.append(_summary(docs, request_id))
+        requests.append(_one_set_request(config.task, rng, docs, request_id))
     return requests
 
 
@@ -314,8 +319,4 @@ def fresh_request(
         rng.shuffle(docs)
         return _two_hop(rng, docs, source_doc, bridge_doc, request_id)
     rng.shuffle(docs)
-    if task == "single_hop":
-        return _single_hop(rng, docs, request_id)
-    if task == "order_lookup":
-        return _order_lookup(rng, docs, request_id)
-    return _summary(docs, request_id)
+    return _one_set_request(task, rng, docs, request_id)

@@ -259,16 +259,16 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                  tail_index=tail_index, write_spans=[span for _, span, _ in writes],
                  key_index=key_index, positions_k=pos_k, cu_keys=cu_keys,
                  cached_delta=cached_delta, logits_rows=logits_rows)
-    dev = _to_device(lists, device)
+    cpu, dev = _to_device(lists, device)
     layout = PackedLayout(
         requests=list(requests),
         input_ids=dev["input_ids"],
         positions=dev["positions"],
         cu_live_per_request=dev["cu_live_per_request"],
-        cu_live_per_request_cpu=torch.tensor(cu_req, dtype=torch.long),
+        cu_live_per_request_cpu=cpu["cu_live_per_request"],
         linear_one_run_per_request=not bodies and not writes,
         cu_spans=dev["cu_spans"],
-        cu_spans_cpu=torch.tensor(cu_spans, dtype=torch.long),
+        cu_spans_cpu=cpu["cu_spans"],
         cu_chains=dev["cu_chains"],
         chain_src=chain_src,
         span_chain_pos=dev["span_chain_pos"],
@@ -277,7 +277,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         chain_ends=cu_chains[1:],
         chain_has_prefix=[bool(r.prefix) for r in requests],
         cu_runs=dev["cu_runs"],
-        cu_runs_cpu=torch.tensor(cu_runs, dtype=torch.long),
+        cu_runs_cpu=cpu["cu_runs"],
         run_init=run_init,
         tail_index=dev["tail_index"],
         writes=writes,
@@ -300,19 +300,18 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     return layout
 
 
-def _to_device(lists: "dict[str, List[int]]", device: torch.device) -> "dict[str, torch.Tensor]":
-    """Every index list as an int64 tensor on ``device``, through one host buffer and one copy.
+def _to_device(lists: "dict[str, List[int]]", device: torch.device) -> "Tuple[dict, dict]":
+    """Every index list as an int64 tensor, through one host buffer and one copy: ``(host views,
+    device views)`` of that buffer (the host views are what fla reads lengths from).
 
-    On CUDA the buffer is pinned and the copy asynchronous: a copy from pageable memory would
+    On CUDA the copy goes through pinned memory, asynchronously: a copy from pageable memory would
     make the host wait for the device (one synchronisation per tensor, 13 per forward before).
-    The caching host allocator keeps the pinned buffer alive until the copy has run. The tensors
-    are views of one device buffer."""
+    The caching host allocator keeps the pinned buffer alive until the copy has run."""
     device = torch.device(device)
     sizes = [len(v) for v in lists.values()]
-    flat = [x for v in lists.values() for x in v]
-    host = torch.tensor(flat, dtype=torch.long)
+    host = torch.tensor([x for v in lists.values() for x in v], dtype=torch.long)
     if device.type == "cuda":
         moved = host.pin_memory().to(device, non_blocking=True)
     else:
         moved = host.to(device)
-    return dict(zip(lists.keys(), moved.split(sizes)))
+    return dict(zip(lists.keys(), host.split(sizes))), dict(zip(lists.keys(), moved.split(sizes)))

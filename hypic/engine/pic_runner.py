@@ -236,8 +236,9 @@ class PicRunner:
                 if w.kind == WRITE_CHECKPOINT:
                     linear[layer] = (take(rec.write_states[i]), take(rec.tails[i]))
                 else:
-                    summ = rec.write_summaries  # slices of its two fields; one summary is built below
-                    linear[layer] = (type(summ), take(summ._t()[i:i + 1]), take(summ.state[i:i + 1]),
+                    # row i of the summary's two tensors; the entry's summary is built from the copies
+                    t, st = rec.write_summaries.parts()
+                    linear[layer] = (type(rec.write_summaries), take(t[i:i + 1]), take(st[i:i + 1]),
                                      take(rec.tails[i]))
             for layer in self.attention_layers:
                 rec = ctx.records[layer]

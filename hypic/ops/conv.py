@@ -90,7 +90,8 @@ def causal_conv1d(
     # sequence, no host sync): a token at local index i reading j steps back takes token t - j
     # when i >= j, else state column W-1 + (i - j) of its own sequence.
     src = torch.cat([x, initial_state.transpose(1, 2).reshape(num_seqs * hist, dim)])
-    token_src, tail_src = _conv_gather_indices(cu_seqlens.to(x.device), num_tokens, num_seqs, hist)
+    cu_dev = cu_seqlens.to(x.device)
+    token_src = _conv_tap_index(cu_dev, num_tokens, num_seqs, hist)
     src_c = src.to(dtype)
     w_c = weight.to(dtype)
     y = x.new_zeros(num_tokens, dim, dtype=dtype)
@@ -101,6 +102,7 @@ def causal_conv1d(
     y = _activate(y, activation).to(x.dtype)
     if not output_final_state:
         return y, None
+    tail_src = _conv_tail_index(cu_dev, num_tokens, num_seqs, hist)
     final_state = src.index_select(0, tail_src).reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
     return y, final_state
 
@@ -128,32 +130,34 @@ def conv_final_state(x: torch.Tensor, initial_state: Optional[torch.Tensor], cu_
     num_seqs = cu_seqlens.numel() - 1
     if initial_state is None:
         initial_state = x.new_zeros(num_seqs, dim, hist)
-    _, tail_src = _conv_gather_indices(cu_seqlens.to(x.device), num_tokens, num_seqs, hist, tails_only=True)
-    states = initial_state.transpose(1, 2).reshape(num_seqs * hist, dim).to(x.dtype)
+    tail_src = _conv_tail_index(cu_seqlens.to(x.device), num_tokens, num_seqs, hist)
+    states = initial_state.transpose(1, 2).reshape(num_seqs * hist, dim)
     rows = gather_rows_of_cat(x, states, tail_src)
     return rows.reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
 
 
-def _conv_gather_indices(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int,
-                         tails_only: bool = False):
-    """Rows of ``cat(x [T], states [N*(W-1)])``: ``token_src[j, t]`` is the input j steps before
-    token t (j = 0..W-1, None when ``tails_only``); ``tail_src`` lists each sequence's last W-1
-    inputs (state included)."""
+def _conv_tail_index(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int) -> torch.Tensor:
+    """Rows of ``cat(x [T], states [N*(W-1)])`` holding each sequence's last W-1 inputs (state
+    included), ``[N * (W-1)]``."""
+    cu = cu_seqlens.long()
+    device = cu.device
+    k = (cu[1:] - cu[:-1])[:, None] - hist + torch.arange(hist, device=device)[None]  # [N, W-1] span index
+    seq_ids = torch.arange(num_seqs, device=device)[:, None]
+    return torch.where(k >= 0, cu[:-1, None] + k, num_tokens + seq_ids * hist + hist + k).reshape(-1)
+
+
+def _conv_tap_index(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int) -> torch.Tensor:
+    """Rows of ``cat(x [T], states [N*(W-1)])``: ``[j, t]`` is the input j steps before token t
+    (j = 0..W-1)."""
     cu = cu_seqlens.long()
     device = cu.device
     lengths = cu[1:] - cu[:-1]
-    k = lengths[:, None] - hist + torch.arange(hist, device=device)[None]  # [N, W-1] span index
-    seq_ids = torch.arange(num_seqs, device=device)[:, None]
-    tail_src = torch.where(k >= 0, cu[:-1, None] + k, num_tokens + seq_ids * hist + hist + k).reshape(-1)
-    if tails_only:
-        return None, tail_src
     seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), lengths, output_size=num_tokens)
     token = torch.arange(num_tokens, device=device)
     local = token - cu[:-1].index_select(0, seq) if num_tokens else token
     back = torch.arange(hist + 1, device=device)[:, None]  # [W, 1]
     state_row = num_tokens + seq[None] * hist + hist + (local[None] - back)
-    token_src = torch.where(local[None] >= back, token[None] - back, state_row)
-    return token_src, tail_src
+    return torch.where(local[None] >= back, token[None] - back, state_row)
 
 
 def causal_conv1d_update(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -69,10 +69,13 @@ def compiled(fn: Callable) -> Callable:
     return out
 
 
-def dispatch(fn: Callable, x: torch.Tensor) -> Callable:
-    """The compiled ``fn`` for CUDA tensors when enabled, else ``fn`` itself."""
+def dispatch(fn: Callable, x: torch.Tensor, eager: Optional[Callable] = None) -> Callable:
+    """The compiled ``fn`` for CUDA tensors when enabled, else ``eager`` (default ``fn`` itself:
+    an ``fn`` written for the compiler may have a cheaper eager equivalent)."""
     # The switch is read first, so a bad value is an error on every device.
-    return compiled(fn) if compile_glue_enabled() and x.is_cuda else fn
+    if compile_glue_enabled() and x.is_cuda:
+        return compiled(fn)
+    return fn if eager is None else eager
 
 
 def swiglu_math(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

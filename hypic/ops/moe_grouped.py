@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic.ops.fused import compile_glue_enabled, compiled, swiglu
+from hypic.ops.fused import dispatch, swiglu
 
 # Dtypes torch._grouped_mm accepts. On CPU (torch 2.13): bf16, fp16, fp32 (fp64 is rejected).
 # On CUDA the fast kernel is bf16 only and needs sm90+ (Hopper).
@@ -114,9 +114,7 @@ def moe_experts_grouped(
     # a sits at row inverse[a].
     inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
     mix = topk_weights.to(x.dtype)
-    if compile_glue_enabled() and x.is_cuda:
-        return compiled(combine_slots_math)(rows_out, inverse, mix)
-    return combine_slots(rows_out, inverse, mix)
+    return dispatch(combine_slots_math, x, eager=combine_slots)(rows_out, inverse, mix)
 
 
 def combine_slots(rows_out: torch.Tensor, inverse: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:

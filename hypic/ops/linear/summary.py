@@ -68,6 +68,10 @@ class _SummaryOps:
         idx = idx.to(self.state.device)
         return type(self)(self._t().index_select(0, idx), self.state.index_select(0, idx))
 
+    def parts(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The two tensors in constructor order: (transition, or log decays, ``state``)."""
+        return self._t(), self.state
+
     def to(self, device: Union[str, torch.device]):
         return type(self)(self._t().to(device), self.state.to(device))
 
