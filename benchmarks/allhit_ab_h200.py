@@ -90,6 +90,21 @@ def main():
                 sync()
             texts.append(f"== {args.tag}: all-hit {prompt_tokens} ({n} x 512 + 64) ==\n"
                          + prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, by host time ==\n"
+                         + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+            # Where the host time goes at the Python level (the request is host-bound).
+            import cProfile
+            import io
+            import pstats
+
+            py_prof = cProfile.Profile()
+            py_prof.enable()
+            bench.run(prompt)
+            sync()
+            py_prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(py_prof, stream=buf).sort_stats("tottime").print_stats(45)
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, Python functions by own time ==\n" + buf.getvalue())
         bench.close()
         res["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "ttft_ms"}), flush=True)

@@ -68,13 +68,19 @@ def plain_prefill(spec, model, ids):
         return model(torch.tensor(ids, device=DEV), ctx.positions, ctx)
 
 
-def profile_table(fn, rows=30):
+def profile_table(fn, rows=30, host_rows=0):
+    """Ops by GPU time; with ``host_rows``, also the ops with the most host (self CPU) time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         sync()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+    averages = prof.key_averages()
+    text = averages.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+    if host_rows:
+        text += "\n-- by host time --\n" + averages.table(sort_by="self_cpu_time_total", row_limit=host_rows,
+                                                       max_name_column_width=60)
+    return text
 
 
 # PROFILE_COLD=1 adds a profile table and a host-sync census of every cold PIC run.
@@ -218,7 +224,7 @@ def main():
                 bench.close()
                 bench = fresh()
                 texts.append(f"== cold {mode} ({cold}), 64 x 512 + 64 ==\n"
-                             + profile_table(lambda: bench.run(prompt), rows=40))
+                             + profile_table(lambda: bench.run(prompt), rows=40, host_rows=25))
                 bench.close()
                 bench = fresh()
                 row["sync_cold"] = sync_census(lambda: bench.run(prompt))

@@ -248,7 +248,7 @@ class PlainContext(ForwardContext):
         # (key lengths, cu_seqlens_k, key positions) of the attention layers: identical for every
         # full-attention layer of this forward, so built once (one host-to-device copy per
         # forward instead of one per layer).
-        self._key_layout: Optional[Tuple[List[int], torch.Tensor, torch.Tensor]] = None
+        self._key_layout: Optional[Tuple[List[int], torch.Tensor, torch.Tensor, List[int]]] = None
         if isinstance(logits_rows, str):
             if logits_rows == "last":
                 self.logits_rows: Optional[torch.Tensor] = self.cu_seqlens[1:] - 1
@@ -314,15 +314,19 @@ class PlainContext(ForwardContext):
         lengths = [layer.length for layer in layers]
         if self._key_layout is None or self._key_layout[0] != lengths:
             pos_k = layers[0].positions if len(layers) == 1 else torch.cat([layer.positions for layer in layers])
-            cu_k = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)
-            self._key_layout = (lengths, cu_k, pos_k)
-        _, cu_k, pos_k = self._key_layout
+            cu_k_host = [0]
+            for n in lengths:
+                cu_k_host.append(cu_k_host[-1] + n)
+            cu_k = torch.tensor(cu_k_host, dtype=torch.long).to(q.device)
+            self._key_layout = (lengths, cu_k, pos_k, cu_k_host)
+        _, cu_k, pos_k, cu_k_host = self._key_layout
         return varlen_attention(
             q, keys, values,
             cu_seqlens_q=self.cu_seqlens, cu_seqlens_k=cu_k,
             positions_q=self.positions, positions_k=pos_k, scale=scale,
             index_causal=self.index_causal, max_seqlen_q=max(self.num_tokens_per_seq),
             max_seqlen_k=max(lengths), layout_key=self,
+            cu_seqlens_q_host=self._cu_host, cu_seqlens_k_host=cu_k_host,
         )
 
     def select_logits_rows(self, hidden):

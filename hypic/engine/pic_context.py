@@ -26,7 +26,7 @@ from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
-from hypic.ops.linear.gated_delta import gated_delta_forward, gated_delta_summarize
+from hypic.ops.linear.gated_delta import gated_delta_forward, gated_delta_summarize_then_forward
 from hypic.ops.linear.summary import DenseSummary, scan_chain
 from hypic.ops.rope import apply_rotary
 
@@ -144,12 +144,19 @@ class PicContext(ForwardContext):
                                            cu_seqlens_cpu=lay.cu_live_per_request_cpu)
             self.records.setdefault(layer_idx, LinearRecord()).final_states = final
             return o
-        live = gated_delta_summarize(k, v, g, beta, cu_seqlens=lay.cu_spans, cu_seqlens_cpu=lay.cu_spans_cpu)
-        chain = self._chain_summaries(layer_idx, live)
-        incoming, final = scan_chain(chain, lay.cu_chains, init)
-        span_init = incoming.index_select(0, lay.span_chain_pos)
-        o, _ = gated_delta_forward(q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_state=span_init,
-                                   cu_seqlens_cpu=lay.cu_spans_cpu)
+        scanned = {}
+
+        def span_initial_states(live: DenseSummary) -> torch.Tensor:
+            # Each live span starts from the state its chain reaches there: the live spans'
+            # zero-start summaries composed with the cached bodies' summaries, in prompt order.
+            chain = self._chain_summaries(layer_idx, live)
+            scanned["incoming"], scanned["final"] = scan_chain(chain, lay.cu_chains, init)
+            return scanned["incoming"].index_select(0, lay.span_chain_pos)
+
+        o, _, live = gated_delta_summarize_then_forward(
+            q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_states_from=span_initial_states,
+            cu_seqlens_cpu=lay.cu_spans_cpu)
+        incoming, final = scanned["incoming"], scanned["final"]
         rec = self.records.setdefault(layer_idx, LinearRecord())
         rec.final_states = final
         if lay.writes:
@@ -189,6 +196,7 @@ class PicContext(ForwardContext):
             positions_q=lay.positions, positions_k=lay.positions_k, scale=scale,
             index_causal=lay.index_causal, max_seqlen_q=lay.max_live_per_request,
             max_seqlen_k=lay.max_keys_per_request, layout_key=lay,
+            cu_seqlens_q_host=lay.cu_live_host, cu_seqlens_k_host=lay.cu_keys_host,
         )
 
     def select_logits_rows(self, hidden):

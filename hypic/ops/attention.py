@@ -14,7 +14,9 @@ CUDA for fp16/bf16/fp32 with power-of-two head dims >= 16. A caller that knows (
 on the host: :func:`hypic.ops.attention_flash.index_causal_layout`) that causal-by-position equals
 causal-by-index passes ``index_causal=True`` (+ ``max_seqlen_q`` / ``max_seqlen_k``), and CUDA
 fp16/bf16 then uses FlashAttention's varlen kernel (:mod:`hypic.ops.attention_flash`).
-``impl="reference"`` / ``"flex"`` / ``"flash"`` force a path; the environment variable
+A square causal prefill of a few long sequences (cold prompts: queries are all the keys) whose
+caller passes host ``cu_seqlens`` takes cuDNN's kernel instead (:mod:`hypic.ops.attention_cudnn`).
+``impl="reference"`` / ``"flex"`` / ``"flash"`` / ``"cudnn"`` force a path; the environment variable
 ``HYPIC_ATTENTION_IMPL`` (same values) overrides ``"auto"`` for A/B measurements. The flex path
 reuses its block mask (and its value checks) while it is called with the very same layout tensors,
 unchanged, i.e. across the attention layers of one forward.
@@ -24,11 +26,12 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from hypic.ops.attention_cudnn import cudnn_square_causal_attention, cudnn_square_causal_supported
 from hypic.ops.attention_flash import flash_supported, flash_varlen_causal_attention
 from hypic.ops.attention_flex import build_varlen_block_mask, check_varlen_values, flex_varlen_attention
 
@@ -37,7 +40,7 @@ _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_TILE_ELEMENTS = 1 << 24
 # On CUDA the fused SDPA kernels never materialise scores: only the [block, keys] mask counts.
 _MAX_CUDA_MASK_ELEMENTS = 1 << 27
-_IMPLS = ("auto", "reference", "flex", "flash")
+_IMPLS = ("auto", "reference", "flex", "flash", "cudnn")
 _FLEX_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -72,6 +75,8 @@ def varlen_attention(
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k: Optional[int] = None,
     layout_key: Optional[object] = None,
+    cu_seqlens_q_host: Optional[Sequence[int]] = None,
+    cu_seqlens_k_host: Optional[Sequence[int]] = None,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention over packed varlen sequences.
 
@@ -87,6 +92,10 @@ def varlen_attention(
     omitted). ``layout_key``: any object the caller keeps alive while the layout (cu_seqlens,
     positions) stays the same - a forward context passes itself - so the flex path validates the
     layout and builds its block mask once per forward instead of once per layer (None: every call).
+    ``cu_seqlens_q_host`` / ``cu_seqlens_k_host``: host copies of the cumulative lengths; with
+    ``index_causal`` they let a square causal prefill (each sequence's queries are all its keys,
+    a few long sequences) take cuDNN's kernel (:mod:`hypic.ops.attention_cudnn`), about twice
+    flash's rate on Hopper at head dim 256.
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
@@ -121,21 +130,40 @@ def varlen_attention(
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
 
-    if impl == "auto":
+    from_env = impl == "auto"
+    if from_env:
         impl = os.environ.get("HYPIC_ATTENTION_IMPL", "auto")
         if impl not in _IMPLS:
             raise ValueError(f"HYPIC_ATTENTION_IMPL must be one of {_IMPLS}, got {impl!r}")
-        if impl == "flash" and not index_causal:
+        if impl in ("flash", "cudnn") and not index_causal:
             # The variable is a preference for A/B runs: layouts flash cannot express (PIC
             # requests with cached keys) keep the automatic choice instead of failing.
             impl = "auto"
+    square_ok = (
+        index_causal and cu_seqlens_q_host is not None and cu_seqlens_k_host is not None
+        and cudnn_square_causal_supported(q, v, cu_seqlens_q_host, cu_seqlens_k_host)
+    )
+    if impl == "cudnn" and not square_ok:
+        if not from_env:
+            raise ValueError(
+                "impl='cudnn' needs index_causal=True, host cu_seqlens with equal query and key lengths "
+                "per sequence, and CUDA sm90+ fp16/bf16 (see hypic.ops.attention_cudnn)"
+            )
+        impl = "auto"  # the variable is a preference: other layouts keep the automatic choice
     if impl == "auto":
-        if index_causal and flash_supported(q, v):
+        if square_ok:
+            impl = "cudnn"
+        elif index_causal and flash_supported(q, v):
             impl = "flash"
         elif q.is_cuda and _flex_cuda_supported(q, v):
             impl = "flex"
         else:
             impl = "reference"
+    if impl == "cudnn":
+        out = cudnn_square_causal_attention(q, k, v, cu_seqlens_host=cu_seqlens_q_host, scale=scale)
+        if out is not None:
+            return out
+        impl = "flash"  # cuDNN refused (warned once): same layout, FlashAttention's kernel
     if impl == "flash":
         if not index_causal:
             raise ValueError("impl='flash' is causal by index: pass index_causal=True for a layout it is valid for")

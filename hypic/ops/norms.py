@@ -39,13 +39,28 @@ def rms_norm_zero_centered_math(x: torch.Tensor, weight: torch.Tensor, eps: floa
     return out.to(x.dtype)
 
 
+def rms_norm_zero_centered_eager(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The same math through ``F.rms_norm`` (one fused kernel on CUDA): what small CUDA inputs
+    run, where the compiled call's host cost is not worth it and every launch counts."""
+    math = _math_dtype(x)
+    return F.rms_norm(x.to(math), (x.shape[-1],), 1.0 + weight.to(math), eps).to(x.dtype)
+
+
 def rms_norm_zero_centered(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``rmsnorm(x) * (1 + weight)``: weights are stored zero-centred (initialised to 0)."""
     _check("rms_norm_zero_centered", x, weight)
-    return dispatch(rms_norm_zero_centered_math, x)(x, weight, eps)
+    return dispatch(rms_norm_zero_centered_math, x, eager=_eager_on_cuda(x, rms_norm_zero_centered_eager))(
+        x, weight, eps)
+
+
+def _eager_on_cuda(x: torch.Tensor, fused_eager):
+    """CUDA inputs below the compile threshold take ``fused_eager`` (fewer launches); CPU keeps
+    the plain math, which is the reference the tests hold everything else to."""
+    return fused_eager if x.is_cuda else None
 
 
 _ADD_RMS_NORM_ZERO_CENTERED = add_then(rms_norm_zero_centered_math)
+_ADD_RMS_NORM_ZERO_CENTERED_EAGER = add_then(rms_norm_zero_centered_eager)
 
 
 def add_rms_norm_zero_centered(
@@ -56,7 +71,8 @@ def add_rms_norm_zero_centered(
     if h.shape != x.shape or h.dtype != x.dtype:
         raise ValueError(f"add_rms_norm_zero_centered: h {tuple(h.shape)} {h.dtype} != x {tuple(x.shape)} {x.dtype}")
     _check("add_rms_norm_zero_centered", x, weight)
-    return dispatch(_ADD_RMS_NORM_ZERO_CENTERED, x)(x, h, weight, eps)
+    return dispatch(_ADD_RMS_NORM_ZERO_CENTERED, x, eager=_eager_on_cuda(x, _ADD_RMS_NORM_ZERO_CENTERED_EAGER))(
+        x, h, weight, eps)
 
 
 def gated_rms_norm_math(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -70,13 +86,20 @@ def gated_rms_norm_math(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tenso
     return out.to(x.dtype)
 
 
+def gated_rms_norm_eager(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`gated_rms_norm_math` with the normalisation through ``F.rms_norm``."""
+    math = _math_dtype(x)
+    normed = F.rms_norm(x.to(math), (x.shape[-1],), None, eps).to(x.dtype)
+    return ((weight * normed).to(math) * F.silu(gate.to(math))).to(x.dtype)
+
+
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """GDN output norm: ``(weight * rmsnorm(x)) * silu(gate)`` - norm before gate, weight not
     zero-centred (initialised to 1). Normalises over the last dim (one value head)."""
     _check("gated_rms_norm", x, weight)
     if gate.shape != x.shape:
         raise ValueError(f"gated_rms_norm: gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
-    return dispatch(gated_rms_norm_math, x)(x, gate, weight, eps)
+    return dispatch(gated_rms_norm_math, x, eager=_eager_on_cuda(x, gated_rms_norm_eager))(x, gate, weight, eps)
 
 
 def l2_normalize_math(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,8 +108,15 @@ def l2_normalize_math(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def l2_normalize_eager(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`l2_normalize_math` through ``F.rms_norm``: ``sum = D * mean``, so
+    ``x * rsqrt(sum + eps) = rms_norm(x, eps / D) / sqrt(D)``."""
+    dim = x.shape[-1]
+    return (F.rms_norm(x.to(_math_dtype(x)), (dim,), None, eps / dim) * dim**-0.5).to(x.dtype)
+
+
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2) + eps)`` over the last dim, in fp32 (as fla / transformers' l2norm)."""
     if not isinstance(x, torch.Tensor) or x.dtype not in _FLOAT:
         raise ValueError("l2_normalize: x must be a floating tensor")
-    return dispatch(l2_normalize_math, x)(x, eps)
+    return dispatch(l2_normalize_math, x, eager=_eager_on_cuda(x, l2_normalize_eager))(x, eps)

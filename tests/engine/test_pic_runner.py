@@ -391,8 +391,9 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     segs = [random_segment(n, 700 + n) for n in (23, 9, 30)]
     query = random_segment(5, 3)
     calls = []
-    real = pic_context.gated_delta_summarize
-    monkeypatch.setattr(pic_context, "gated_delta_summarize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = pic_context.gated_delta_summarize_then_forward
+    monkeypatch.setattr(pic_context, "gated_delta_summarize_then_forward",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
 
     full = PicHarness(spec, model, config=PICConfig(mode="full_recompute"))
     _, res = full.run(segs, query)
@@ -400,6 +401,7 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
 
     prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
     prefix.run(segs, random_segment(4, 1))  # records the checkpoints (summaries are used here)
+    assert calls  # the spy sees the summary path when it runs
     calls.clear()
     plan, res = prefix.run(segs, query)
     assert plan.prefix_hit_tokens == sum(len(s) for s in segs)

@@ -55,6 +55,18 @@ def test_compiled_glue_matches_the_eager_reference(toolchain, dtype, tol, num_to
             assert _rel(o, r) < tol, (name, _rel(o, r))
 
 
+class _FakeCuda:
+    """Just what dispatch reads of a tensor: where it lives and how big it is."""
+
+    is_cuda = True
+
+    def __init__(self, numel: int) -> None:
+        self._numel = numel
+
+    def numel(self) -> int:
+        return self._numel
+
+
 def test_switch_and_dispatch(monkeypatch):
     monkeypatch.delenv(fused.COMPILE_ENV, raising=False)
     assert fused.compile_glue_enabled() is True  # on by default (measured faster on the H200)
@@ -65,6 +77,14 @@ def test_switch_and_dispatch(monkeypatch):
     x = torch.randn(3, 8)
     assert fused.dispatch(norms.l2_normalize_math, x) is norms.l2_normalize_math
     assert torch.equal(norms.l2_normalize(x), norms.l2_normalize_math(x, 1e-6))
+    # CUDA tensors: the compiled graph from MIN_COMPILED_ELEMENTS elements on, the eager math
+    # below it (where the compiled call's host cost exceeds the GPU time it saves).
+    big, small = _FakeCuda(fused.MIN_COMPILED_ELEMENTS), _FakeCuda(fused.MIN_COMPILED_ELEMENTS - 1)
+    assert fused.dispatch(norms.l2_normalize_math, big) is fused.compiled(norms.l2_normalize_math)
+    assert fused.dispatch(norms.l2_normalize_math, small) is norms.l2_normalize_math
+    assert fused.dispatch(norms.l2_normalize_math, small, eager=norms.l2_normalize) is norms.l2_normalize
+    monkeypatch.setenv(fused.COMPILE_ENV, "0")
+    assert fused.dispatch(norms.l2_normalize_math, big) is norms.l2_normalize_math
     monkeypatch.setenv(fused.COMPILE_ENV, "yes")
     with pytest.raises(ValueError, match="HYPIC_COMPILE_GLUE must be 0 or 1"):
         norms.l2_normalize(x)

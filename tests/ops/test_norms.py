@@ -43,3 +43,35 @@ def test_add_rms_norm_is_the_residual_add_then_the_norm():
         assert torch.equal(s, x + h) and torch.equal(n, rms_norm_zero_centered(x + h, w, 1e-6))
     with pytest.raises(ValueError, match="add_rms_norm_zero_centered"):
         add_rms_norm_zero_centered(x, h[:3], w, 1e-6)
+
+
+_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_eager_variants_match_the_math(device, dtype):
+    """Small CUDA inputs run the F.rms_norm variants (fewer launches); they compute the same
+    values as the math functions (the reference) up to fp32 rounding."""
+    from hypic.ops import norms
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(37, 4, 128, generator=gen) * 3).to(device, dtype)
+    h = torch.randn(37, 4, 128, generator=gen).to(device, dtype)
+    gate = torch.randn(37, 4, 128, generator=gen).to(device, dtype)
+    w = (torch.randn(128, generator=gen) * 0.1).to(device, dtype)
+    eps = 1e-6
+    pairs = [
+        (norms.rms_norm_zero_centered_eager(x, w, eps), norms.rms_norm_zero_centered_math(x, w, eps)),
+        (norms.gated_rms_norm_eager(x, gate, w + 1, eps), norms.gated_rms_norm_math(x, gate, w + 1, eps)),
+        (norms.l2_normalize_eager(x, eps), norms.l2_normalize_math(x, eps)),
+    ]
+    s_eager, n_eager = norms._ADD_RMS_NORM_ZERO_CENTERED_EAGER(x, h, w, eps)
+    s_math, n_math = norms._ADD_RMS_NORM_ZERO_CENTERED(x, h, w, eps)
+    assert torch.equal(s_eager, s_math)
+    pairs.append((n_eager, n_math))
+    tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16: a last-bit flip after the fp32 math
+    for got, want in pairs:
+        assert got.dtype == want.dtype == dtype and got.shape == want.shape
+        err = float((got.float() - want.float()).norm() / want.float().norm())
+        assert err < tol, err

@@ -155,21 +155,41 @@ def _wy_summarize(k, v, g, beta, cu_seqlens, cu_cpu=None):
 
 
 def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None, cu_seqlens_cpu=None):
-    """Varlen GDN forward via fla's public ``chunk_gated_delta_rule``. Returns (o, final fp32)."""
+    """Varlen GDN forward: the kernels of fla's ``chunk_gated_delta_rule`` (local cumsum, WY intra,
+    state pass, output), called directly. Skipping its autograd wrapper (input guard, autocast,
+    saving tensors for a backward that never runs) saves host time on every layer. Returns
+    (o, final fp32)."""
     if _any_fp64(q, k, v, g, beta, initial_state):
         return _on_cpu_reference("gated_delta", "gated_delta_forward", (q, k, v, g, beta),
                                  dict(cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale))
     _check_fla_inputs("gated_delta_forward", k.shape[-1], q, k, v, g, beta)
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    cu = _cu(cu_seqlens, k.device)
     with torch.no_grad():
-        o, final = chunk_gated_delta_rule(
-            _b1(q), _b1(k), _b1(v), _b1(g.float()), _b1(beta), scale=scale,
-            initial_state=_state_or_none(initial_state), output_final_state=True, cu_seqlens=cu,
-            chunk_indices=_chunk_indices(cu, cu_seqlens_cpu),
-        )
-    return o[0].to(v.dtype), final
+        return _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary=False,
+                           cu_cpu=cu_seqlens_cpu)
+
+
+def gated_delta_summarize_then_forward(q, k, v, g, beta, *, cu_seqlens, initial_states_from, scale=None,
+                                       cu_seqlens_cpu=None):
+    """Zero-start summaries, then the forward from ``initial_states_from(summary)``, sharing the
+    WY intra step (local cumsum, ``kkt`` + solve, ``w``/``u``) between the two."""
+    if _any_fp64(q, k, v, g, beta):  # the CPU reference, through the two separate calls
+        summary = gated_delta_summarize(k, v, g, beta, cu_seqlens=cu_seqlens)
+        o, final = gated_delta_forward(q, k, v, g, beta, cu_seqlens=cu_seqlens,
+                                       initial_state=initial_states_from(summary), scale=scale)
+        return o, final, summary
+    _check_fla_inputs("gated_delta_summarize_then_forward", k.shape[-1], q, k, v, g, beta)
+    with torch.no_grad():
+        scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
+        cu = _cu(cu_seqlens, k.device)
+        ci = _chunk_indices(cu, cu_seqlens_cpu)
+        q4, k4, v4, beta3 = _b1(q), _b1(k), _b1(v), _b1(beta)
+        gc = _local_cumsum(_b1(g), cu, ci)
+        w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
+        zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=False)
+        summary = _summary_classes()[0](transition=trans, state=zero_start)
+        h0 = _state_or_none(initial_states_from(summary))
+        o, final = _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale)
+    return o[0].to(v.dtype), final, summary
 
 
 def gated_delta_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None,

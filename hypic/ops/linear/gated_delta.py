@@ -6,7 +6,7 @@ the caller. GVA: ``HV % H == 0``. T is dense K x K (``DenseSummary``).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -101,3 +101,37 @@ def gated_delta_forward_and_summarize(
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
                     cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.forward_and_summarize(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
+
+
+def gated_delta_summarize_then_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    initial_states_from: Callable[[DenseSummary], torch.Tensor],
+    scale: Optional[float] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, DenseSummary]:
+    """Zero-start summaries of every span, then the forward of the same spans from initial
+    states that depend on those summaries (a PIC forward composes them with cached segments'
+    summaries first): ``initial_states_from(summary)`` returns ``[N, HV, K, V]``.
+
+    Equal to ``gated_delta_summarize`` followed by ``gated_delta_forward(initial_state=...)``;
+    the GPU path computes the intra-chunk WY step once for both (the separate calls do it twice
+    per layer). Returns ``(o, final_state, summary)``."""
+    scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, None, scale)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
+    if not callable(initial_states_from):
+        raise ValueError("initial_states_from must be callable: summary -> initial states [N, HV, K, V]")
+    fast = cuda_fast_path("gated_delta_summarize_then_forward", q, k, v)
+    if fast is not None:
+        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=initial_states_from, scale=scale,
+                    cu_seqlens_cpu=cu_seqlens_cpu)
+    summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
+    init = initial_states_from(summary)
+    _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, init, scale)
+    o, final = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, init, scale_f)
+    return o, final, summary

@@ -168,6 +168,22 @@ def test_float64_falls_back_to_cpu_reference():
     assert torch.equal(o3, o3_ref) and isinstance(s3, DenseSummary)
 
 
+def test_host_chunk_table_lists_every_chunk_in_order():
+    from hypic.ops.linear._fla_common import _chunk_indices, chunk_table_host
+
+    lengths = [70, 1, 0, 130, 64, 65]
+    cu = cu_of(lengths)
+    want = [(i, j) for i, n in enumerate(lengths) for j in range(-(-n // 64))]
+    table = chunk_table_host(cu, 64)
+    assert table.dtype == torch.long and table.tolist() == [list(r) for r in want]
+    assert chunk_table_host(cu_of([0, 0]), 64).shape == (0, 2)
+    # cached by the identity of (cu, cu_cpu): the same tensors give the same table object
+    dev_cu = cu.clone()
+    first = _chunk_indices(dev_cu, cu)
+    assert _chunk_indices(dev_cu, cu) is first and torch.equal(first, table)
+    assert _chunk_indices(dev_cu.clone(), cu) is not first
+
+
 def test_fla_inputs_must_be_cuda():
     x = torch.zeros(4, 1, 8)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -335,6 +351,41 @@ def test_triton_scan_matches_torch_scan(kind):
     inc_ref, fin_ref = scan_chain_torch(s64, cu, init)
     inc, fin = fla_paths.scan_chain(s32, cu.to(dev), init.float().to(dev))
     assert rel(inc, inc_ref) < 1e-5 and rel(fin, fin_ref) < 1e-5
+
+
+@needs_cuda
+def test_host_chunk_table_equals_fla_table():
+    from fla.ops.utils.index import prepare_chunk_indices
+
+    from hypic.ops.linear._fla_common import _chunk_indices
+
+    cu = cu_of(LENGTHS + [1000, 3], "cuda")
+    ours = _chunk_indices(cu, cu.cpu())
+    assert ours.is_cuda and torch.equal(ours, prepare_chunk_indices(cu, 64))
+
+
+@needs_cuda
+def test_summarize_then_forward_equals_separate_calls():
+    dev = torch.device("cuda")
+    x = family_inputs("gated_delta", torch.bfloat16, dev, seed=2)
+    cu = cu_of(LENGTHS, dev)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+
+    def initial_states_from(summary):
+        return summary.state.roll(1, dims=0) * 0.5 + 0.1
+
+    o, f, s = fla_paths.gated_delta_summarize_then_forward(*args, cu_seqlens=cu,
+                                                           initial_states_from=initial_states_from)
+    s_sep = fla_paths.gated_delta_summarize(*args[1:], cu_seqlens=cu)
+    o_sep, f_sep = fla_paths.gated_delta_forward(*args, cu_seqlens=cu, initial_state=initial_states_from(s_sep))
+    assert rel(s.state, s_sep.state) < 1e-5 and rel(s.transition, s_sep.transition) < 1e-5
+    assert rel(o, o_sep) < 1e-5 and rel(f, f_sep) < 1e-5
+    # and against the float64 CPU reference
+    x64 = [t.cpu().double() for t in args]
+    o_ref, f_ref, s_ref = gated_delta.gated_delta_summarize_then_forward(
+        *x64, cu_seqlens=cu.cpu(), initial_states_from=initial_states_from)
+    assert rel(o, o_ref) < TOL[torch.bfloat16] and rel(f, f_ref) < TOL[torch.bfloat16]
+    assert rel(s.transition, s_ref.transition) < TOL[torch.bfloat16]
 
 
 @needs_cuda

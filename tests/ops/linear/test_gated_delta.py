@@ -5,7 +5,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hypic.ops.linear.gated_delta import gated_delta_decode, gated_delta_forward, gated_delta_summarize
+from hypic.ops.linear.gated_delta import (
+    gated_delta_decode,
+    gated_delta_forward,
+    gated_delta_summarize,
+    gated_delta_summarize_then_forward,
+)
 from hypic.ops.linear.summary import DenseSummary
 from tests.ops.linear import family_cases as fc
 
@@ -50,6 +55,35 @@ def test_summary_is_dense_fp32_with_exact_nbytes():
     assert s.nbytes == 4 * 2 * fc.HV * fc.K * (fc.K + fc.V)
     o, final = gated_delta_forward(tok["q"], tok["k"], tok["v"], tok["g"], tok["beta"], cu_seqlens=fc.cu([50]))
     assert o.dtype == torch.bfloat16 and final.dtype == torch.float32
+
+
+def test_summarize_then_forward_equals_separate_calls():
+    """The initial states may depend on the summaries (a PIC forward scans them first): the op
+    hands its zero-start summaries to the callback and runs the forward from what it returns."""
+    tok, _ = FAMILY.make(203, 4, torch.float64)
+    cu_seqlens = fc.cu([70, 0, 3, 130])
+    mix = torch.randn(fc.HV, fc.K, fc.V, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    seen = []
+
+    def initial_states_from(summary):
+        seen.append(summary)
+        return summary.state.roll(1, dims=0) * 0.5 + mix  # depends on the summaries
+
+    args = (tok["q"], tok["k"], tok["v"], tok["g"], tok["beta"])
+    o, final, summary = gated_delta_summarize_then_forward(*args, cu_seqlens=cu_seqlens,
+                                                           initial_states_from=initial_states_from)
+    ref_summary = gated_delta_summarize(*args[1:], cu_seqlens=cu_seqlens)
+    ref_o, ref_final = gated_delta_forward(*args, cu_seqlens=cu_seqlens,
+                                           initial_state=initial_states_from(ref_summary))
+    assert len(seen) == 2 and seen[0] is summary
+    assert fc.rel_err(summary.state, ref_summary.state) < 1e-12
+    assert fc.rel_err(summary.transition, ref_summary.transition) < 1e-12
+    assert fc.rel_err(o, ref_o) < 1e-12 and fc.rel_err(final, ref_final) < 1e-12
+    with pytest.raises(ValueError, match="initial_states_from must be callable"):
+        gated_delta_summarize_then_forward(*args, cu_seqlens=cu_seqlens, initial_states_from=None)
+    with pytest.raises(ValueError, match="initial_state"):  # a wrong count of states is rejected
+        gated_delta_summarize_then_forward(*args, cu_seqlens=cu_seqlens,
+                                           initial_states_from=lambda s: s.state[:2])
 
 
 def _inputs(num_tokens=10):
