@@ -85,6 +85,9 @@ def profile_table(fn, rows=30, host_rows=0):
 
 # PROFILE_COLD=1 adds a profile table and a host-sync census of every cold PIC run.
 PROFILE_COLD = os.environ.get("PROFILE_COLD", "0") == "1"
+# PROFILE_PIC=mode:policy,... picks the PIC runs (default: full_recompute, hypic inline, standalone).
+PIC_RUNS = tuple(tuple(x.split(":")) for x in os.environ.get(
+    "PROFILE_PIC", "full_recompute:inline,hypic:inline,hypic:standalone").split(","))
 
 
 def sync_census(fn):
@@ -198,7 +201,7 @@ def main():
     order = list(range(64))
     rng.shuffle(order)
     pic = []
-    for mode, cold in (("full_recompute", "inline"), ("hypic", "inline"), ("hypic", "standalone")):
+    for mode, cold in PIC_RUNS:
         if left() < 60:
             break
         try:

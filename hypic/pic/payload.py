@@ -26,16 +26,19 @@ _SCALARS = (bool, int, float, str, torch.dtype, torch.device)
 
 def payload_nbytes(obj: Any) -> int:
     """Exact bytes held by ``obj``'s tensors."""
-    if obj is None or isinstance(obj, _SCALARS):
+    if obj is None:
         return 0
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
+    # An object's own ``nbytes`` (the layer payloads, the summaries) before the generic dataclass
+    # walk: the walk costs field reflection per object, thousands per cold prefill. Looked up on
+    # the type, so the property runs once (``hasattr`` would evaluate it a first time).
+    if getattr(type(obj), "nbytes", None) is not None:
+        return int(obj.nbytes)
+    if isinstance(obj, _SCALARS):
+        return 0
     if isinstance(obj, (tuple, list)):
         return sum(payload_nbytes(o) for o in obj)
-    # An object's own ``nbytes`` (the layer payloads, the summaries) before the generic dataclass
-    # walk: the walk costs field reflection per object, thousands per cold prefill.
-    if hasattr(obj, "nbytes"):
-        return int(obj.nbytes)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return sum(payload_nbytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
     raise ValueError(f"payload: cannot measure an object of type {type(obj).__name__}")
