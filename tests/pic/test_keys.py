@@ -64,3 +64,18 @@ def test_key_errors():
         Keyer(KeyNamespace("m", "f"), hash_fn=lambda b: b"").segment_key([1], 0)
     with pytest.raises(ValueError, match="empty segment"):
         keyer().checkpoint_keys([[1], []])
+
+
+def test_token_ids_of_any_integer_type_give_the_same_key():
+    import numpy as np
+    import torch
+
+    k = keyer()
+    want = k.segment_key((5, 7, 0, 9), 1)
+    for ids in ([5, 7, 0, 9], np.array([5, 7, 0, 9]), (np.int32(5), 7, 0, 9), torch.tensor([5, 7, 0, 9]),
+                [np.int64(5), np.uint16(7), 0, 9]):
+        got = k.segment_key(ids, 1)
+        assert got == want and got.digest == want.digest
+        assert got.token_ids == (5, 7, 0, 9) and all(type(t) is int for t in got.token_ids)
+    assert k.segment_key((True, 7), 0).token_ids == (1, 7)  # bools count as 0/1, as int() does
+    assert k.checkpoint_keys([[5, 7], np.array([0, 9])]) == k.checkpoint_keys([(5, 7), (0, 9)])
