@@ -89,7 +89,8 @@ def cudnn_square_causal_attention(
                     is_causal=True, scale=scale,
                 )
                 pieces.append(o[0].transpose(0, 1))
-        out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        # contiguous like the other kernels' outputs (free when cuDNN wrote [L, H, D] rows)
+        out = pieces[0].contiguous() if len(pieces) == 1 else torch.cat(pieces)
     except RuntimeError as exc:  # no cuDNN kernel for this build / GPU / shape
         _disabled_reason = f"{type(exc).__name__}: {str(exc)[:200]}"
         warnings.warn(f"cuDNN attention unavailable, using FlashAttention instead ({_disabled_reason})",
