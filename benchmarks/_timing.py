@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 import time
-from typing import Callable, Tuple, TypeVar
+from typing import Callable, List, Tuple, TypeVar
 
 import torch
 
@@ -22,3 +23,25 @@ def timed(fn: Callable[[], T], device: str = "cuda") -> Tuple[T, float]:
     out = fn()
     sync(device)
     return out, time.perf_counter() - start
+
+
+
+def event_times_ms(fn: Callable[[], object], repeats: int = 10) -> List[float]:
+    """GPU time of each of ``repeats`` calls of ``fn`` in milliseconds, between CUDA events, after
+    one untimed call (compiles, autotuning)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def event_median_ms(fn: Callable[[], object], repeats: int = 10) -> float:
+    """Median of :func:`event_times_ms`."""
+    return statistics.median(event_times_ms(fn, repeats))

@@ -23,28 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import traceback
 
 import torch
 
+from _timing import event_median_ms
 from hypic.ops.attention_flex import build_varlen_block_mask, flex_varlen_attention
 
 HQ, HKV, D = 16, 2, 256
-
-
-def timed_ms(fn, repeats=10):
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def main():
@@ -115,7 +101,7 @@ def main():
         try:
             out = fn()
             row["rel_err_vs_default"] = float((out.float() - ref.float()).norm() / ref.float().norm())
-            row["ms"] = timed_ms(fn)
+            row["ms"] = event_median_ms(fn)
             row["tflops"] = flop / row["ms"] / 1e9
         except Exception as exc:  # a kernel that rejects this layout is a result
             row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"

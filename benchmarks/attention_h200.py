@@ -17,27 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from _timing import event_median_ms
+
 HQ, HKV, D = 16, 2, 256
-
-
-def timed_ms(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -109,7 +96,7 @@ def main():
                     out = out.reshape(ref.shape) if out.numel() == ref.numel() else out
                     row["shape"] = list(out.shape)
                     row["rel_err_vs_flash"] = rel_err(out, ref) if out.shape == ref.shape else None
-                    ms = timed_ms(fn, args.repeats)
+                    ms = event_median_ms(fn, args.repeats)
                     row["ms"] = ms
                     row["tflops"] = flop / ms / 1e9
                 except Exception as exc:  # a backend that refuses this shape is a result, not a failure

@@ -25,6 +25,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from _timing import event_times_ms
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -63,16 +65,7 @@ def main():
         cp_fwd.chunk_cp_fwd_h(k=k4, w=w, u=u, hm=hm, g=gc, gk=None, cu_seqlens=cu_d, chunk_size=CHUNK_SIZE,
                               multi_seqs=True)
 
-    launch()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        launch()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+    times = event_times_ms(launch)
     n = args.check_spans
     ref = gated_delta.gated_delta_summarize(
         k[: n * span_tokens].cpu().double(),

@@ -119,39 +119,42 @@ def _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale):
     return o, final
 
 
+def _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu):
+    """What the state pass, the output and the summaries share: fla layouts, the chunk table, the
+    per-chunk gate cumsum and the WY intra step. Returns ``(cu, ci, k4, gc, w, u)``."""
+    cu = _cu(cu_seqlens, k.device)
+    ci = _chunk_indices(cu, cu_cpu)
+    k4 = _b1(k)
+    gc = _local_cumsum(_b1(g), cu, ci)
+    w, u = _wy_intra(k4, _b1(v), gc, _b1(beta), cu, ci)
+    return cu, ci, k4, gc, w, u
+
+
+def _zero_start_summary(k4, w, u, gc, cu):
+    """Dense zero-start summaries (T and S) of every span of a prepared input."""
+    zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=False)
+    return _summary_classes()[0](transition=trans, state=zero_start)
+
+
 def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary, cu_cpu=None):
     """Varlen forward (and optionally summaries) of GDN (g given) or DeltaNet (g None)."""
     scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
-    cu = _cu(cu_seqlens, k.device)
-    ci = _chunk_indices(cu, cu_cpu)
-    q4, k4, v4, beta3 = _b1(q), _b1(k), _b1(v), _b1(beta)
-    gc = _local_cumsum(_b1(g), cu, ci)
-    w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
+    cu, ci, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu)
     h0 = _state_or_none(initial_state)
-    o, final = _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale)
+    o, final = _wy_state_and_output(_b1(q), k4, w, u, gc, h0, cu, ci, scale)
     o = o[0].to(v.dtype)
     if not with_summary:
         return o, final
-    num_spans = cu.numel() - 1
-    if h0 is None:
-        # zero start: the forward's final states are S(C|0); only T is left to compute
-        _, trans = _cp_summaries(k4, w, u, gc, None, cu, num_spans, transition_only=True)
-        zero_start = final.clone()
-    else:
-        zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, num_spans, transition_only=False)
-    DenseSummary = _summary_classes()[0]
-    return o, final, DenseSummary(transition=trans, state=zero_start)
+    if h0 is not None:
+        return o, final, _zero_start_summary(k4, w, u, gc, cu)
+    # zero start: the forward's final states are S(C|0); only T is left to compute
+    _, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=True)
+    return o, final, _summary_classes()[0](transition=trans, state=final.clone())
 
 
 def _wy_summarize(k, v, g, beta, cu_seqlens, cu_cpu=None):
-    cu = _cu(cu_seqlens, k.device)
-    ci = _chunk_indices(cu, cu_cpu)
-    k4, v4, beta3 = _b1(k), _b1(v), _b1(beta)
-    gc = _local_cumsum(_b1(g), cu, ci)
-    w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
-    zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=False)
-    DenseSummary = _summary_classes()[0]
-    return DenseSummary(transition=trans, state=zero_start)
+    cu, _, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu)
+    return _zero_start_summary(k4, w, u, gc, cu)
 
 
 def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None, cu_seqlens_cpu=None):
@@ -180,15 +183,10 @@ def gated_delta_summarize_then_forward(q, k, v, g, beta, *, cu_seqlens, initial_
     _check_fla_inputs("gated_delta_summarize_then_forward", k.shape[-1], q, k, v, g, beta)
     with torch.no_grad():
         scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
-        cu = _cu(cu_seqlens, k.device)
-        ci = _chunk_indices(cu, cu_seqlens_cpu)
-        q4, k4, v4, beta3 = _b1(q), _b1(k), _b1(v), _b1(beta)
-        gc = _local_cumsum(_b1(g), cu, ci)
-        w, u = _wy_intra(k4, v4, gc, beta3, cu, ci)
-        zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=False)
-        summary = _summary_classes()[0](transition=trans, state=zero_start)
+        cu, ci, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_seqlens_cpu)
+        summary = _zero_start_summary(k4, w, u, gc, cu)
         h0 = _state_or_none(initial_states_from(summary))
-        o, final = _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale)
+        o, final = _wy_state_and_output(_b1(q), k4, w, u, gc, h0, cu, ci, scale)
     return o[0].to(v.dtype), final, summary
 
 
