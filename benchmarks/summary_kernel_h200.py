@@ -12,7 +12,9 @@ before the kernel's first compile; one process per precision), and compares T an
     python3 benchmarks/summary_kernel_h200.py --precision tf32 --out OUT
     python3 benchmarks/summary_kernel_h200.py --precision ieee --out OUT
 
-Writes OUT/summary_kernel_<precision>.json. Exploratory: the engine uses fla's default.
+``--gate-bias`` sets how fast the gates decay (a slow decay keeps T far from zero, where its
+relative error matters). Writes OUT/summary_kernel_<precision>_bias<bias>.json. The engine's
+precision is ``HYPIC_SUMMARY_DOT_PRECISION`` (hypic.ops.linear._fla_summaries).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--precision", choices=["tf32x3", "tf32", "ieee"], required=True)
     ap.add_argument("--check-spans", type=int, default=2)
+    ap.add_argument("--gate-bias", type=float, default=4.0,
+                    help="g = logsigmoid(randn + bias): 4 decays a 512-token span to ~1e-4, 8 to ~0.8")
     args = ap.parse_args()
-    import triton.language as tl
-
     import fla.ops.cp.chunk_fwd as cp_fwd
 
-    cp_fwd.CP_DOT_PRECISION = tl.constexpr(args.precision)  # before the first compile
+    os.environ["HYPIC_SUMMARY_DOT_PRECISION"] = args.precision
+    from hypic.ops.linear._fla_summaries import _configure_summary_precision
+
+    _configure_summary_precision()  # hypic's knob, before the kernel's first compile
     from hypic.ops.linear import gated_delta
     from hypic.ops.linear._fla_common import CHUNK_SIZE, _b1, _chunk_indices, _cu, _local_cumsum
     from hypic.ops.linear.fla_paths import _wy_intra
@@ -49,7 +54,7 @@ def main():
     g_ = torch.Generator(device=dev).manual_seed(0)
     k = F.normalize(torch.randn(t, h, kd, device=dev, generator=g_), dim=-1).bfloat16()
     v = torch.randn(t, hv, vd, device=dev, generator=g_).bfloat16()
-    g = F.logsigmoid(torch.randn(t, hv, device=dev, generator=g_) + 4.0)
+    g = F.logsigmoid(torch.randn(t, hv, device=dev, generator=g_) + args.gate_bias)
     beta = torch.sigmoid(torch.randn(t, hv, device=dev, generator=g_)).bfloat16()
     cu = torch.arange(0, t + 1, span_tokens, device=dev)
     cu_cpu = cu.cpu()
@@ -72,14 +77,14 @@ def main():
         v[: n * span_tokens].cpu().double(), g[: n * span_tokens].cpu().double(),
         beta[: n * span_tokens].cpu().double(), cu_seqlens=cu_cpu[: n + 1])
     state, trans = hm[:n, ..., :vd].double().cpu(), hm[:n, ..., vd:].double().cpu()
-    row = {"precision": args.precision, "ms_per_layer": statistics.median(times), "ms_all": times,
+    row = {"precision": args.precision, "gate_bias": args.gate_bias, "ms_per_layer": statistics.median(times), "ms_all": times,
            "tokens": t, "spans": spans, "value_heads": hv, "key_dim": kd,
            "rel_err_T": float((trans - ref.transition).norm() / ref.transition.norm()),
            "rel_err_S": float((state - ref.state).norm() / ref.state.norm()),
            "max_abs_err_T": float((trans - ref.transition).abs().max())}
     print(json.dumps({k_: v_ for k_, v_ in row.items() if k_ != "ms_all"}), flush=True)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"summary_kernel_{args.precision}.json"), "w") as f:
+    with open(os.path.join(args.out, f"summary_kernel_{args.precision}_bias{args.gate_bias:g}.json"), "w") as f:
         json.dump(row, f, indent=1)
 
 

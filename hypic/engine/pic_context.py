@@ -155,7 +155,7 @@ class PicContext(ForwardContext):
 
         o, _, live = gated_delta_summarize_then_forward(
             q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_states_from=span_initial_states,
-            cu_seqlens_cpu=lay.cu_spans_cpu)
+            cu_seqlens_cpu=lay.cu_spans_cpu, output_final_state=False)
         incoming, final = scanned["incoming"], scanned["final"]
         rec = self.records.setdefault(layer_idx, LinearRecord())
         rec.final_states = final

@@ -36,37 +36,9 @@ from hypic.ops.linear._fla_common import (
     _state_or_none,
     _summary_classes,
 )
+from hypic.ops.linear._fla_summaries import _cp_summaries
+from hypic.ops.linear.short_span import short_span_rows, short_span_state_pass, short_span_summary
 from hypic.ops.linear.triton_scan import scan_chain_torch, scan_chain_triton
-
-
-_TRANSITION_ONLY_OK = [True]  # cleared if the V = 0 launch ever fails (then S is recomputed too)
-
-
-def _cp_summaries(k4, w, u, gc, gk, cu, num_spans: int, transition_only: bool):
-    """fla's affine-summary kernel: returns (S [N,HV,K,V] or None, T [N,HV,K,K]) fp32.
-
-    ``transition_only`` launches only the T columns (V = 0 view of u): used when the zero-start
-    states are already known (a forward from zero initial states yields them).
-    """
-    from fla.ops.cp.chunk_fwd import chunk_cp_fwd_h
-
-    key_dim = k4.shape[-1]
-    num_heads, value_dim = u.shape[2], u.shape[3]
-    if transition_only and _TRANSITION_ONLY_OK[0]:
-        # a zero-width view of u makes the kernel's V extent 0: only the T program blocks run
-        # and hm is laid out [K, 0 + K]
-        hm = torch.empty(num_spans, num_heads, key_dim, key_dim, device=k4.device, dtype=torch.float32)
-        try:
-            chunk_cp_fwd_h(k=k4, w=w, u=u[..., :0], hm=hm, g=gc, gk=gk, cu_seqlens=cu,
-                           chunk_size=CHUNK_SIZE, multi_seqs=True)
-            return None, hm
-        except Exception:  # noqa: BLE001 - a kernel that rejects V = 0: use the full launch
-            _TRANSITION_ONLY_OK[0] = False
-    hm = torch.empty(num_spans, num_heads, key_dim, value_dim + key_dim, device=k4.device,
-                     dtype=torch.float32)
-    chunk_cp_fwd_h(k=k4, w=w, u=u, hm=hm, g=gc, gk=gk, cu_seqlens=cu,
-                   chunk_size=CHUNK_SIZE, multi_seqs=True)
-    return hm[..., :value_dim].contiguous(), hm[..., value_dim:].contiguous()
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,9 +102,19 @@ def _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu):
     return cu, ci, k4, gc, w, u
 
 
-def _zero_start_summary(k4, w, u, gc, cu):
+def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
+    """(S or None, T) of every span from the WY factors: closed form when every span fits in one
+    chunk (the seams and questions of a cached request, :mod:`short_span`), fla's summary kernel
+    otherwise."""
+    table = short_span_rows(cu, cu_cpu, CHUNK_SIZE)
+    if table is not None:
+        return short_span_summary(k4[0], w[0], u[0], None if gc is None else gc[0], table, transition_only)
+    return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only)
+
+
+def _zero_start_summary(k4, w, u, gc, cu, cu_cpu):
     """Dense zero-start summaries (T and S) of every span of a prepared input."""
-    zero_start, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=False)
+    zero_start, trans = _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only=False)
     return _summary_classes()[0](transition=trans, state=zero_start)
 
 
@@ -146,15 +128,15 @@ def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary
     if not with_summary:
         return o, final
     if h0 is not None:
-        return o, final, _zero_start_summary(k4, w, u, gc, cu)
+        return o, final, _zero_start_summary(k4, w, u, gc, cu, cu_cpu)
     # zero start: the forward's final states are S(C|0); only T is left to compute
-    _, trans = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=True)
+    _, trans = _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only=True)
     return o, final, _summary_classes()[0](transition=trans, state=final.clone())
 
 
 def _wy_summarize(k, v, g, beta, cu_seqlens, cu_cpu=None):
     cu, _, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu)
-    return _zero_start_summary(k4, w, u, gc, cu)
+    return _zero_start_summary(k4, w, u, gc, cu, cu_cpu)
 
 
 def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None, cu_seqlens_cpu=None):
@@ -172,22 +154,35 @@ def gated_delta_forward(q, k, v, g, beta, *, cu_seqlens, initial_state=None, sca
 
 
 def gated_delta_summarize_then_forward(q, k, v, g, beta, *, cu_seqlens, initial_states_from, scale=None,
-                                       cu_seqlens_cpu=None):
+                                       cu_seqlens_cpu=None, output_final_state=True):
     """Zero-start summaries, then the forward from ``initial_states_from(summary)``, sharing the
-    WY intra step (local cumsum, ``kkt`` + solve, ``w``/``u``) between the two."""
+    WY intra step (local cumsum, ``kkt`` + solve, ``w``/``u``) between the two.
+
+    When every span fits in one chunk (a cached request's seams and question) and the final
+    states are not wanted, fla's summary kernel and state pass are replaced by their closed forms
+    (:mod:`short_span`); only the output kernel runs."""
     if _any_fp64(q, k, v, g, beta):  # the CPU reference, through the two separate calls
         summary = gated_delta_summarize(k, v, g, beta, cu_seqlens=cu_seqlens)
         o, final = gated_delta_forward(q, k, v, g, beta, cu_seqlens=cu_seqlens,
                                        initial_state=initial_states_from(summary), scale=scale)
-        return o, final, summary
+        return o, final if output_final_state else None, summary
     _check_fla_inputs("gated_delta_summarize_then_forward", k.shape[-1], q, k, v, g, beta)
     with torch.no_grad():
         scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
         cu, ci, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_seqlens_cpu)
-        summary = _zero_start_summary(k4, w, u, gc, cu)
+        summary = _zero_start_summary(k4, w, u, gc, cu, cu_seqlens_cpu)
         h0 = _state_or_none(initial_states_from(summary))
-        o, final = _wy_state_and_output(_b1(q), k4, w, u, gc, h0, cu, ci, scale)
-    return o[0].to(v.dtype), final, summary
+        table = None if output_final_state or h0 is None else short_span_rows(cu, cu_seqlens_cpu, CHUNK_SIZE)
+        if table is not None:
+            from fla.ops.common.chunk_o import chunk_fwd_o
+
+            v_new, h = short_span_state_pass(w[0], u[0], h0, table)
+            o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
+                            cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
+            final = None
+        else:
+            o, final = _wy_state_and_output(_b1(q), k4, w, u, gc, h0, cu, ci, scale)
+    return o[0].to(v.dtype), final if output_final_state else None, summary
 
 
 def gated_delta_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None,

@@ -114,14 +114,17 @@ def gated_delta_summarize_then_forward(
     initial_states_from: Callable[[DenseSummary], torch.Tensor],
     scale: Optional[float] = None,
     cu_seqlens_cpu: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, DenseSummary]:
+    output_final_state: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], DenseSummary]:
     """Zero-start summaries of every span, then the forward of the same spans from initial
     states that depend on those summaries (a PIC forward composes them with cached segments'
     summaries first): ``initial_states_from(summary)`` returns ``[N, HV, K, V]``.
 
     Equal to ``gated_delta_summarize`` followed by ``gated_delta_forward(initial_state=...)``;
     the GPU path computes the intra-chunk WY step once for both (the separate calls do it twice
-    per layer). Returns ``(o, final_state, summary)``."""
+    per layer). Returns ``(o, final_state, summary)``; ``final_state`` is None when
+    ``output_final_state`` is False (a PIC forward gets it from its scan, and the GPU path then
+    skips fla's state pass for spans of at most one chunk)."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, None, scale)
     check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
     if not callable(initial_states_from):
@@ -129,9 +132,9 @@ def gated_delta_summarize_then_forward(
     fast = cuda_fast_path("gated_delta_summarize_then_forward", q, k, v)
     if fast is not None:
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=initial_states_from, scale=scale,
-                    cu_seqlens_cpu=cu_seqlens_cpu)
+                    cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=output_final_state)
     summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
     init = initial_states_from(summary)
     _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, init, scale)
     o, final = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, init, scale_f)
-    return o, final, summary
+    return o, final if output_final_state else None, summary
