@@ -197,6 +197,7 @@ class PicContext(ForwardContext):
             index_causal=lay.index_causal, max_seqlen_q=lay.max_live_per_request,
             max_seqlen_k=lay.max_keys_per_request, layout_key=lay,
             cu_seqlens_q_host=lay.cu_live_host, cu_seqlens_k_host=lay.cu_keys_host,
+            keys_by_position=lay.keys_by_position,
         )
 
     def select_logits_rows(self, hidden):

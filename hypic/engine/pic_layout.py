@@ -122,6 +122,9 @@ class PackedLayout:
     # No cached rows at all: each request's keys are its live tokens at positions 0..n-1 in order
     # and its queries are those same tokens, so causal by index equals causal by position.
     index_causal: bool
+    # Each request's keys are its positions 0..Lk-1 in order: checkpoints are laid root first from
+    # 0 and every element must start where the previous one ended (checked in build_layout).
+    keys_by_position: bool
     max_live_per_request: int
     max_keys_per_request: int
     cached_pieces: List[SegmentEntry]  # entries whose K/V rows follow the live rows, in order
@@ -291,6 +294,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_keys=dev["cu_keys"],
         cu_keys_host=cu_keys,
         index_causal=not cached_pieces,
+        keys_by_position=True,
         max_live_per_request=max(b - a for a, b in zip(cu_req[:-1], cu_req[1:])),
         max_keys_per_request=max(b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])),
         cached_pieces=cached_pieces,

@@ -16,7 +16,9 @@ causal-by-index passes ``index_causal=True`` (+ ``max_seqlen_q`` / ``max_seqlen_
 fp16/bf16 then uses FlashAttention's varlen kernel (:mod:`hypic.ops.attention_flash`).
 A square causal prefill of a few long sequences (cold prompts: queries are all the keys) whose
 caller passes host ``cu_seqlens`` takes cuDNN's kernel instead (:mod:`hypic.ops.attention_cudnn`).
-``impl="reference"`` / ``"flex"`` / ``"flash"`` / ``"cudnn"`` force a path; the environment variable
+A caller whose sequences' keys are their positions in order (``keys_by_position``: a PIC request
+with cached segments) takes the split-KV kernel (:mod:`hypic.ops.attention_split`) over flex.
+``impl="reference"`` / ``"flex"`` / ``"flash"`` / ``"cudnn"`` / ``"split"`` force a path; the environment variable
 ``HYPIC_ATTENTION_IMPL`` (same values) overrides ``"auto"`` for A/B measurements. The flex path
 reuses its block mask (and its value checks) while it is called with the very same layout tensors,
 unchanged, i.e. across the attention layers of one forward.
@@ -34,13 +36,14 @@ import torch.nn.functional as F
 from hypic.ops.attention_cudnn import cudnn_square_causal_attention, cudnn_square_causal_supported
 from hypic.ops.attention_flash import flash_supported, flash_varlen_causal_attention
 from hypic.ops.attention_flex import build_varlen_block_mask, check_varlen_values, flex_varlen_attention
+from hypic.ops.attention_split import split_prefix_attention, split_supported
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Elements of one [Hq, block, keys] score tile; bounds memory of the math backend on CPU.
 _MAX_TILE_ELEMENTS = 1 << 24
 # On CUDA the fused SDPA kernels never materialise scores: only the [block, keys] mask counts.
 _MAX_CUDA_MASK_ELEMENTS = 1 << 27
-_IMPLS = ("auto", "reference", "flex", "flash", "cudnn")
+_IMPLS = ("auto", "reference", "flex", "flash", "cudnn", "split")
 _FLEX_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -77,6 +80,7 @@ def varlen_attention(
     layout_key: Optional[object] = None,
     cu_seqlens_q_host: Optional[Sequence[int]] = None,
     cu_seqlens_k_host: Optional[Sequence[int]] = None,
+    keys_by_position: bool = False,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention over packed varlen sequences.
 
@@ -96,6 +100,9 @@ def varlen_attention(
     ``index_causal`` they let a square causal prefill (each sequence's queries are all its keys,
     a few long sequences) take cuDNN's kernel (:mod:`hypic.ops.attention_cudnn`), about twice
     flash's rate on Hopper at head dim 256.
+    ``keys_by_position``: the caller vouches that every sequence's keys are its positions
+    ``0..Lk-1`` in order (queries anywhere among them, e.g. a cached request's seams); with host
+    ``cu_seqlens`` CUDA fp16/bf16 then takes the split-KV kernel (:mod:`hypic.ops.attention_split`).
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
@@ -135,7 +142,7 @@ def varlen_attention(
         impl = os.environ.get("HYPIC_ATTENTION_IMPL", "auto")
         if impl not in _IMPLS:
             raise ValueError(f"HYPIC_ATTENTION_IMPL must be one of {_IMPLS}, got {impl!r}")
-        if impl in ("flash", "cudnn") and not index_causal:
+        if (impl in ("flash", "cudnn") and not index_causal) or (impl == "split" and not keys_by_position):
             # The variable is a preference for A/B runs: layouts flash cannot express (PIC
             # requests with cached keys) keep the automatic choice instead of failing.
             impl = "auto"
@@ -143,6 +150,17 @@ def varlen_attention(
         index_causal and cu_seqlens_q_host is not None and cu_seqlens_k_host is not None
         and cudnn_square_causal_supported(q, v, cu_seqlens_q_host, cu_seqlens_k_host)
     )
+    split_ok = (
+        keys_by_position and cu_seqlens_q_host is not None and cu_seqlens_k_host is not None
+        and split_supported(q, v, num_kv_heads)
+    )
+    if impl == "split" and not split_ok:
+        if not from_env:
+            raise ValueError(
+                "impl='split' needs keys_by_position=True, host cu_seqlens and CUDA fp16/bf16 with "
+                "power-of-two head dims and query heads per kv head (see hypic.ops.attention_split)"
+            )
+        impl = "auto"
     if impl == "cudnn" and not square_ok:
         if not from_env:
             raise ValueError(
@@ -155,6 +173,8 @@ def varlen_attention(
             impl = "cudnn"
         elif index_causal and flash_supported(q, v):
             impl = "flash"
+        elif split_ok and q.is_cuda:
+            impl = "split"
         elif q.is_cuda and _flex_cuda_supported(q, v):
             impl = "flex"
         else:
@@ -175,6 +195,9 @@ def varlen_attention(
             q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scale=scale,
         )
+    if impl == "split":
+        return split_prefix_attention(q, k, v, positions_q=positions_q, cu_seqlens_q_host=cu_seqlens_q_host,
+                                      cu_seqlens_k_host=cu_seqlens_k_host, scale=scale, layout_key=layout_key)
     if impl == "flex":
         block_mask = _cached_block_mask(cu_seqlens_q, cu_seqlens_k, positions_q, positions_k, q.device, layout_key)
         return flex_varlen_attention(q, k, v, block_mask=block_mask, scale=scale)

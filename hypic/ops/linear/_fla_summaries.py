@@ -16,10 +16,20 @@ SUMMARY_DOT_PRECISIONS = ("tf32x3", "tf32", "ieee")
 _SUMMARY_PRECISION_SET = [False]
 
 
+DEFAULT_SUMMARY_DOT_PRECISION = "tf32"
+
+
 def summary_dot_precision() -> str:
-    """Dot precision of fla's summary kernel when it composes T over chunks:
-    ``HYPIC_SUMMARY_DOT_PRECISION`` (``tf32x3``, fla's choice, by default)."""
-    value = os.environ.get("HYPIC_SUMMARY_DOT_PRECISION", "tf32x3")
+    """Dot precision of fla's summary kernel when it composes T over chunks (fp32 storage and
+    accumulation either way): ``HYPIC_SUMMARY_DOT_PRECISION``, ``tf32`` by default.
+
+    Why not fla's ``tf32x3``: on the H200 at the 35B-A3B shape (64 spans of 512 tokens, 32 heads)
+    one layer's launch takes 0.86 ms with ``tf32`` against 2.24-2.27 ms with ``tf32x3``, and T's
+    error against float64 is 6.3e-3 against 4.0e-3. Both are set by the bf16 WY factors the
+    kernel starts from (S, whose dots do not change, is off by 3.0e-3-3.7e-3 in both)
+    (benchmarks/results/session6/call1/summary_kernel_*.json). The cold 32k request went from
+    795.8 to 747.8 ms."""
+    value = os.environ.get("HYPIC_SUMMARY_DOT_PRECISION", DEFAULT_SUMMARY_DOT_PRECISION)
     if value not in SUMMARY_DOT_PRECISIONS:
         raise ValueError(f"HYPIC_SUMMARY_DOT_PRECISION must be one of {SUMMARY_DOT_PRECISIONS}, got {value!r}")
     return value

@@ -11,8 +11,9 @@ log decays (fla's wrappers convert to log2 internally; the private calls below d
 ``chunk_local_cumsum(..., scale=RCP_LN2)``).
 
 Delta-rule families (GDN, DeltaNet, KDA): the summaries come from fla's context-parallel affine
-summary kernel ``chunk_cp_fwd_h`` (``[S(C|0) | T_C]`` per span, T chain in fp32 with tf32x3) after
-the intra-chunk WY step (``w, u``). ``*_forward_and_summarize`` shares that WY step between the
+summary kernel ``chunk_cp_fwd_h`` (``[S(C|0) | T_C]`` per span, T chain in fp32 with the dot precision
+of :mod:`_fla_summaries`) after the intra-chunk WY step (``w, u``); spans of at most one chunk take
+the closed form of :mod:`short_span` instead. ``*_forward_and_summarize`` shares that WY step between the
 varlen forward and the summaries. fla-core is pinned to 0.6.0: these are private APIs.
 
 float64 inputs cannot use fla: they are computed by the CPU reference and moved back. Shared

@@ -173,9 +173,9 @@ def test_summary_dot_precision_is_validated(monkeypatch):
     from hypic.ops.linear._fla_summaries import summary_dot_precision
 
     monkeypatch.delenv("HYPIC_SUMMARY_DOT_PRECISION", raising=False)
-    assert summary_dot_precision() == "tf32x3"
-    monkeypatch.setenv("HYPIC_SUMMARY_DOT_PRECISION", "tf32")
     assert summary_dot_precision() == "tf32"
+    monkeypatch.setenv("HYPIC_SUMMARY_DOT_PRECISION", "tf32x3")
+    assert summary_dot_precision() == "tf32x3"
     monkeypatch.setenv("HYPIC_SUMMARY_DOT_PRECISION", "fp8")
     with pytest.raises(ValueError, match="HYPIC_SUMMARY_DOT_PRECISION"):
         summary_dot_precision()

@@ -1,0 +1,154 @@
+"""Split-KV attention of a few queries over a long run of keys (a PIC request with cached segments).
+
+A cached request recomputes only short spans (a seam window per reused segment and the
+question), but every live query reads every earlier key of its request. Its keys are the
+request's positions ``0 .. Lk-1`` in order (prefix, cached bodies and live tokens gathered by
+position), so a query at position ``p`` attends to keys ``0 .. p`` of its own request: the
+layout promises this with ``keys_by_position``.
+
+FlexAttention ran that case at 74 TFLOP/s on the H200 (all-hit 32k: 576 queries over 32.8k keys,
+1.96 ms per layer): its 128-row query tiles of one head give few programs, each walking all the
+keys. Here each program holds ``BLOCK_Q`` consecutive queries times the ``GROUP`` query heads of
+one kv head (GQA packed into the rows: a seam of 8 queries x 8 heads is one 64-row tile, which
+reads each key tile once for all of them) and one ``split`` of the keys; a second step merges
+the splits by their log-sum-exp. Blocks of queries never cross a request; key tiles past a
+block's last position are not visited.
+
+The reference is :func:`hypic.ops.attention.varlen_attention` with ``impl="reference"``.
+Triton is imported lazily; the block table is built on the host from host ``cu_seqlens`` and
+cached per layout key (the attention layers of one forward share it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+ROWS_PER_PROGRAM = 64  # query rows (queries x heads of a group) per program
+BLOCK_N = 64  # split lengths are multiples of this (and of every tuned key step)
+MIN_SPLIT = 2048  # keys per program, at least
+MAX_SPLITS = 16  # splits per query block, at most (bounds the partial-output buffer)
+_DTYPES = (torch.float16, torch.bfloat16)
+_KERNEL = None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _build_kernel():
+    """The kernel, autotuned over key step and warps on GPU (keyed on head dims and group); one
+    fixed config under the interpreter, which cannot benchmark."""
+    import triton
+
+    from hypic.ops._attention_split_kernel import split_kv_prefix_attention_kernel as kernel
+
+    if _interpreting():
+        return kernel, {"BLOCK_N": BLOCK_N, "num_warps": 4, "num_stages": 1}
+    configs = [
+        triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
+        triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=2),
+        triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
+    ]
+    # o_part / lse_part are fully rewritten by every launch, so benchmarking runs are harmless
+    return triton.autotune(configs=configs, key=["D", "DV", "GROUP", "BLOCK_Q"])(kernel), {}
+
+
+def split_supported(q: torch.Tensor, v: torch.Tensor, num_kv_heads: int) -> bool:
+    """Host-only test of what the kernel handles: CUDA (or the Triton interpreter) fp16/bf16,
+    power-of-two head dims in [16, 256], a power-of-two number of query heads per kv head <= 64."""
+    if not (q.is_cuda or _interpreting()) or q.dtype not in _DTYPES:
+        return False
+    group = q.shape[1] // num_kv_heads
+    dims_ok = all(16 <= d <= 256 and d & (d - 1) == 0 for d in (q.shape[2], v.shape[2]))
+    return dims_ok and group & (group - 1) == 0 and group <= ROWS_PER_PROGRAM
+
+
+def split_blocks_host(cu_q_host: Sequence[int], cu_k_host: Sequence[int], block_q: int) -> np.ndarray:
+    """``[NB, 4]`` int32 rows (first query, queries, first key, keys): every request's queries cut
+    into blocks of at most ``block_q``, in order."""
+    cu_q = np.asarray(cu_q_host, dtype=np.int64)
+    cu_k = np.asarray(cu_k_host, dtype=np.int64)
+    num_q = np.diff(cu_q)
+    per_req = (num_q + block_q - 1) // block_q
+    req = np.repeat(np.arange(num_q.size), per_req)
+    within = np.arange(req.size) - np.repeat(np.cumsum(per_req) - per_req, per_req)
+    first = cu_q[req] + within * block_q
+    count = np.minimum(block_q, cu_q[req + 1] - first)
+    return np.stack([first, count, cu_k[req], cu_k[req + 1] - cu_k[req]], axis=1).astype(np.int32)
+
+
+# (weak layout key, shapes, (blocks on device, number of splits, split length)), or None
+_plan_cache: Optional[Tuple[weakref.ref, tuple, tuple]] = None
+
+
+def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key):
+    global _plan_cache
+    if layout_key is not None and _plan_cache is not None:
+        key_ref, held, plan = _plan_cache
+        if key_ref() is layout_key and held == shape_key:
+            return plan
+    blocks = split_blocks_host(cu_q_host, cu_k_host, block_q)
+    max_keys = int(blocks[:, 3].max()) if blocks.size else 0
+    num_splits = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_SPLIT)))
+    split = max(BLOCK_N, math.ceil(max(max_keys, 1) / num_splits / BLOCK_N) * BLOCK_N)
+    table = torch.from_numpy(blocks)
+    if device.type == "cuda":
+        table = table.pin_memory().to(device, non_blocking=True)
+    plan = (table, num_splits, split)
+    _plan_cache = (weakref.ref(layout_key), shape_key, plan) if layout_key is not None else None
+    return plan
+
+
+def split_prefix_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    positions_q: torch.Tensor,
+    cu_seqlens_q_host: Sequence[int],
+    cu_seqlens_k_host: Sequence[int],
+    scale: float,
+    layout_key: Optional[object] = None,
+) -> torch.Tensor:
+    """Query ``i`` of request ``b`` attends to keys ``cu_k[b] .. cu_k[b] + positions_q[i]``.
+
+    q ``[Tq, Hq, D]``, k ``[Tk, Hkv, D]``, v ``[Tk, Hkv, DV]``; returns ``[Tq, Hq, DV]`` in q's
+    dtype. The caller guarantees ``0 <= positions_q[i] < Lk[b]`` (a live query is one of its
+    request's keys) and that :func:`split_supported` holds."""
+    global _KERNEL
+    num_q, num_heads, head_dim = q.shape
+    num_kv_heads, value_dim = k.shape[1], v.shape[2]
+    out = q.new_empty(num_q, num_heads, value_dim)
+    if num_q == 0:
+        return out
+    group = num_heads // num_kv_heads
+    block_q = max(1, ROWS_PER_PROGRAM // group)
+    shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group)
+    blocks, num_splits, split = _plan(cu_seqlens_q_host, cu_seqlens_k_host, block_q, q.device, layout_key, shape_key)
+    if _KERNEL is None:
+        _KERNEL = _build_kernel()
+    kernel, fixed = _KERNEL
+    o_part = torch.empty(num_splits, num_q, num_heads, value_dim, device=q.device, dtype=torch.float32)
+    lse_part = torch.empty(num_splits, num_q, num_heads, device=q.device, dtype=torch.float32)
+    grid = (blocks.shape[0], num_kv_heads, num_splits)
+    kernel[grid](
+        q.contiguous(), k.contiguous(), v.contiguous(), positions_q.to(torch.int64).contiguous(), blocks,
+        o_part, lse_part, float(scale) * math.log2(math.e), split, num_q,
+        HQ=num_heads, HKV=num_kv_heads, D=head_dim, DV=value_dim, GROUP=group, BLOCK_Q=block_q, **fixed,
+    )
+    if num_splits == 1:
+        return out.copy_(o_part[0])
+    # merge the splits: weights 2^(lse_s - max), a split that saw no key weighs 0
+    top = lse_part.amax(0)
+    weight = torch.exp2(lse_part - top)
+    merged = (weight.unsqueeze(-1) * o_part).sum(0) / weight.sum(0).unsqueeze(-1)
+    return out.copy_(merged)
+
+
+__all__ = ["split_prefix_attention", "split_supported", "split_blocks_host"]
