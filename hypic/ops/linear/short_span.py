@@ -25,32 +25,55 @@ import numpy as np
 import torch
 
 
+MIN_WIDTH = 8  # narrowest padded width of a span class
+
+
+class SpanClass(NamedTuple):
+    """Spans whose lengths round up to the same power-of-two width, padded to it."""
+
+    span_range: Optional[Tuple[int, int]]  # host: the class is spans [a, b) (results go in place)
+    span_ids: torch.Tensor  # [Nc] int64 span index of each member
+    rows: torch.Tensor  # [Nc, R] int64 token row of each position (padding repeats a valid row)
+    valid: torch.Tensor  # [Nc, R] bool: position < span length
+    last: torch.Tensor  # [Nc] int64 last token row of each span (0 for an empty span)
+    nonempty: torch.Tensor  # [Nc] bool
+    token_slots: torch.Tensor  # [Tc] int64 flat slot (member * R + position) of each member token
+    token_rows: torch.Tensor  # [Tc] int64 the token row of each of those slots
+
+
 class SpanRows(NamedTuple):
-    """Padded gather table of spans that each fit in one chunk."""
+    """Gather tables of spans that each fit in one chunk, by width class."""
 
-    rows: torch.Tensor  # [N, R] int64 token row of each span position (padding repeats a valid row)
-    valid: torch.Tensor  # [N, R] bool: position < span length
-    last: torch.Tensor  # [N] int64 last token row of each span (0 for an empty span)
-    nonempty: torch.Tensor  # [N] bool
-    token_slots: torch.Tensor  # [T] int64: token t sits at flat slot span * R + position
+    num_spans: int
+    classes: Tuple[SpanClass, ...]
     chunk_spans: torch.Tensor  # [num_chunks] int64: the span of each chunk (the non-empty spans)
+    all_nonempty: bool  # host: every span is one chunk (chunk i is span i)
 
 
-def short_span_rows_host(cu_cpu: torch.Tensor, chunk_size: int) -> Optional[Tuple[np.ndarray, ...]]:
-    """Host tables for ``cu_cpu`` when every span has at most ``chunk_size`` tokens, else None."""
+def short_span_rows_host(cu_cpu: torch.Tensor, chunk_size: int) -> Optional[Tuple[int, list, np.ndarray]]:
+    """Host tables for ``cu_cpu`` when every span has at most ``chunk_size`` tokens, else None:
+    ``(num_spans, [(span_range, arrays...) per class], chunk_spans)``. Spans are padded to their
+    length rounded up to a power of two (at least ``MIN_WIDTH``), so 8-token seams are not padded
+    to a 64-token question's width."""
     bounds = np.asarray(cu_cpu.tolist(), dtype=np.int64)
     lengths = np.diff(bounds)
     if lengths.size == 0 or int(lengths.max()) > chunk_size:
         return None
-    width = max(int(lengths.max()), 1)
-    pos = np.arange(width, dtype=np.int64)[None, :]
-    valid = pos < lengths[:, None]
-    # padding points at the span's own first row (masked out), or row 0 for an empty span
-    rows = np.where(valid, bounds[:-1, None] + pos, np.where(lengths[:, None] > 0, bounds[:-1, None], 0))
-    last = np.where(lengths > 0, bounds[1:] - 1, 0)
-    token_slots = np.flatnonzero(valid.reshape(-1))  # row-major (span, position) = token order
-    chunk_spans = np.flatnonzero(lengths > 0)
-    return rows, valid, last, lengths > 0, token_slots, chunk_spans
+    widths = np.maximum(MIN_WIDTH, 1 << np.ceil(np.log2(np.maximum(lengths, 1))).astype(np.int64))
+    classes = []
+    for width in np.unique(widths):
+        ids = np.flatnonzero(widths == width)
+        starts, lens = bounds[ids], lengths[ids]
+        pos = np.arange(width, dtype=np.int64)[None, :]
+        valid = pos < lens[:, None]
+        # padding points at the span's own first row (masked out), or row 0 for an empty span
+        rows = np.where(valid, starts[:, None] + pos, np.where(lens[:, None] > 0, starts[:, None], 0))
+        last = np.where(lens > 0, starts + lens - 1, 0)
+        slots = np.flatnonzero(valid.reshape(-1))
+        contiguous = bool(ids.size) and int(ids[-1] - ids[0]) == ids.size - 1
+        span_range = (int(ids[0]), int(ids[-1]) + 1) if contiguous else None
+        classes.append((span_range, ids, rows, valid, last, lens > 0, slots, rows.reshape(-1)[slots]))
+    return int(lengths.size), classes, np.flatnonzero(lengths > 0)
 
 
 _ROW_TABLES: list = []  # (cu, cu_cpu, SpanRows or None), most recent first
@@ -68,13 +91,22 @@ def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size
     host = short_span_rows_host(cu_cpu, chunk_size)
     table = None
     if host is not None:
-        tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in host]
-        if cu.is_cuda:
-            tensors = [t.pin_memory().to(cu.device, non_blocking=True) for t in tensors]
-        table = SpanRows(*tensors)
+        def dev(a):
+            t = torch.from_numpy(np.ascontiguousarray(a))
+            return t.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else t
+
+        num_spans, classes, chunk_spans = host
+        table = SpanRows(num_spans, tuple(SpanClass(c[0], *(dev(a) for a in c[1:])) for c in classes),
+                         dev(chunk_spans), len(chunk_spans) == num_spans)
     _ROW_TABLES.insert(0, (cu, cu_cpu, table))
     del _ROW_TABLES[_MAX_ROW_TABLES:]
     return table
+
+
+def _place(out: torch.Tensor, cls: SpanClass, values: torch.Tensor) -> None:
+    if cls.span_range is None:
+        out.index_copy_(0, cls.span_ids, values)
+    # else: values were computed in place (a view of out)
 
 
 def short_span_summary(
@@ -90,36 +122,40 @@ def short_span_summary(
     ``k [T, H, K]`` (H divides HV: value head j reads key head ``j // (HV // H)``), ``w [T, HV, K]``,
     ``u [T, HV, V]``: the WY factors of the chunked delta rule; ``gc [T, HV]`` the chunk-local
     cumulative gate in log2 units, or None for an ungated rule (DeltaNet)."""
-    num_spans, width = table.rows.shape
-    num_heads, key_dim = w.shape[1], w.shape[2]
+    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[-1]
     ratio = num_heads // k.shape[1]
-    flat = table.rows.reshape(-1)
-    mask = table.valid.to(torch.float32)[:, :, None]  # [N, R, 1]
-    if gc is not None:
-        gc = gc.to(torch.float32)
-        g_rows = gc.index_select(0, flat).view(num_spans, width, num_heads)
-        g_last = gc.index_select(0, table.last)  # [N, HV]
-        decay = torch.exp2(g_last[:, None, :] - g_rows) * mask
-        gamma = torch.where(table.nonempty[:, None], torch.exp2(g_last), torch.ones_like(g_last))
-    else:
-        decay = mask.expand(num_spans, width, num_heads)
-        gamma = torch.ones(num_spans, num_heads, device=w.device, dtype=torch.float32)
-    k_rows = k.index_select(0, flat).view(num_spans, width, k.shape[1], key_dim)
-    if ratio > 1:
-        k_rows = k_rows.repeat_interleave(ratio, dim=2)
-    # Kd^T laid out [N, HV, K, R] for the batched products
-    kd_t = (k_rows.to(torch.float32) * decay[..., None]).permute(0, 2, 3, 1)
-    w_rows = w.index_select(0, flat).view(num_spans, width, num_heads, key_dim).to(torch.float32).transpose(1, 2)
-    eye = torch.eye(key_dim, device=w.device, dtype=torch.float32)
-    transition = torch.baddbmm(
-        (gamma[:, :, None, None] * eye).reshape(-1, key_dim, key_dim),
-        kd_t.reshape(-1, key_dim, width), w_rows.reshape(-1, width, key_dim), alpha=-1.0,
-    ).view(num_spans, num_heads, key_dim, key_dim)
-    if transition_only:
-        return None, transition
-    value_dim = u.shape[-1]
-    u_rows = u.index_select(0, flat).view(num_spans, width, num_heads, value_dim).to(torch.float32).transpose(1, 2)
-    state = torch.matmul(kd_t, u_rows)
+    device = w.device
+    transition = torch.empty(table.num_spans, num_heads, key_dim, key_dim, device=device, dtype=torch.float32)
+    state = None if transition_only else torch.empty(table.num_spans, num_heads, key_dim, value_dim,
+                                                     device=device, dtype=torch.float32)
+    gc = None if gc is None else gc.to(torch.float32)
+    for cls in table.classes:
+        members, width = cls.rows.shape
+        flat = cls.rows.reshape(-1)
+        mask = cls.valid.to(torch.float32)[:, :, None]  # [Nc, R, 1]
+        if gc is not None:
+            g_last = gc.index_select(0, cls.last)  # [Nc, HV]
+            decay = torch.exp2(g_last[:, None, :] - gc.index_select(0, flat).view(members, width, num_heads)) * mask
+            gamma = torch.where(cls.nonempty[:, None], torch.exp2(g_last), torch.ones_like(g_last))
+        else:
+            decay = mask.expand(members, width, num_heads)
+            gamma = torch.ones(members, num_heads, device=device, dtype=torch.float32)
+        k_rows = k.index_select(0, flat).view(members, width, k.shape[1], key_dim)
+        if ratio > 1:
+            k_rows = k_rows.repeat_interleave(ratio, dim=2)
+        # Kd^T laid out [Nc, HV, K, R] (small: R is the class width); T = gamma I - Kd^T W is one
+        # product into place plus a diagonal
+        kd_t = (k_rows.to(torch.float32) * decay[..., None]).permute(0, 2, 3, 1)
+        neg_kd_t = -kd_t
+        w_rows = w.index_select(0, flat).view(members, width, num_heads, key_dim).transpose(1, 2).to(torch.float32)
+        a, b = cls.span_range if cls.span_range is not None else (None, None)
+        t_cls = torch.matmul(neg_kd_t, w_rows, out=transition[a:b]) if a is not None else torch.matmul(neg_kd_t, w_rows)
+        t_cls.diagonal(dim1=-2, dim2=-1).add_(gamma[:, :, None])
+        _place(transition, cls, t_cls)
+        if state is not None:
+            u_rows = u.index_select(0, flat).view(members, width, num_heads, value_dim).transpose(1, 2).to(torch.float32)
+            s_cls = torch.matmul(kd_t, u_rows, out=state[a:b]) if a is not None else torch.matmul(kd_t, u_rows)
+            _place(state, cls, s_cls)
     return state, transition
 
 
@@ -133,15 +169,21 @@ def short_span_state_pass(
     kernel rounds it before its dot. Returns ``(v_new [T, HV, V], h [num_chunks, HV, K, V])``,
     both in ``u``'s dtype; the final states, which the kernel also writes, are not formed (a PIC
     forward takes them from its scan)."""
-    num_spans, width = table.rows.shape
-    num_heads, key_dim = w.shape[1], w.shape[2]
-    value_dim = u.shape[-1]
+    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[-1]
     h0 = initial_states.to(u.dtype)
-    w_rows = w.index_select(0, table.rows.reshape(-1)).view(num_spans, width, num_heads, key_dim).transpose(1, 2)
-    wh = torch.matmul(w_rows, h0)  # [N, HV, R, V]
-    wh = wh.transpose(1, 2).reshape(num_spans * width, num_heads, value_dim).index_select(0, table.token_slots)
+    h = h0 if table.all_nonempty else h0.index_select(0, table.chunk_spans)
+    wh = torch.empty(u.shape, device=u.device, dtype=u.dtype)
+    for cls in table.classes:
+        members, width = cls.rows.shape
+        if cls.span_range is not None:
+            h_cls = h0[cls.span_range[0]:cls.span_range[1]]
+        else:
+            h_cls = h0.index_select(0, cls.span_ids)
+        w_rows = w.index_select(0, cls.rows.reshape(-1)).view(members, width, num_heads, key_dim).transpose(1, 2)
+        wh_cls = torch.matmul(w_rows, h_cls).transpose(1, 2).reshape(members * width, num_heads, value_dim)
+        wh.index_copy_(0, cls.token_rows, wh_cls.index_select(0, cls.token_slots))
     v_new = (u.to(torch.float32) - wh.to(torch.float32)).to(u.dtype)
-    return v_new, h0.index_select(0, table.chunk_spans)
+    return v_new, h
 
 
-__all__ = ["SpanRows", "short_span_rows", "short_span_rows_host", "short_span_state_pass", "short_span_summary"]
+__all__ = ["SpanClass", "SpanRows", "short_span_rows", "short_span_rows_host", "short_span_state_pass", "short_span_summary"]

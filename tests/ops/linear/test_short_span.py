@@ -65,7 +65,7 @@ def wy_factors(k, v, g, beta, cu):
 
 
 @pytest.mark.parametrize("gated", [True, False])
-@pytest.mark.parametrize("lengths", [[8, 0, 1, 64, 8], [64], [3, 3, 3]])
+@pytest.mark.parametrize("lengths", [[8, 0, 1, 64, 8], [64], [3, 3, 3], [8, 20, 8, 64, 0]])
 def test_closed_form_equals_reference_summaries(gated, lengths):
     x, cu = inputs(lengths, seed=len(lengths), gated=gated)
     w, u, gc = wy_factors(x["k"], x["v"], x["g"], x["beta"], cu)
@@ -90,19 +90,27 @@ def test_closed_form_equals_reference_summaries(gated, lengths):
 def test_rows_only_when_every_span_fits_in_a_chunk():
     assert short_span_rows_host(torch.tensor([0, 8, 73]), 64) is None  # a 65-token span
     assert short_span_rows_host(torch.tensor([0]), 64) is None  # no span at all
-    rows, valid, last, nonempty, slots, chunk_spans = short_span_rows_host(torch.tensor([0, 3, 3, 5]), 64)
-    assert rows.tolist() == [[0, 1, 2], [0, 0, 0], [3, 4, 3]]
-    assert valid.tolist() == [[True] * 3, [False] * 3, [True, True, False]]
+    # spans of 3, 0, 2 and 20 tokens: widths 8, 8, 8 and 32
+    num_spans, classes, chunk_spans = short_span_rows_host(torch.tensor([0, 3, 3, 5, 25]), 64)
+    assert num_spans == 4 and chunk_spans.tolist() == [0, 2, 3] and len(classes) == 2
+    span_range, ids, rows, valid, last, nonempty, slots, token_rows = classes[0]
+    assert span_range == (0, 3) and ids.tolist() == [0, 1, 2]
+    assert rows.tolist() == [[0, 1, 2] + [0] * 5, [0] * 8, [3, 4] + [3] * 6]
+    assert valid.sum(1).tolist() == [3, 0, 2]
     assert last.tolist() == [2, 0, 4] and nonempty.tolist() == [True, False, True]
-    assert slots.tolist() == [0, 1, 2, 6, 7] and chunk_spans.tolist() == [0, 2]
+    assert slots.tolist() == [0, 1, 2, 16, 17] and token_rows.tolist() == [0, 1, 2, 3, 4]
+    assert classes[1][0] == (3, 4) and classes[1][2].shape == (1, 32)
+    # members of a class that are not a contiguous range of spans
+    _, classes, _ = short_span_rows_host(torch.tensor([0, 8, 28, 36]), 64)
+    assert classes[0][0] is None and classes[0][1].tolist() == [0, 2]
     cu = torch.tensor([0, 8, 16])
     cu_cpu = cu.clone()
     assert short_span_rows(cu, cu_cpu, 64) is short_span_rows(cu, cu_cpu, 64)  # cached by identity
     assert short_span_rows(cu, None, 64) is None  # never reads the device cu back
 
 
-def test_state_pass_is_u_minus_w_h0_per_span():
-    lengths = [8, 0, 5, 64, 1]
+@pytest.mark.parametrize("lengths", [[8, 0, 5, 64, 1, 30, 8], [8, 8, 64]])
+def test_state_pass_is_u_minus_w_h0_per_span(lengths):
     gen = torch.Generator().manual_seed(7)
     t, n = sum(lengths), len(lengths)
     w = torch.randn(t, HV, K, generator=gen).bfloat16()
