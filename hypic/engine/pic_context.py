@@ -27,7 +27,7 @@ from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
 from hypic.ops.linear.gated_delta import gated_delta_forward, gated_delta_summarize_then_forward
-from hypic.ops.linear.summary import DenseSummary, scan_chain
+from hypic.ops.linear.summary import DenseSummary, scan_chain, scan_chain_from
 from hypic.ops.rope import apply_rotary
 
 
@@ -89,29 +89,18 @@ class PicContext(ForwardContext):
         return y
 
     # -- linear attention -----------------------------------------------------------------------
-    def _chain_summaries(self, layer_idx: int, live: DenseSummary) -> DenseSummary:
-        """Every chain element's summary in chain order, gathered by one concatenation per field
-        (live elements from this forward, bodies from their entries; `addition` mode puts the
-        identity in place of a body's T).
-
-        The per-element work is plain Python list indexing: the live summaries are split into
-        views by one call, and a body's tensors are converted only when they are not already on
-        the live summaries' device and dtype, so a 64-segment chain costs two ``split`` calls and
-        two ``cat`` calls per layer rather than hundreds of small tensor ops."""
+    def _body_summaries(self, layer_idx: int, live: DenseSummary) -> DenseSummary:
+        """The cached bodies' summaries in body order, one concatenation per field (`addition`
+        mode puts the identity in place of a body's T). The scan reads live and body elements
+        through the layout's ``chain_source`` table, so the live summaries are not copied into
+        a chain; a body's tensors are converted only when they are not already on the live
+        summaries' device and dtype."""
         lay = self.layout
-        if not lay.bodies:
-            return live  # live elements are numbered in chain order
-        live_t = live.transition.split(1)
-        live_s = live.state.split(1)
         device, dtype = live.device, live.dtype
         eye = None
         transitions, states = [], []
-        for kind, idx in lay.chain_src:
-            if kind == "live":
-                transitions.append(live_t[idx])
-                states.append(live_s[idx])
-                continue
-            summ = lay.bodies[idx][1].entry.linear[layer_idx].summary
+        for idx, (_, body) in enumerate(lay.bodies):
+            summ = body.entry.linear[layer_idx].summary
             if lay.body_drop_transition_host[idx]:
                 if eye is None:
                     eye = torch.eye(live.key_dim, dtype=dtype, device=device).expand(
@@ -149,8 +138,12 @@ class PicContext(ForwardContext):
         def span_initial_states(live: DenseSummary) -> torch.Tensor:
             # Each live span starts from the state its chain reaches there: the live spans'
             # zero-start summaries composed with the cached bodies' summaries, in prompt order.
-            chain = self._chain_summaries(layer_idx, live)
-            scanned["incoming"], scanned["final"] = scan_chain(chain, lay.cu_chains, init)
+            if lay.bodies:
+                bodies = self._body_summaries(layer_idx, live)
+                scanned["incoming"], scanned["final"] = scan_chain_from(live, bodies, lay.chain_source,
+                                                                        lay.cu_chains, init)
+            else:  # live elements are numbered in chain order
+                scanned["incoming"], scanned["final"] = scan_chain(live, lay.cu_chains, init)
             return scanned["incoming"].index_select(0, lay.span_chain_pos)
 
         o, _, live = gated_delta_summarize_then_forward(

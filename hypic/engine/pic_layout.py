@@ -100,6 +100,7 @@ class PackedLayout:
     # chain of every request: live elements and bodies in prompt order
     cu_chains: torch.Tensor  # [B+1]
     chain_src: List[Tuple[str, int]]  # host copy: ("live", span) | ("body", body) per element
+    chain_source: torch.Tensor  # [M] int64 per chain element: live span s -> s, body b -> -b - 1
     span_chain_pos: torch.Tensor  # [S] chain position of each live element
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
     body_drop_transition_host: List[bool]  # per body: `addition` mode drops its T
@@ -263,6 +264,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                  cu_chains=cu_chains, span_chain_pos=span_chain_pos, cu_runs=cu_runs,
                  tail_index=tail_index, write_spans=[span for _, span, _ in writes],
                  key_index=key_index, positions_k=pos_k, cu_keys=cu_keys,
+                 chain_source=[i if kind == "live" else -i - 1 for kind, i in chain_src],
                  cached_delta=cached_delta, logits_rows=logits_rows)
     cpu, dev = _to_device(lists, device)
     layout = PackedLayout(
@@ -277,6 +279,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_spans_cpu=cpu["cu_spans"],
         cu_chains=dev["cu_chains"],
         chain_src=chain_src,
+        chain_source=dev["chain_source"],
         span_chain_pos=dev["span_chain_pos"],
         bodies=bodies,
         body_drop_transition_host=drop_t,

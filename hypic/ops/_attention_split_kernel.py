@@ -6,6 +6,31 @@ import triton.language as tl
 
 
 @triton.jit
+def _attend_keys(b_q, k, v, start, k_hi, k_first, i_kvh, row_pos, acc, m_i, l_i, scale_log2,
+                 HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One online-softmax step over keys [start, start + BLOCK_N) (masked at k_hi and by position)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    key = start + offs_n
+    key_ok = key < k_hi
+    key_row = (k_first + key) * HKV + i_kvh
+    b_k = tl.load(k + key_row[:, None] * D + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    s = tl.dot(b_q, tl.trans(b_k)) * scale_log2
+    visible = (key[None, :] <= row_pos[:, None]) & key_ok[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # rows that have seen no key yet keep a finite reference (no inf - inf)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    b_v = tl.load(v + key_row[:, None] * DV + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def split_kv_prefix_attention_kernel(
     q,            # [Tq, Hq, D]
     k,            # [Tk, Hkv, D]
@@ -24,6 +49,7 @@ def split_kv_prefix_attention_kernel(
     GROUP: tl.constexpr,      # query heads per kv head
     BLOCK_Q: tl.constexpr,    # queries per program (rows = BLOCK_Q * GROUP)
     BLOCK_N: tl.constexpr,    # keys per step
+    WHILE_LOOP: tl.constexpr,  # Triton 3.6's interpreter cannot run `range` over loaded bounds
 ):
     i_blk = tl.program_id(0)
     i_kvh = tl.program_id(1)
@@ -47,30 +73,22 @@ def split_kv_prefix_attention_kernel(
 
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
-    offs_n = tl.arange(0, BLOCK_N)
     out_row = (i_split * num_q_tokens + q_tok) * HQ + head  # [ROWS] int64
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, DV], dtype=tl.float32)
     if k_lo < k_hi:
         b_q = tl.load(q + (q_tok * HQ + head)[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        for start in range(k_lo, k_hi, BLOCK_N):
-            key = start + offs_n
-            key_ok = key < k_hi
-            key_row = (k_first + key) * HKV + i_kvh
-            b_k = tl.load(k + key_row[:, None] * D + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            s = tl.dot(b_q, tl.trans(b_k)) * scale_log2
-            visible = (key[None, :] <= row_pos[:, None]) & key_ok[None, :]
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            # rows that have seen no key yet keep a finite reference (no inf - inf)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_ref[:, None])
-            alpha = tl.exp2(m_i - m_ref)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            b_v = tl.load(v + key_row[:, None] * DV + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
-            m_i = m_new
+        if WHILE_LOOP:
+            start = k_lo
+            while start < k_hi:
+                acc, m_i, l_i = _attend_keys(b_q, k, v, start, k_hi, k_first, i_kvh, row_pos, acc, m_i, l_i,
+                                             scale_log2, HKV, D, DV, BLOCK_N)
+                start += BLOCK_N
+        else:
+            for start in range(k_lo, k_hi, BLOCK_N):
+                acc, m_i, l_i = _attend_keys(b_q, k, v, start, k_hi, k_first, i_kvh, row_pos, acc, m_i, l_i,
+                                             scale_log2, HKV, D, DV, BLOCK_N)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))

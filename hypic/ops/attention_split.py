@@ -49,14 +49,14 @@ def _build_kernel():
     from hypic.ops._attention_split_kernel import split_kv_prefix_attention_kernel as kernel
 
     if _interpreting():
-        return kernel, {"BLOCK_N": BLOCK_N, "num_warps": 4, "num_stages": 1}
+        return kernel, {"BLOCK_N": BLOCK_N, "num_warps": 4, "num_stages": 1, "WHILE_LOOP": True}
     configs = [
         triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
         triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=2),
         triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
     ]
     # o_part / lse_part are fully rewritten by every launch, so benchmarking runs are harmless
-    return triton.autotune(configs=configs, key=["D", "DV", "GROUP", "BLOCK_Q"])(kernel), {}
+    return triton.autotune(configs=configs, key=["D", "DV", "GROUP", "BLOCK_Q"])(kernel), {"WHILE_LOOP": False}
 
 
 def split_supported(q: torch.Tensor, v: torch.Tensor, num_kv_heads: int) -> bool:

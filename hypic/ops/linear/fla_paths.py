@@ -38,7 +38,14 @@ from hypic.ops.linear._fla_common import (
     _summary_classes,
 )
 from hypic.ops.linear._fla_summaries import _cp_summaries
-from hypic.ops.linear.short_span import short_span_rows, short_span_state_pass, short_span_summary
+from hypic.ops.linear.short_span import (
+    short_span_rows,
+    short_span_state_pass,
+    short_span_state_pass_triton,
+    short_span_summary,
+    short_span_summary_triton,
+    triton_supported,
+)
 from hypic.ops.linear.triton_scan import scan_chain_torch, scan_chain_triton
 
 
@@ -109,7 +116,10 @@ def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
     otherwise."""
     table = short_span_rows(cu, cu_cpu, CHUNK_SIZE)
     if table is not None:
-        return short_span_summary(k4[0], w[0], u[0], None if gc is None else gc[0], table, transition_only)
+        g = None if gc is None else gc[0]
+        if triton_supported(k4.shape[-1], u.shape[-1], CHUNK_SIZE):
+            return short_span_summary_triton(k4[0], w[0], u[0], g, cu, table, CHUNK_SIZE, transition_only)
+        return short_span_summary(k4[0], w[0], u[0], g, table, transition_only)
     return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only)
 
 
@@ -177,7 +187,10 @@ def gated_delta_summarize_then_forward(q, k, v, g, beta, *, cu_seqlens, initial_
         if table is not None:
             from fla.ops.common.chunk_o import chunk_fwd_o
 
-            v_new, h = short_span_state_pass(w[0], u[0], h0, table)
+            if triton_supported(k4.shape[-1], u.shape[-1], CHUNK_SIZE):
+                v_new, h = short_span_state_pass_triton(w[0], u[0], h0, cu, table, CHUNK_SIZE)
+            else:
+                v_new, h = short_span_state_pass(w[0], u[0], h0, table)
             o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
                             cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
             final = None
@@ -551,3 +564,13 @@ def scan_chain(summaries, cu_chains, initial_states=None):
     if summaries.state.dtype == torch.float64 or _any_fp64(initial_states):
         return scan_chain_torch(summaries, cu_chains, initial_states)
     return scan_chain_triton(summaries, cu_chains, initial_states, precision="tf32x3")
+
+
+def scan_chain_from(first, second, source, cu_chains, initial_states=None):
+    """:func:`scan_chain` over a chain read from two sets of summaries through ``source``, one
+    Triton launch and no gathered copy of the chain."""
+    if first.state.dtype == torch.float64 or second.state.dtype == torch.float64 or _any_fp64(initial_states):
+        from hypic.ops.linear.summary import gather_chain
+
+        return scan_chain_torch(gather_chain(first, second, source), cu_chains, initial_states)
+    return scan_chain_triton(first, cu_chains, initial_states, precision="tf32x3", second=second, source=source)

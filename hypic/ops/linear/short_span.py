@@ -48,6 +48,7 @@ class SpanRows(NamedTuple):
     classes: Tuple[SpanClass, ...]
     chunk_spans: torch.Tensor  # [num_chunks] int64: the span of each chunk (the non-empty spans)
     all_nonempty: bool  # host: every span is one chunk (chunk i is span i)
+    span_chunk: torch.Tensor  # [N] int32: the chunk of each span, -1 for an empty span
 
 
 def short_span_rows_host(cu_cpu: torch.Tensor, chunk_size: int) -> Optional[Tuple[int, list, np.ndarray]]:
@@ -96,8 +97,10 @@ def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size
             return t.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else t
 
         num_spans, classes, chunk_spans = host
+        span_chunk = np.full(num_spans, -1, dtype=np.int32)
+        span_chunk[chunk_spans] = np.arange(len(chunk_spans), dtype=np.int32)
         table = SpanRows(num_spans, tuple(SpanClass(c[0], *(dev(a) for a in c[1:])) for c in classes),
-                         dev(chunk_spans), len(chunk_spans) == num_spans)
+                         dev(chunk_spans), len(chunk_spans) == num_spans, dev(span_chunk))
     _ROW_TABLES.insert(0, (cu, cu_cpu, table))
     del _ROW_TABLES[_MAX_ROW_TABLES:]
     return table
@@ -186,4 +189,58 @@ def short_span_state_pass(
     return v_new, h
 
 
-__all__ = ["SpanClass", "SpanRows", "short_span_rows", "short_span_rows_host", "short_span_state_pass", "short_span_summary"]
+# --------------------------------------------------------------------------------------------
+# Triton: one launch each (the torch functions above are their reference)
+# --------------------------------------------------------------------------------------------
+
+_KERNELS = None
+
+
+def triton_supported(key_dim: int, value_dim: int, chunk_size: int) -> bool:
+    """Power-of-two key dim in [16, 256] and chunk size >= 16 (``tl.arange`` / ``tl.dot`` tiles)."""
+    return 16 <= key_dim <= 256 and key_dim & (key_dim - 1) == 0 and chunk_size >= 16 and \
+        chunk_size & (chunk_size - 1) == 0 and value_dim > 0
+
+
+def _kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        from hypic.ops.linear._short_span_kernel import short_span_state_kernel, short_span_summary_kernel
+
+        _KERNELS = (short_span_summary_kernel, short_span_state_kernel)
+    return _KERNELS
+
+
+def short_span_summary_triton(k, w, u, gc, cu, table: SpanRows, chunk_size: int, transition_only: bool = False):
+    """:func:`short_span_summary` in one Triton launch (no padding, no intermediate copies)."""
+    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[-1]
+    num_spans = table.num_spans
+    device = w.device
+    transition = torch.empty(num_spans, num_heads, key_dim, key_dim, device=device, dtype=torch.float32)
+    state = None if transition_only else torch.empty(num_spans, num_heads, key_dim, value_dim, device=device,
+                                                     dtype=torch.float32)
+    block_c = min(64, key_dim)
+    blocks = key_dim // block_c + (0 if transition_only else -(-value_dim // block_c))
+    _kernels()[0][(num_spans, num_heads, blocks)](
+        k, w, u, gc if gc is not None else transition, cu, transition, state if state is not None else transition,
+        H=k.shape[1], HV=num_heads, K=key_dim, V=value_dim, BT=chunk_size, BC=block_c,
+        USE_G=gc is not None, STATE=state is not None, num_warps=4,
+    )
+    return state, transition
+
+
+def short_span_state_pass_triton(w, u, initial_states, cu, table: SpanRows, chunk_size: int):
+    """:func:`short_span_state_pass` in one Triton launch."""
+    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[-1]
+    v_new = torch.empty_like(u)
+    h = torch.empty(table.chunk_spans.shape[0], num_heads, key_dim, value_dim, device=w.device, dtype=w.dtype)
+    block_v = min(64, max(16, 1 << (value_dim - 1).bit_length()))
+    _kernels()[1][(table.num_spans, num_heads, -(-value_dim // block_v))](
+        w, u, initial_states.to(torch.float32).contiguous(), cu, table.span_chunk, v_new, h,
+        HV=num_heads, K=key_dim, V=value_dim, BT=chunk_size, BV=block_v, num_warps=4,
+    )
+    return v_new, h
+
+
+__all__ = ["SpanClass", "SpanRows", "short_span_rows", "short_span_rows_host", "short_span_state_pass",
+           "short_span_state_pass_triton", "short_span_summary", "short_span_summary_triton", "triton_supported"]

@@ -253,6 +253,41 @@ def scan_chain(
     return incoming, current
 
 
+def gather_chain(first: Summary, second: Summary, source: torch.Tensor) -> Summary:
+    """The chain whose span i is ``first[source[i]]`` when ``source[i] >= 0``, else
+    ``second[-source[i] - 1]`` (a gathered copy: the reference of :func:`scan_chain_from`)."""
+    both = type(first)(torch.cat([first._t(), second._t()]), torch.cat([first.state, second.state]))
+    idx = torch.where(source >= 0, source, first.num_spans - 1 - source)
+    return both.index(idx)
+
+
+def scan_chain_from(
+    first: Summary,
+    second: Summary,
+    source: torch.Tensor,
+    cu_chains: torch.Tensor,
+    initial_states: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`scan_chain` over a chain drawn from two sets of summaries without gathering it:
+    span i is ``first[source[i]]`` when ``source[i] >= 0``, else ``second[-source[i] - 1]``
+    (a PIC forward: its live spans' summaries and its cached bodies', interleaved in prompt
+    order). ``source`` is int64 ``[M]`` on the summaries' device; its values are the caller's
+    contract (the GPU path does not read them back to check)."""
+    _check_summary("first", first)
+    _check_summary("second", second)
+    if type(first) is not type(second) or first.state.shape[1:] != second.state.shape[1:]:
+        raise ValueError("first and second must be summaries of one structure and state shape, got "
+                         f"{type(first).__name__} {tuple(first.state.shape)} and "
+                         f"{type(second).__name__} {tuple(second.state.shape)}")
+    if not isinstance(source, torch.Tensor) or source.dim() != 1 or source.dtype != torch.int64:
+        raise ValueError("source must be a 1-D int64 tensor")
+    check_same_device(first=first.state, second=second.state, source=source)
+    fast = cuda_fast_path("scan_chain_from", first.state, initial_states)
+    if fast is not None:
+        return fast(first, second, source, cu_chains, initial_states)
+    return scan_chain(gather_chain(first, second, source), cu_chains, initial_states)
+
+
 __all__: List[str] = [
     "ScalarSummary",
     "DiagonalSummary",
@@ -261,5 +296,7 @@ __all__: List[str] = [
     "apply_summary",
     "compose",
     "identity_summary",
+    "gather_chain",
     "scan_chain",
+    "scan_chain_from",
 ]

@@ -58,7 +58,7 @@ def _build_kernel():
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
         return configs if mode == MODE_DENSE else configs[2:3]
 
-    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION"],
+    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE"],
                             prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -80,8 +80,13 @@ def scan_chain_triton(
     cu_chains: torch.Tensor,
     initial_states: Optional[torch.Tensor] = None,
     precision: str = "tf32x3",
+    second=None,
+    source: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Triton scan over B chains of summaries (CUDA, fp32). Returns (incoming [M], final [B])."""
+    """Triton scan over B chains of summaries (CUDA, fp32). Returns (incoming [M], final [B]).
+
+    With ``second`` and ``source [M]`` the chain is not laid out in ``summaries``: span i is
+    ``summaries[source[i]]`` when ``source[i] >= 0``, else ``second[-source[i] - 1]``."""
     import triton
 
     global _KERNEL
@@ -92,6 +97,14 @@ def scan_chain_triton(
     if state.dim() != 4:
         raise ValueError(f"summaries.state must be [M, HV, K, V], got shape {tuple(state.shape)}")
     num_spans, num_heads, key_dim, value_dim = state.shape
+    has_source = source is not None
+    if has_source:
+        if second is None or _mode_and_transition(second)[0] != mode:
+            raise ValueError("a source table needs second summaries of the same structure")
+        num_spans = source.numel()
+        trans2 = _mode_and_transition(second)[1].to(device=state.device, dtype=torch.float32).contiguous()
+        state2 = second.state.to(torch.float32).contiguous()
+        source = source.to(device=state.device, dtype=torch.int64).contiguous()
     num_chains = cu_chains.numel() - 1
     device = state.device
     trans = trans.to(device=device, dtype=torch.float32).contiguous()
@@ -99,7 +112,9 @@ def scan_chain_triton(
     cu = cu_chains.to(device=device, dtype=torch.int64).contiguous()
     has_init = initial_states is not None
     init = initial_states.to(torch.float32).contiguous() if has_init else state
-    incoming = torch.empty_like(state)
+    if not has_source:
+        trans2, state2, source = trans, state, cu
+    incoming = torch.empty(num_spans, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     final = torch.empty(num_chains, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     if num_chains == 0:
         return incoming, final
@@ -113,9 +128,10 @@ def scan_chain_triton(
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
 
     kernel[grid](
-        trans, state, init, incoming, final, cu,
+        trans, state, init, incoming, final, cu, trans2, state2, source,
         HV=num_heads, K=key_dim, V=value_dim, BK=block_k,
-        MODE=mode, HAS_INIT=has_init, PRECISION=precision, WHILE_LOOP=_interpreting(), **extra,
+        MODE=mode, HAS_INIT=has_init, PRECISION=precision, WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
+        **extra,
     )
     return incoming, final
 

@@ -213,6 +213,12 @@ def test_triton_scan_kernel_under_interpreter():
                 a, b = scan_chain_triton(summ, cu, ini, precision="ieee")
                 ra, rb = scan_chain(summ, cu, ini)
                 worst = max(worst, ((a - ra).norm() / ra.norm()).item(), ((b - rb).norm() / rb.norm()).item())
+            # the chain drawn from two sets of summaries through a source table
+            first, second = summ.index(torch.tensor([4, 0, 2])), summ.index(torch.tensor([5, 1, 3]))
+            source = torch.tensor([1, -2, 2, -3, 0, -1])  # = spans 0..5 of summ
+            a, b = scan_chain_triton(first, cu, init, precision="ieee", second=second, source=source)
+            ra, rb = scan_chain(summ, cu, init)
+            worst = max(worst, ((a - ra).norm() / ra.norm()).item(), ((b - rb).norm() / rb.norm()).item())
         print(worst)
     """)
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -351,6 +357,12 @@ def test_triton_scan_matches_torch_scan(kind):
     inc_ref, fin_ref = scan_chain_torch(s64, cu, init)
     inc, fin = fla_paths.scan_chain(s32, cu.to(dev), init.float().to(dev))
     assert rel(inc, inc_ref) < 1e-5 and rel(fin, fin_ref) < 1e-5
+    # the same chain read from two sets of summaries through a source table
+    first_ids, second_ids = [6, 0, 2, 8], [5, 1, 3, 4, 7]
+    source = torch.tensor([1, -2, 2, -3, -4, -1, 0, -5, 3], device=dev)
+    first, second = s32.index(torch.tensor(first_ids, device=dev)), s32.index(torch.tensor(second_ids, device=dev))
+    inc2, fin2 = fla_paths.scan_chain_from(first, second, source, cu.to(dev), init.float().to(dev))
+    assert rel(inc2, inc_ref) < 1e-5 and rel(fin2, fin_ref) < 1e-5
 
 
 @needs_cuda

@@ -9,6 +9,10 @@ spans all fit in a chunk (the closed form) and one with a long span (fla's summa
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -23,6 +27,7 @@ from hypic.ops.linear.short_span import (
 )
 
 H, HV, K, V = 2, 4, 16, 8
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def rel(a, b):
@@ -187,3 +192,49 @@ def test_summary_dot_precision_is_validated(monkeypatch):
     monkeypatch.setenv("HYPIC_SUMMARY_DOT_PRECISION", "fp8")
     with pytest.raises(ValueError, match="HYPIC_SUMMARY_DOT_PRECISION"):
         summary_dot_precision()
+
+
+KERNEL_CASE = textwrap.dedent("""
+    import torch
+    from hypic.ops.linear.short_span import (short_span_rows, short_span_state_pass, short_span_state_pass_triton,
+                                             short_span_summary, short_span_summary_triton)
+
+    def case(dtype, device, gated=True, lengths=(8, 0, 1, 64, 8, 20), h=2, hv=4, kd=32, vd=24):
+        gen = torch.Generator().manual_seed(5)
+        t = sum(lengths)
+        cu_cpu = torch.tensor((0,) + tuple(lengths)).cumsum(0)
+        cu = cu_cpu.to(device)
+        k = torch.nn.functional.normalize(torch.randn(t, h, kd, generator=gen), dim=-1).to(dtype).to(device)
+        w = (torch.randn(t, hv, kd, generator=gen) * 0.3).to(dtype).to(device)
+        u = torch.randn(t, hv, vd, generator=gen).to(dtype).to(device)
+        gc = (-torch.rand(t, hv, generator=gen).cumsum(0) * 0.1).to(device) if gated else None
+        h0 = torch.randn(len(lengths), hv, kd, vd, generator=gen).to(device)
+        table = short_span_rows(cu, cu_cpu, 64)
+        rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())  # noqa: E731
+        s_ref, t_ref = short_span_summary(k, w, u, gc, table)
+        s_fast, t_fast = short_span_summary_triton(k, w, u, gc, cu, table, 64)
+        _, t_only = short_span_summary_triton(k, w, u, gc, cu, table, 64, transition_only=True)
+        v_ref, h_ref = short_span_state_pass(w, u, h0, table)
+        v_fast, h_fast = short_span_state_pass_triton(w, u, h0, cu, table, 64)
+        assert h_fast.dtype == w.dtype and v_fast.dtype == u.dtype and torch.equal(t_only, t_fast)
+        return max(rel(t_fast, t_ref), rel(s_fast, s_ref), rel(v_fast, v_ref), rel(h_fast, h_ref))
+""")
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_triton_kernels_match_torch_under_interpreter(gated):
+    pytest.importorskip("triton")
+    script = KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}))\n"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(out.stderr[-2000:])
+    assert float(out.stdout.strip().splitlines()[-1]) < 2e-3
+
+
+@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+@pytest.mark.parametrize("gated", [True, False])
+def test_triton_kernels_match_torch_on_cuda(gated):
+    namespace: dict = {}
+    exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
+    assert namespace["case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128) < 1e-2

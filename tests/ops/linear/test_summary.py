@@ -124,3 +124,25 @@ def test_bad_arguments_raise_value_error():
         with pytest.raises(ValueError):
             call()
 
+
+
+def test_scan_chain_from_two_sources_equals_the_gathered_chain():
+    from hypic.ops.linear.summary import gather_chain, scan_chain_from
+
+    gen = torch.Generator().manual_seed(3)
+    m, hv, k, v = 6, 2, 4, 3
+    full = DenseSummary(torch.randn(m, hv, k, k, generator=gen, dtype=torch.float64) / 2,
+                        torch.randn(m, hv, k, v, generator=gen, dtype=torch.float64))
+    first, second = full.index(torch.tensor([4, 0, 2])), full.index(torch.tensor([5, 1, 3]))
+    source = torch.tensor([1, -2, 2, -3, 0, -1])
+    chain = gather_chain(first, second, source)
+    assert torch.equal(chain.transition, full.transition) and torch.equal(chain.state, full.state)
+    cu = torch.tensor([0, 2, 6])
+    init = torch.randn(2, hv, k, v, generator=gen, dtype=torch.float64)
+    got = scan_chain_from(first, second, source, cu, init)
+    want = scan_chain(full, cu, init)
+    assert all(torch.allclose(a, b) for a, b in zip(got, want))
+    with pytest.raises(ValueError, match="source must be a 1-D int64"):
+        scan_chain_from(first, second, source.int(), cu)
+    with pytest.raises(ValueError, match="one structure"):
+        scan_chain_from(first, DenseSummary(second.transition[:, :1], second.state[:, :1]), source, cu)
