@@ -19,10 +19,22 @@ identity of the two ``cu`` tensors, like the chunk table.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
+
+SHORT_SPAN_IMPLS = ("triton", "torch", "fla")
+
+
+def short_span_impl() -> str:
+    """``HYPIC_SHORT_SPAN``: ``triton`` (default: one launch each), ``torch`` (the reference
+    formulation) or ``fla`` (fla's general summary kernel and state pass, as before), for A/B runs."""
+    value = os.environ.get("HYPIC_SHORT_SPAN", "triton")
+    if value not in SHORT_SPAN_IMPLS:
+        raise ValueError(f"HYPIC_SHORT_SPAN must be one of {SHORT_SPAN_IMPLS}, got {value!r}")
+    return value
 
 
 MIN_WIDTH = 8  # narrowest padded width of a span class
@@ -242,5 +254,5 @@ def short_span_state_pass_triton(w, u, initial_states, cu, table: SpanRows, chun
     return v_new, h
 
 
-__all__ = ["SpanClass", "SpanRows", "short_span_rows", "short_span_rows_host", "short_span_state_pass",
+__all__ = ["SHORT_SPAN_IMPLS", "SpanClass", "SpanRows", "short_span_impl", "short_span_rows", "short_span_rows_host", "short_span_state_pass",
            "short_span_state_pass_triton", "short_span_summary", "short_span_summary_triton", "triton_supported"]

@@ -238,3 +238,15 @@ def test_triton_kernels_match_torch_on_cuda(gated):
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
     assert namespace["case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128) < 1e-2
+
+
+def test_short_span_impl_is_validated(monkeypatch):
+    from hypic.ops.linear.short_span import short_span_impl
+
+    monkeypatch.delenv("HYPIC_SHORT_SPAN", raising=False)
+    assert short_span_impl() == "triton"
+    monkeypatch.setenv("HYPIC_SHORT_SPAN", "fla")
+    assert short_span_impl() == "fla"
+    monkeypatch.setenv("HYPIC_SHORT_SPAN", "cuda")
+    with pytest.raises(ValueError, match="HYPIC_SHORT_SPAN"):
+        short_span_impl()
