@@ -25,7 +25,12 @@ def short_span_summary_kernel(
     STATE: tl.constexpr,
 ):
     """Program (span, value head, column block): column blocks [0, K/BC) write T = gamma I - Kd^T W,
-    the rest write S = Kd^T U, with Kd = diag(exp2(g_last - g)) K over the span's tokens."""
+    the rest write S = Kd^T U, with Kd = diag(exp2(g_last - g)) K over the span's tokens.
+
+    The dots are TF32 MMAs with fp32 accumulation: W and U are bf16 (exact in TF32), only the
+    decayed keys round (relative 2^-11, finer than fla's kernel, which rounds them to bf16). An
+    ``ieee`` fp32 dot here ran at 9.2 ms per layer on the H200 (all-hit 32k, 65 spans x 32 heads,
+    session6/call4), against 0.34 ms for fla's kernel."""
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_c = tl.program_id(2)
@@ -50,14 +55,14 @@ def short_span_summary_kernel(
     if i_c < K // BC:
         o_c = i_c * BC + tl.arange(0, BC)
         b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_c[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_t = tl.where(o_k[:, None] == o_c[None, :], gamma, 0.0) - tl.dot(b_kd_t, b_w, input_precision="ieee")
+        b_t = tl.where(o_k[:, None] == o_c[None, :], gamma, 0.0) - tl.dot(b_kd_t, b_w, input_precision="tf32")
         tl.store(trans + (base + o_k)[:, None] * K + o_c[None, :], b_t)
     elif STATE:
         o_c = (i_c - K // BC) * BC + tl.arange(0, BC)
         m_c = o_c < V
         b_u = tl.load(u + (rows * HV + i_h)[:, None] * V + o_c[None, :], mask=m_t[:, None] & m_c[None, :],
                       other=0.0).to(tl.float32)
-        b_s = tl.dot(b_kd_t, b_u, input_precision="ieee")
+        b_s = tl.dot(b_kd_t, b_u, input_precision="tf32")
         tl.store(state + (base + o_k)[:, None] * V + o_c[None, :], b_s, mask=m_c[None, :])
 
 
