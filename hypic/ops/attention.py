@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from hypic.ops.attention_cudnn import cudnn_square_causal_attention, cudnn_square_causal_supported
 from hypic.ops.attention_flash import flash_supported, flash_varlen_causal_attention
 from hypic.ops.attention_flex import build_varlen_block_mask, check_varlen_values, flex_varlen_attention
-from hypic.ops.attention_split import split_prefix_attention, split_supported
+from hypic.ops.attention_split import MAX_AUTO_QUERIES, split_prefix_attention, split_supported
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Elements of one [Hq, block, keys] score tile; bounds memory of the math backend on CPU.
@@ -173,7 +173,7 @@ def varlen_attention(
             impl = "cudnn"
         elif index_causal and flash_supported(q, v):
             impl = "flash"
-        elif split_ok and q.is_cuda:
+        elif split_ok and q.is_cuda and num_q <= MAX_AUTO_QUERIES:
             impl = "split"
         elif q.is_cuda and _flex_cuda_supported(q, v):
             impl = "flex"

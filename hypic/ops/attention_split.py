@@ -32,7 +32,12 @@ import torch
 ROWS_PER_PROGRAM = 64  # query rows (queries x heads of a group) per program
 BLOCK_N = 64  # split lengths are multiples of this (and of every tuned key step)
 MIN_SPLIT = 2048  # keys per program, at least
-MAX_SPLITS = 16  # splits per query block, at most (bounds the partial-output buffer)
+MAX_SPLITS = 16  # splits per query block, at most
+MAX_PARTIAL_BYTES = 256 << 20  # fp32 partial outputs of all splits, at most (fewer splits beyond)
+# The kernel was measured on a cached request's few live queries (576 over 32.8k keys: 0.66 ms per
+# layer against flex's 1.98). Larger live sets (cold segments among cached ones) keep flex, whose
+# 128-row tiles suit them and which was measured there; ``impl="split"`` still forces it.
+MAX_AUTO_QUERIES = 4096
 _DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL = None
 
@@ -87,7 +92,7 @@ def split_blocks_host(cu_q_host: Sequence[int], cu_k_host: Sequence[int], block_
 _plan_cache: Optional[Tuple[weakref.ref, tuple, tuple]] = None
 
 
-def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key):
+def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key, partial_bytes_per_split: int):
     global _plan_cache
     if layout_key is not None and _plan_cache is not None:
         key_ref, held, plan = _plan_cache
@@ -95,7 +100,8 @@ def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key):
             return plan
     blocks = split_blocks_host(cu_q_host, cu_k_host, block_q)
     max_keys = int(blocks[:, 3].max()) if blocks.size else 0
-    num_splits = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_SPLIT)))
+    by_memory = max(1, MAX_PARTIAL_BYTES // max(1, partial_bytes_per_split))
+    num_splits = max(1, min(MAX_SPLITS, by_memory, math.ceil(max_keys / MIN_SPLIT)))
     split = max(BLOCK_N, math.ceil(max(max_keys, 1) / num_splits / BLOCK_N) * BLOCK_N)
     table = torch.from_numpy(blocks)
     if device.type == "cuda":
@@ -130,7 +136,8 @@ def split_prefix_attention(
     group = num_heads // num_kv_heads
     block_q = max(1, ROWS_PER_PROGRAM // group)
     shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group)
-    blocks, num_splits, split = _plan(cu_seqlens_q_host, cu_seqlens_k_host, block_q, q.device, layout_key, shape_key)
+    blocks, num_splits, split = _plan(cu_seqlens_q_host, cu_seqlens_k_host, block_q, q.device, layout_key, shape_key,
+                                      num_q * num_heads * (value_dim + 1) * 4)
     if _KERNEL is None:
         _KERNEL = _build_kernel()
     kernel, fixed = _KERNEL
@@ -151,4 +158,4 @@ def split_prefix_attention(
     return out.copy_(merged)
 
 
-__all__ = ["split_prefix_attention", "split_supported", "split_blocks_host"]
+__all__ = ["MAX_AUTO_QUERIES", "split_prefix_attention", "split_supported", "split_blocks_host"]

@@ -66,6 +66,19 @@ def test_block_table_cuts_each_request_into_blocks():
     assert table.dtype.name == "int32"
 
 
+def test_split_count_bounded_by_keys_and_partial_memory():
+    attention_split._plan_cache = None
+    keys = [0, 32768]
+    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None,
+                                              576 * 16 * 257 * 4)
+    assert (splits, length) == (16, 2048)  # 32k keys in 2048-key splits
+    _, splits, length = attention_split._plan([0, 30000], keys, 8, torch.device("cpu"), None, None,
+                                              30000 * 16 * 257 * 4)
+    assert splits == 1 and length == 32768  # 30k queries: one split, 0.5 GB of partials at most
+    _, splits, _ = attention_split._plan([0, 8], [0, 100], 8, torch.device("cpu"), None, None, 8 * 16 * 257 * 4)
+    assert splits == 1
+
+
 def test_dispatch_rules_on_cpu():
     q = torch.zeros(4, 8, 32, dtype=torch.bfloat16)
     assert not split_supported(q, q, 2) or os.environ.get("TRITON_INTERPRET") == "1"  # CUDA only
