@@ -32,7 +32,7 @@ from hypic.models.config import load_spec
 from hypic.models.loader import load_model
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.modes import COLD_CANONICAL, PICConfig
-from hypic.pic.plan import plan_request
+from hypic.pic.plan import plan_request, segment_keys
 from hypic.pic.segments import PIC_SEP, SegmentedPrompt, build_segmented_prompt
 from hypic.pic.store import SegmentStore, StoreStats
 
@@ -178,7 +178,7 @@ class LLMEngine:
             request = Request(request_id, list(segmented.token_ids), sampling_params, prompt=prompt_text)
             request.pic_prompt, request.pic_policy = segmented, policy
             request.pic_tenant_salt = tenant_salt
-            request.prefill_cost = self._expected_live_tokens(segmented, policy, tenant_salt)
+            request.prefill_cost = self._expected_live_tokens(request, segmented, policy, tenant_salt)
         else:
             prompt_text, prompt_ids = self._prompt_token_ids(prompt, request_id)
             request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text)
@@ -208,16 +208,18 @@ class LLMEngine:
         except ValueError as e:
             raise ValueError(f"request {request_id}: {e}") from None
 
-    def _expected_live_tokens(self, prompt: SegmentedPrompt, policy, tenant_salt) -> int:
+    def _expected_live_tokens(self, request: Request, prompt: SegmentedPrompt, policy, tenant_salt) -> int:
         """Scheduler charge of a PIC request: its tokens minus the bodies already stored, plus
-        the standalone pass over cold segments that writes canonical entries (``canonical``)."""
+        the standalone pass over cold segments that writes canonical entries (``canonical``).
+        The segment keys are kept on the request for its plan (keying hashes every token)."""
         if not policy.mode.uses_segment_store:
             return prompt.num_tokens
+        request.pic_segment_keys = segment_keys(prompt, policy, self.keyer, tenant_salt)
         canonical = policy.cold_policy == COLD_CANONICAL
         live = len(prompt.query)
-        for seg in prompt.segments:
+        for seg, key in zip(prompt.segments, request.pic_segment_keys):
             w = policy.seam_tokens(len(seg))
-            hit = w < len(seg) and self.keyer.segment_key(seg, w, tenant_salt=tenant_salt) in self.store
+            hit = key is not None and key in self.store
             live += w if hit else len(seg)
             if canonical and not hit and w < len(seg):
                 live += len(seg)
@@ -343,7 +345,7 @@ class LLMEngine:
                 plans.append(plan_request(
                     r.pic_prompt, r.pic_policy, store=self.store, keyer=self.keyer,
                     max_model_len=self.max_model_len, tenant_salt=r.pic_tenant_salt,
-                    request_id=r.request_id,
+                    request_id=r.request_id, segment_keys=r.pic_segment_keys,
                 ))
             results = self.pic_runner.prefill(plans)
         finally:

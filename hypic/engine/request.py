@@ -107,6 +107,9 @@ class Request:
         self.pic_prompt: Any = None
         self.pic_policy: Any = None
         self.pic_tenant_salt: str | None = None
+        # store keys of pic_prompt's segments (hypic.pic.plan.segment_keys), computed once when
+        # the request is queued and reused by its plan
+        self.pic_segment_keys: Any = None
         self.prefill_cost: int | None = None
 
     @property

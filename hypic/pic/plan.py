@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from hypic.pic.keys import Keyer, StoreKey
 from hypic.pic.modes import COLD_CANONICAL, COLD_STANDALONE, RequestPolicy
@@ -178,8 +178,13 @@ def plan_request(
     max_model_len: Optional[int] = None,
     tenant_salt: Optional[str] = None,
     request_id: Any = None,
+    segment_keys: Optional[Sequence[Optional[StoreKey]]] = None,
 ) -> RequestPlan:
     """Plan one request, acquiring store handles for what it reuses.
+
+    ``segment_keys``: what :func:`segment_keys` returned for this prompt, policy, keyer and
+    tenant, when the caller already keyed it (an engine does, to charge the scheduler): keying
+    hashes every token, so a 64-segment prompt is not keyed twice.
 
     Raises ValueError (before acquiring anything) on bad input, so an engine can reject this
     request and keep serving others.
@@ -195,9 +200,14 @@ def plan_request(
         raise ValueError(f"mode {mode.name!r} needs a store and a keyer")
     starts = prompt.segment_starts
     handles: List[SegmentHandle] = []
+    if mode.uses_segment_store:
+        if segment_keys is None:
+            segment_keys = _segment_keys(prompt, policy, keyer, tenant_salt)
+        elif len(segment_keys) != len(prompt.segments):
+            raise ValueError(f"segment_keys: {len(segment_keys)} keys for {len(prompt.segments)} segments")
     try:
         if mode.uses_segment_store:
-            spans, prefix = _plan_segments(prompt, policy, store, keyer, tenant_salt, handles), 0
+            spans, prefix = _plan_segments(prompt, policy, store, segment_keys, handles), 0
         elif mode.uses_prefix_checkpoints:
             spans, prefix = _plan_prefix(prompt, store, keyer, tenant_salt, handles)
         else:
@@ -215,7 +225,25 @@ def plan_request(
     return RequestPlan(prompt, policy, tuple(spans), tuple(handles), prefix, request_id)
 
 
-def _plan_segments(prompt, policy, store, keyer, tenant_salt, handles) -> List[Span]:
+def segment_keys(
+    prompt: SegmentedPrompt, policy: RequestPolicy, keyer: Keyer, tenant_salt: Optional[str] = None
+) -> Tuple[Optional[StoreKey], ...]:
+    """Store key of each segment's body under ``policy``'s seam (None where the seam covers the
+    segment: no body to reuse), for :func:`plan_request` and for an engine's scheduler charge."""
+    if not isinstance(prompt, SegmentedPrompt):
+        raise ValueError(f"prompt: expected SegmentedPrompt, got {type(prompt).__name__}")
+    return _segment_keys(prompt, policy, keyer, tenant_salt)
+
+
+def _segment_keys(prompt, policy, keyer, tenant_salt) -> Tuple[Optional[StoreKey], ...]:
+    keys = []
+    for seg in prompt.segments:
+        w = policy.seam_tokens(len(seg))
+        keys.append(None if w == len(seg) else keyer.segment_key(seg, w, tenant_salt=tenant_salt))
+    return tuple(keys)
+
+
+def _plan_segments(prompt, policy, store, keys, handles) -> List[Span]:
     starts = prompt.segment_starts
     standalone = policy.cold_policy == COLD_STANDALONE
     hit_index = {}  # key -> index into handles
@@ -225,10 +253,10 @@ def _plan_segments(prompt, policy, store, keyer, tenant_salt, handles) -> List[S
     for i, seg in enumerate(prompt.segments):
         num = len(seg)
         w = policy.seam_tokens(num)
+        key = keys[i]
         if w == num:  # the seam covers the segment: no body, nothing to reuse or store
             spans.append(Span(SpanKind.MISS, i, starts[i], num, num, num))
             continue
-        key = keyer.segment_key(seg, w, tenant_salt=tenant_salt)
         if key not in hit_index and key not in pending and key not in missed:
             handle = store.acquire(key)
             if handle is not None:

@@ -193,3 +193,17 @@ def test_chat_template_keeps_segment_tokens_and_hits_on_reorder(seeded_llm):
     tail = plain[plain.index(tok.encode("x", add_special_tokens=False)[-1]) + 1:]
     assert ids[-len(tail):] == tail
     assert first.outputs[0].token_ids and second.outputs[0].token_ids
+
+
+def test_each_segment_is_keyed_once_per_request(monkeypatch):
+    """The scheduler's charge and the plan share one keying of the prompt's segments."""
+    from hypic.pic.keys import Keyer
+
+    engine = LLMEngine("tiny", seed=0)
+    prompt = PIC_SEP.join(_docs(n=3) + [_question("job", 1)])
+    _run(engine, [prompt])  # caches the three documents
+    keyed = []
+    real = Keyer.segment_key
+    monkeypatch.setattr(Keyer, "segment_key", lambda self, *a, **k: keyed.append(a[0]) or real(self, *a, **k))
+    (out,) = _run(engine, [prompt])
+    assert len(keyed) == 3 and out.metrics.cached_tokens > 0

@@ -200,3 +200,21 @@ def test_tenant_salt_separates_entries():
     put(store, A, 2)
     with plan(prompt(A), store, tenant_salt="other") as rp:
         assert rp.spans[0].kind is SpanKind.MISS
+
+
+def test_precomputed_segment_keys_are_used_and_checked(monkeypatch):
+    from hypic.pic.plan import segment_keys
+
+    store = new_store()
+    put(store, B, 2)
+    policy = PICConfig().resolve(mode="hypic", seam=2, cold_policy="inline")
+    p = prompt(A, B, (7, 8))  # the 2-token segment is all seam: no key
+    keys = segment_keys(p, policy, KR)
+    assert keys[2] is None and keys[1] == KR.segment_key(B, 2)
+    calls = []
+    monkeypatch.setattr(type(KR), "segment_key", lambda self, *a, **k: calls.append(a) or None)
+    rp = plan_request(p, policy, store=store, keyer=KR, segment_keys=keys)  # no keying at all
+    assert calls == [] and kinds(rp) == [SpanKind.MISS, SpanKind.HIT, SpanKind.MISS, SpanKind.QUERY]
+    rp.release()
+    with pytest.raises(ValueError, match="segment_keys: 2 keys for 3 segments"):
+        plan_request(p, policy, store=store, keyer=KR, segment_keys=keys[:2])
