@@ -17,7 +17,9 @@ fp16/bf16 then uses FlashAttention's varlen kernel (:mod:`hypic.ops.attention_fl
 A square causal prefill of a few long sequences (cold prompts: queries are all the keys) whose
 caller passes host ``cu_seqlens`` takes cuDNN's kernel instead (:mod:`hypic.ops.attention_cudnn`).
 A caller whose sequences' keys are their positions in order (``keys_by_position``: a PIC request
-with cached segments) takes the split-KV kernel (:mod:`hypic.ops.attention_split`) over flex.
+with cached segments) and who passes host ``cu_seqlens`` takes the split-KV kernel
+(:mod:`hypic.ops.attention_split`) over flex, on CUDA fp16/bf16 with power-of-two head dims and
+query heads per kv head, for at most ``MAX_AUTO_QUERIES`` (4096) live queries.
 ``impl="reference"`` / ``"flex"`` / ``"flash"`` / ``"cudnn"`` / ``"split"`` force a path; the environment variable
 ``HYPIC_ATTENTION_IMPL`` (same values) overrides ``"auto"`` for A/B measurements. The flex path
 reuses its block mask (and its value checks) while it is called with the very same layout tensors,

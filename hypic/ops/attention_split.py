@@ -33,7 +33,9 @@ ROWS_PER_PROGRAM = 64  # query rows (queries x heads of a group) per program
 BLOCK_N = 64  # split lengths are multiples of this (and of every tuned key step)
 MIN_SPLIT = 2048  # keys per program, at least
 MAX_SPLITS = 16  # splits per query block, at most
-MAX_PARTIAL_BYTES = 256 << 20  # fp32 partial outputs of all splits, at most (fewer splits beyond)
+# fp32 partial outputs of all splits: fewer splits beyond this (one split always runs, so a huge
+# live set can still pass it; those keep flex under the automatic choice, see MAX_AUTO_QUERIES)
+MAX_PARTIAL_BYTES = 256 << 20
 # The kernel was measured on a cached request's few live queries (576 over 32.8k keys: 0.66 ms per
 # layer against flex's 1.98). Larger live sets (cold segments among cached ones) keep flex, whose
 # 128-row tiles suit them and which was measured there; ``impl="split"`` still forces it.
@@ -126,7 +128,9 @@ def split_prefix_attention(
 
     q ``[Tq, Hq, D]``, k ``[Tk, Hkv, D]``, v ``[Tk, Hkv, DV]``; returns ``[Tq, Hq, DV]`` in q's
     dtype. The caller guarantees ``0 <= positions_q[i] < Lk[b]`` (a live query is one of its
-    request's keys) and that :func:`split_supported` holds."""
+    request's keys) and that :func:`split_supported` holds; nothing is read back to check it (a
+    position past the keys sees them all, a negative one none and yields 0, where the reference
+    raises)."""
     global _KERNEL
     num_q, num_heads, head_dim = q.shape
     num_kv_heads, value_dim = k.shape[1], v.shape[2]
@@ -151,10 +155,13 @@ def split_prefix_attention(
     )
     if num_splits == 1:
         return out.copy_(o_part[0])
-    # merge the splits: weights 2^(lse_s - max), a split that saw no key weighs 0
+    # merge the splits: weights 2^(lse_s - max), a split that saw no key weighs 0; in place, so
+    # the merge allocates no second buffer of partials. A row no split saw (a position outside
+    # the caller's contract) comes out 0, as with one split.
     top = lse_part.amax(0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     weight = torch.exp2(lse_part - top)
-    merged = (weight.unsqueeze(-1) * o_part).sum(0) / weight.sum(0).unsqueeze(-1)
+    merged = o_part.mul_(weight.unsqueeze(-1)).sum(0) / weight.sum(0).clamp_min(1e-30).unsqueeze(-1)
     return out.copy_(merged)
 
 

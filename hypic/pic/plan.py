@@ -184,7 +184,8 @@ def plan_request(
 
     ``segment_keys``: what :func:`segment_keys` returned for this prompt, policy, keyer and
     tenant, when the caller already keyed it (an engine does, to charge the scheduler): keying
-    hashes every token, so a 64-segment prompt is not keyed twice.
+    hashes every token, so a 64-segment prompt is not keyed twice. Only their number is checked:
+    keys made under another seam or tenant are the caller's error.
 
     Raises ValueError (before acquiring anything) on bad input, so an engine can reject this
     request and keep serving others.

@@ -95,9 +95,11 @@ def test_environment_preference_falls_back_where_split_cannot_run(monkeypatch):
     q, k, v = (torch.randn(4, 4, 16, generator=gen) for _ in range(3))
     args = dict(cu_seqlens_q=torch.tensor([0, 4]), cu_seqlens_k=torch.tensor([0, 4]),
                 positions_q=torch.arange(4), positions_k=torch.arange(4))
-    out = varlen_attention(q, k, v, **args)  # CPU: the reference, no error
-    monkeypatch.delenv("HYPIC_ATTENTION_IMPL")
-    assert torch.allclose(out, varlen_attention(q, k, v, **args))
+    want = varlen_attention(q, k, v, impl="reference", **args)
+    # without the layout promise, and with it but on CPU fp32 (no kernel): the automatic choice
+    assert torch.equal(varlen_attention(q, k, v, **args), want)
+    assert torch.equal(varlen_attention(q, k, v, keys_by_position=True, cu_seqlens_q_host=[0, 4],
+                                        cu_seqlens_k_host=[0, 4], **args), want)
 
 
 def test_kernel_under_interpreter():

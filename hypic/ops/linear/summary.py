@@ -204,6 +204,19 @@ def identity_summary(like: Summary, n: int) -> Summary:
     return type(like)(torch.zeros(like.log_decay.shape[1:], **opts).expand(n, *like.log_decay.shape[1:]).contiguous(), state)
 
 
+def _check_chains(cu_chains, initial_states: Optional[torch.Tensor], state: torch.Tensor) -> int:
+    """Checks shared by the scans (before any fast path); returns the number of chains."""
+    if not isinstance(cu_chains, torch.Tensor) or cu_chains.dim() != 1 or cu_chains.numel() < 1:
+        raise ValueError("cu_chains must be a 1-D LongTensor with B+1 entries")
+    if cu_chains.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"cu_chains must be int64, got {cu_chains.dtype}")
+    num_chains = cu_chains.numel() - 1
+    if initial_states is not None:
+        check_tensor("initial_states", initial_states, (num_chains, *state.shape[1:]), STATE_DTYPES)
+        check_same_device(summaries=state, initial_states=initial_states)
+    return num_chains
+
+
 def scan_chain(
     summaries: Summary,
     cu_chains: torch.Tensor,
@@ -217,14 +230,7 @@ def scan_chain(
     """
     _check_summary("summaries", summaries)
     m, hv, k, v = summaries.state.shape
-    if not isinstance(cu_chains, torch.Tensor) or cu_chains.dim() != 1 or cu_chains.numel() < 1:
-        raise ValueError("cu_chains must be a 1-D LongTensor with B+1 entries")
-    if cu_chains.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"cu_chains must be int64, got {cu_chains.dtype}")
-    num_chains = cu_chains.numel() - 1
-    if initial_states is not None:
-        check_tensor("initial_states", initial_states, (num_chains, hv, k, v), STATE_DTYPES)
-        check_same_device(summaries=summaries.state, initial_states=initial_states)
+    num_chains = _check_chains(cu_chains, initial_states, summaries.state)
     fast = cuda_fast_path("scan_chain", summaries.state, initial_states)
     if fast is not None:
         return fast(summaries, cu_chains, initial_states)
@@ -282,6 +288,7 @@ def scan_chain_from(
     if not isinstance(source, torch.Tensor) or source.dim() != 1 or source.dtype != torch.int64:
         raise ValueError("source must be a 1-D int64 tensor")
     check_same_device(first=first.state, second=second.state, source=source)
+    _check_chains(cu_chains, initial_states, first.state)
     fast = cuda_fast_path("scan_chain_from", first.state, initial_states)
     if fast is not None:
         return fast(first, second, source, cu_chains, initial_states)

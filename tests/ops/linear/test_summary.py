@@ -146,3 +146,7 @@ def test_scan_chain_from_two_sources_equals_the_gathered_chain():
         scan_chain_from(first, second, source.int(), cu)
     with pytest.raises(ValueError, match="one structure"):
         scan_chain_from(first, DenseSummary(second.transition[:, :1], second.state[:, :1]), source, cu)
+    with pytest.raises(ValueError, match="cu_chains"):
+        scan_chain_from(first, second, source, cu.float())
+    with pytest.raises(ValueError, match="initial_states"):
+        scan_chain_from(first, second, source, cu, init[:1])
