@@ -111,14 +111,24 @@ def _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu):
     return cu, ci, k4, gc, w, u
 
 
+def _short_spans(k4, u, cu, cu_cpu):
+    """``(table, use_triton)`` when every span fits in one chunk and the closed forms of
+    :mod:`short_span` apply (``HYPIC_SHORT_SPAN``), else ``(None, False)``."""
+    impl = short_span_impl()
+    if impl == "fla":
+        return None, False
+    use_triton = impl == "triton" and triton_supported(k4.shape[-1], u.shape[-1], CHUNK_SIZE)
+    return short_span_rows(cu, cu_cpu, CHUNK_SIZE, classes=not use_triton), use_triton
+
+
 def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
     """(S or None, T) of every span from the WY factors: closed form when every span fits in one
     chunk (the seams and questions of a cached request, :mod:`short_span`), fla's summary kernel
     otherwise."""
-    table = short_span_rows(cu, cu_cpu, CHUNK_SIZE) if short_span_impl() != "fla" else None
+    table, use_triton = _short_spans(k4, u, cu, cu_cpu)
     if table is not None:
         g = None if gc is None else gc[0]
-        if short_span_impl() == "triton" and triton_supported(k4.shape[-1], u.shape[-1], CHUNK_SIZE):
+        if use_triton:
             return short_span_summary_triton(k4[0], w[0], u[0], g, cu, table, CHUNK_SIZE, transition_only)
         return short_span_summary(k4[0], w[0], u[0], g, table, transition_only)
     return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only)
@@ -184,12 +194,12 @@ def gated_delta_summarize_then_forward(q, k, v, g, beta, *, cu_seqlens, initial_
         cu, ci, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_seqlens_cpu)
         summary = _zero_start_summary(k4, w, u, gc, cu, cu_seqlens_cpu)
         h0 = _state_or_none(initial_states_from(summary))
-        table = None if output_final_state or h0 is None or short_span_impl() == "fla" else \
-            short_span_rows(cu, cu_seqlens_cpu, CHUNK_SIZE)
+        table, use_triton = (None, False) if output_final_state or h0 is None else \
+            _short_spans(k4, u, cu, cu_seqlens_cpu)
         if table is not None:
             from fla.ops.common.chunk_o import chunk_fwd_o
 
-            if short_span_impl() == "triton" and triton_supported(k4.shape[-1], u.shape[-1], CHUNK_SIZE):
+            if use_triton:
                 v_new, h = short_span_state_pass_triton(w[0], u[0], h0, cu, table, CHUNK_SIZE)
             else:
                 v_new, h = short_span_state_pass(w[0], u[0], h0, table)

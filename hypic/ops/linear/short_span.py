@@ -62,7 +62,7 @@ class SpanRows(NamedTuple):
     """Gather tables of spans that each fit in one chunk, by width class."""
 
     num_spans: int
-    classes: Tuple[SpanClass, ...]
+    classes: Optional[Tuple[SpanClass, ...]]  # None: built for the Triton kernels, which need none
     chunk_spans: torch.Tensor  # [num_chunks] int64: the span of each chunk (the non-empty spans)
     all_nonempty: bool  # host: every span is one chunk (chunk i is span i)
     span_chunk: torch.Tensor  # [N] int32: the chunk of each span, -1 for an empty span
@@ -94,17 +94,19 @@ def short_span_rows_host(cu_cpu: torch.Tensor, chunk_size: int) -> Optional[Tupl
     return int(lengths.size), classes, np.flatnonzero(lengths > 0)
 
 
-_ROW_TABLES: list = []  # (cu, cu_cpu, chunk_size, SpanRows or None), most recent first
+_ROW_TABLES: list = []  # (cu, cu_cpu, chunk_size, classes, SpanRows or None), most recent first
 _MAX_ROW_TABLES = 8
 
 
-def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size: int) -> Optional[SpanRows]:
+def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size: int,
+                    classes: bool = True) -> Optional[SpanRows]:
     """Device tables for the spans of ``cu`` (None when a span is longer than a chunk, or when no
-    host copy of ``cu`` is given: reading it back would cost a device sync)."""
+    host copy of ``cu`` is given: reading it back would cost a device sync). ``classes=False``
+    skips the per-class gather tables, which only the torch formulation reads."""
     if cu_cpu is None:
         return None
-    for held_cu, held_cpu, held_chunk, table in _ROW_TABLES:
-        if held_cu is cu and held_cpu is cu_cpu and held_chunk == chunk_size:
+    for held_cu, held_cpu, held_chunk, held_classes, table in _ROW_TABLES:
+        if held_cu is cu and held_cpu is cu_cpu and held_chunk == chunk_size and held_classes == classes:
             return table
     host = short_span_rows_host(cu_cpu, chunk_size)
     table = None
@@ -113,14 +115,19 @@ def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size
             t = torch.from_numpy(np.ascontiguousarray(a))
             return t.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else t
 
-        num_spans, classes, chunk_spans = host
+        num_spans, host_classes, chunk_spans = host
         span_chunk = np.full(num_spans, -1, dtype=np.int32)
         span_chunk[chunk_spans] = np.arange(len(chunk_spans), dtype=np.int32)
-        table = SpanRows(num_spans, tuple(SpanClass(c[0], *(dev(a) for a in c[1:])) for c in classes),
-                         dev(chunk_spans), len(chunk_spans) == num_spans, dev(span_chunk))
-    _ROW_TABLES.insert(0, (cu, cu_cpu, chunk_size, table))
+        built = tuple(SpanClass(c[0], *(dev(a) for a in c[1:])) for c in host_classes) if classes else None
+        table = SpanRows(num_spans, built, dev(chunk_spans), len(chunk_spans) == num_spans, dev(span_chunk))
+    _ROW_TABLES.insert(0, (cu, cu_cpu, chunk_size, classes, table))
     del _ROW_TABLES[_MAX_ROW_TABLES:]
     return table
+
+
+def _need_classes(table: SpanRows) -> None:
+    if table.classes is None:
+        raise ValueError("the torch formulation needs a table built with classes=True")
 
 
 def _place(out: torch.Tensor, cls: SpanClass, values: torch.Tensor) -> None:
@@ -142,6 +149,7 @@ def short_span_summary(
     ``k [T, H, K]`` (H divides HV: value head j reads key head ``j // (HV // H)``), ``w [T, HV, K]``,
     ``u [T, HV, V]``: the WY factors of the chunked delta rule; ``gc [T, HV]`` the chunk-local
     cumulative gate in log2 units, or None for an ungated rule (DeltaNet)."""
+    _need_classes(table)
     num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[-1]
     ratio = num_heads // k.shape[1]
     device = w.device
@@ -189,6 +197,7 @@ def short_span_state_pass(
     kernel rounds it before its dot. Returns ``(v_new [T, HV, V], h [num_chunks, HV, K, V])``,
     both in ``u``'s dtype; the final states, which the kernel also writes, are not formed (a PIC
     forward takes them from its scan)."""
+    _need_classes(table)
     num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[-1]
     h0 = initial_states.to(u.dtype)
     h = h0 if table.all_nonempty else h0.index_select(0, table.chunk_spans)

@@ -112,6 +112,10 @@ def test_rows_only_when_every_span_fits_in_a_chunk():
     cu_cpu = cu.clone()
     assert short_span_rows(cu, cu_cpu, 64) is short_span_rows(cu, cu_cpu, 64)  # cached by identity
     assert short_span_rows(cu, None, 64) is None  # never reads the device cu back
+    light = short_span_rows(cu, cu_cpu, 64, classes=False)  # for the Triton kernels: no class tables
+    assert light.classes is None and light is not short_span_rows(cu, cu_cpu, 64)
+    with pytest.raises(ValueError, match="classes=True"):
+        short_span_summary(torch.zeros(16, 1, 16), torch.zeros(16, 1, 16), torch.zeros(16, 1, 8), None, light)
 
 
 @pytest.mark.parametrize("lengths", [[8, 0, 5, 64, 1, 30, 8], [8, 8, 64]])
@@ -182,16 +186,21 @@ def test_reference_summarize_then_forward_can_skip_the_final_state():
     assert f2 is None and f1 is not None and torch.equal(o1, o2)
 
 
-def test_summary_dot_precision_is_validated(monkeypatch):
-    from hypic.ops.linear._fla_summaries import summary_dot_precision
+@pytest.mark.parametrize("variable,module,getter,default,other", [
+    ("HYPIC_SUMMARY_DOT_PRECISION", "hypic.ops.linear._fla_summaries", "summary_dot_precision", "tf32", "tf32x3"),
+    ("HYPIC_SHORT_SPAN", "hypic.ops.linear.short_span", "short_span_impl", "triton", "fla"),
+])
+def test_environment_choices_are_validated(monkeypatch, variable, module, getter, default, other):
+    import importlib
 
-    monkeypatch.delenv("HYPIC_SUMMARY_DOT_PRECISION", raising=False)
-    assert summary_dot_precision() == "tf32"
-    monkeypatch.setenv("HYPIC_SUMMARY_DOT_PRECISION", "tf32x3")
-    assert summary_dot_precision() == "tf32x3"
-    monkeypatch.setenv("HYPIC_SUMMARY_DOT_PRECISION", "fp8")
-    with pytest.raises(ValueError, match="HYPIC_SUMMARY_DOT_PRECISION"):
-        summary_dot_precision()
+    read = getattr(importlib.import_module(module), getter)
+    monkeypatch.delenv(variable, raising=False)
+    assert read() == default
+    monkeypatch.setenv(variable, other)
+    assert read() == other
+    monkeypatch.setenv(variable, "bogus")
+    with pytest.raises(ValueError, match=variable):
+        read()
 
 
 KERNEL_CASE = textwrap.dedent("""
@@ -238,15 +247,3 @@ def test_triton_kernels_match_torch_on_cuda(gated):
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
     assert namespace["case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128) < 1e-2
-
-
-def test_short_span_impl_is_validated(monkeypatch):
-    from hypic.ops.linear.short_span import short_span_impl
-
-    monkeypatch.delenv("HYPIC_SHORT_SPAN", raising=False)
-    assert short_span_impl() == "triton"
-    monkeypatch.setenv("HYPIC_SHORT_SPAN", "fla")
-    assert short_span_impl() == "fla"
-    monkeypatch.setenv("HYPIC_SHORT_SPAN", "cuda")
-    with pytest.raises(ValueError, match="HYPIC_SHORT_SPAN"):
-        short_span_impl()
