@@ -33,6 +33,37 @@ CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic",
                       "qwen3_5_35b_a3b.json")
 
 
+def op_census(fn, top: int = 70) -> str:
+    """Run ``fn`` under a dispatch mode that counts every non-view aten op (on GPU each is one or
+    more kernel launches) by the innermost hypic source line on the Python stack. Triton and fla
+    kernels launch outside the dispatcher and are not counted."""
+    import collections
+    import sys
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(hypic.__file__)))
+    by_line, by_op = collections.Counter(), collections.Counter()
+
+    class Census(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                frame = sys._getframe(1)
+                while frame is not None and "/hypic/" not in frame.f_code.co_filename:
+                    frame = frame.f_back
+                where = "?" if frame is None else f"{os.path.relpath(frame.f_code.co_filename, root)}:{frame.f_lineno}"
+                by_line[where] += 1
+                by_op[func.name()] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Census():
+        fn()
+    lines = [f"{sum(by_line.values())} non-view aten ops"]
+    lines += [f"{n:6d}  {where}" for where, n in by_line.most_common(top)]
+    lines += ["", "by op:"] + [f"{n:6d}  {op}" for op, n in by_op.most_common(30)]
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -40,6 +71,8 @@ def main():
     ap.add_argument("--prompts", default="32768,8192", help="prompt token counts, 512-token segments")
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--census", action="store_true",
+                    help="also count the non-view aten ops of one request by the hypic line that issued them")
     args = ap.parse_args()
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
     config_path = CONFIG if not args.smoke else os.path.join(os.path.dirname(CONFIG), "..", "..", "assets", "tiny", "config.json")
@@ -105,6 +138,9 @@ def main():
             buf = io.StringIO()
             pstats.Stats(py_prof, stream=buf).sort_stats("tottime").print_stats(45)
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, Python functions by own time ==\n" + buf.getvalue())
+        if args.census:
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, aten ops by issuing hypic line ==\n"
+                         + op_census(lambda: (bench.run(prompt), sync())))
         bench.close()
         res["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "ttft_ms"}), flush=True)
