@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from hypic.engine.cuda_graphs import TokenGraphs
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, causal_conv1d_update
@@ -50,6 +51,14 @@ class ForwardContext(abc.ABC):
     @abc.abstractmethod
     def select_logits_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """Rows of ``hidden [T, H]`` whose logits are needed."""
+
+    # Set by the runner that owns the forward: replays of token-wise blocks (CUDA graphs).
+    graphs: Optional["TokenGraphs"] = None
+
+    def feed_forward(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A layer's token-wise block (its MLP / MoE) on ``x [T, H]``: ``block(x)``, replayed from
+        a captured CUDA graph when the runner keeps them (:mod:`hypic.engine.cuda_graphs`)."""
+        return block(x) if self.graphs is None else self.graphs.run(block, x)
 
 
 # ---- per-sequence caches ------------------------------------------------------------------------

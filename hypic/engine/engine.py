@@ -335,6 +335,7 @@ class LLMEngine:
             [batch.num_scheduled_tokens[i] for i in indices],
             logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=self.device),
         )
+        ctx.graphs = self.pic_runner.graphs  # one set of captured blocks for both paths
         logits = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), ctx.positions, ctx)
         return dict(zip(sampled, logits))
 

@@ -22,12 +22,12 @@ from typing import Dict, List, Optional
 import torch
 
 from hypic.engine.context import ForwardContext
-from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
+from hypic.engine.pic_layout import PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
 from hypic.ops.linear.gated_delta import gated_delta_forward, gated_delta_summarize_then_forward
-from hypic.ops.linear.summary import DenseSummary, scan_chain, scan_chain_from
+from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
 from hypic.ops.rope import apply_rotary
 
 
@@ -89,13 +89,16 @@ class PicContext(ForwardContext):
         return y
 
     # -- linear attention -----------------------------------------------------------------------
-    def _body_summaries(self, layer_idx: int, live: DenseSummary) -> DenseSummary:
-        """The cached bodies' summaries in body order, one concatenation per field (`addition`
-        mode puts the identity in place of a body's T). The scan reads live and body elements
-        through the layout's ``chain_source`` table, so the live summaries are not copied into
-        a chain; a body's tensors are converted only when they are not already on the live
-        summaries' device and dtype."""
+    def _body_summaries(self, layer_idx: int, live: DenseSummary):
+        """The cached bodies' summaries in body order. The scan reads live and body elements
+        through the layout's ``chain_source`` table, so nothing is copied into a chain: with the
+        layout's address table the bodies are read where the store holds them; otherwise (a body
+        not fp32 on the device, `addition` mode, which puts the identity in place of a body's T)
+        one concatenation per field, converting a body only when it must."""
         lay = self.layout
+        if lay.body_addresses is not None:
+            return SummaryTable(tuple(body.entry.linear[layer_idx].summary for _, body in lay.bodies),
+                                lay.body_addresses[layer_idx])
         device, dtype = live.device, live.dtype
         eye = None
         transitions, states = [], []
@@ -138,13 +141,15 @@ class PicContext(ForwardContext):
         def span_initial_states(live: DenseSummary) -> torch.Tensor:
             # Each live span starts from the state its chain reaches there: the live spans'
             # zero-start summaries composed with the cached bodies' summaries, in prompt order.
+            # The scan writes only the incoming states used, live span s's in row s.
+            rows = dict(record_rows=lay.chain_record_rows, num_records=lay.num_record_rows)
             if lay.bodies:
                 bodies = self._body_summaries(layer_idx, live)
                 scanned["incoming"], scanned["final"] = scan_chain_from(live, bodies, lay.chain_source,
-                                                                        lay.cu_chains, init)
+                                                                        lay.cu_chains, init, **rows)
             else:  # live elements are numbered in chain order
-                scanned["incoming"], scanned["final"] = scan_chain(live, lay.cu_chains, init)
-            return scanned["incoming"].index_select(0, lay.span_chain_pos)
+                scanned["incoming"], scanned["final"] = scan_chain(live, lay.cu_chains, init, **rows)
+            return scanned["incoming"][:live.num_spans]
 
         o, _, live = gated_delta_summarize_then_forward(
             q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_states_from=span_initial_states,
@@ -154,13 +159,10 @@ class PicContext(ForwardContext):
         rec.final_states = final
         if lay.writes:
             rec.write_summaries = live.index(lay.write_spans)
-            # State after each written element: the next element's incoming state, or the final.
+            # State after each checkpoint: the next element's incoming state, or the final.
             after = []
-            for (b, _, w), pos in zip(lay.writes, lay.write_chain_pos):
-                if w.kind != WRITE_CHECKPOINT:
-                    after.append(None)
-                    continue
-                after.append(incoming[pos + 1] if pos + 1 < lay.chain_ends[b] else final[b])
+            for (b, _, _), row in zip(lay.writes, lay.write_after_rows):
+                after.append(None if row is None else final[b] if row < 0 else incoming[row])
             if any(a is not None for a in after):
                 zero = torch.zeros_like(final[0])
                 rec.write_states = torch.stack([zero if a is None else a for a in after])

@@ -19,12 +19,14 @@ one Python-level pass over the batch's cached pieces to gather their tensors).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
+from hypic.ops.linear.summary import summary_addresses
 from hypic.pic.keys import StoreKey
 from hypic.pic.payload import SegmentEntry
 
@@ -102,8 +104,16 @@ class PackedLayout:
     chain_src: List[Tuple[str, int]]  # host copy: ("live", span) | ("body", body) per element
     chain_source: torch.Tensor  # [M] int64 per chain element: live span s -> s, body b -> -b - 1
     span_chain_pos: torch.Tensor  # [S] chain position of each live element
+    # The scan keeps only the incoming states used: live element s's in row s, then one row per
+    # checkpoint write followed by a body (-1: not kept).
+    chain_record_rows: torch.Tensor  # [M]
+    num_record_rows: int
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
     body_drop_transition_host: List[bool]  # per body: `addition` mode drops its T
+    # [L, 2, NB] int64 on the device: per layer, the data pointers of each body's T and S where
+    # the store holds them (the GPU scan reads them in place); None when some body's summaries
+    # cannot be read so (not fp32 on the device, `addition` mode): they are concatenated then.
+    body_addresses: Optional[torch.Tensor]
     chain_ends: List[int]  # host copy of cu_chains[1:], so layers need no device-to-host sync
     chain_has_prefix: List[bool]
     # conv runs: maximal runs of consecutive live elements of one request
@@ -115,6 +125,9 @@ class PackedLayout:
     writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
     write_spans: torch.Tensor  # [NW] live element index of each write
     write_chain_pos: List[int]  # chain position of each write's element
+    # per write: the recorded row holding the state after it (checkpoints), -1 when that is its
+    # request's final state, None for segment writes (they need no state)
+    write_after_rows: List[Optional[int]]
     # attention keys per request: cat(live k [T], cached k [C]) gathered by key_index
     key_index: torch.Tensor  # [Tk]
     positions_k: torch.Tensor  # [Tk]
@@ -260,12 +273,31 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     for _, n in runs:
         cu_runs.append(cu_runs[-1] + n)
 
+    record_rows = [-1] * len(chain_src)
+    for s, chain_pos in enumerate(span_chain_pos):
+        record_rows[chain_pos] = s
+    num_record_rows = len(span_chain_pos)
+    write_after_rows: List[Optional[int]] = []
+    for (b, _, w), chain_pos in zip(writes, write_chain_pos):
+        if w.kind != WRITE_CHECKPOINT:
+            write_after_rows.append(None)
+        elif chain_pos + 1 >= cu_chains[b + 1]:
+            write_after_rows.append(-1)
+        else:
+            if record_rows[chain_pos + 1] < 0:
+                record_rows[chain_pos + 1] = num_record_rows
+                num_record_rows += 1
+            write_after_rows.append(record_rows[chain_pos + 1])
+    body_addresses = None if any(drop_t) else _body_addresses([e.entry for _, e in bodies], device)
+
     lists = dict(input_ids=ids, positions=pos, cu_live_per_request=cu_req, cu_spans=cu_spans,
                  cu_chains=cu_chains, span_chain_pos=span_chain_pos, cu_runs=cu_runs,
                  tail_index=tail_index, write_spans=[span for _, span, _ in writes],
                  key_index=key_index, positions_k=pos_k, cu_keys=cu_keys,
                  chain_source=[i if kind == "live" else -i - 1 for kind, i in chain_src],
-                 cached_delta=cached_delta, logits_rows=logits_rows)
+                 chain_record_rows=record_rows, cached_delta=cached_delta, logits_rows=logits_rows)
+    if body_addresses is not None:
+        lists["body_addresses"] = body_addresses
     cpu, dev = _to_device(lists, device)
     layout = PackedLayout(
         requests=list(requests),
@@ -281,8 +313,11 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         chain_src=chain_src,
         chain_source=dev["chain_source"],
         span_chain_pos=dev["span_chain_pos"],
+        chain_record_rows=dev["chain_record_rows"],
+        num_record_rows=num_record_rows,
         bodies=bodies,
         body_drop_transition_host=drop_t,
+        body_addresses=None if body_addresses is None else dev["body_addresses"].view(body_addresses.shape),
         chain_ends=cu_chains[1:],
         chain_has_prefix=[bool(r.prefix) for r in requests],
         cu_runs=dev["cu_runs"],
@@ -292,6 +327,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         writes=writes,
         write_spans=dev["write_spans"],
         write_chain_pos=write_chain_pos,
+        write_after_rows=write_after_rows,
         key_index=dev["key_index"],
         positions_k=dev["positions_k"],
         cu_keys=dev["cu_keys"],
@@ -308,6 +344,44 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         final_tail_slots=final_tail_for_request,
     )
     return layout
+
+
+# Per store entry (entries are immutable and own their tensors): the (T, S) data pointers of its
+# linear layers' summaries, [L, 2] (zeros where a layer has none), or None when some summary
+# cannot be read in place. Computed once per entry instead of per request and layer.
+_ENTRY_ADDRESSES: "weakref.WeakKeyDictionary[SegmentEntry, Tuple[torch.device, Optional[np.ndarray]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _entry_addresses(entry: SegmentEntry, device: torch.device) -> Optional[np.ndarray]:
+    cached = _ENTRY_ADDRESSES.get(entry)
+    if cached is not None and cached[0] == device:
+        return cached[1]
+    table: Optional[np.ndarray] = None
+    if entry.linear:
+        table = np.zeros((max(entry.linear) + 1, 2), dtype=np.int64)
+        for layer, payload in entry.linear.items():
+            pair = summary_addresses(payload.summary, device) if hasattr(payload, "summary") else None
+            if pair is None:
+                table = None
+                break
+            table[layer] = pair
+    _ENTRY_ADDRESSES[entry] = (device, table)
+    return table
+
+
+def _body_addresses(entries: Sequence[SegmentEntry], device: torch.device) -> Optional[np.ndarray]:
+    """``[L, 2, NB]`` data pointers of every body's summaries, or None (no body, or one whose
+    summaries must be copied before a scan can read them)."""
+    if not entries:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # tensors report their index
+        device = torch.device("cuda", torch.cuda.current_device())
+    tables = [_entry_addresses(e, device) for e in entries]
+    if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
+        return None
+    return np.ascontiguousarray(np.stack(tables, axis=-1))
 
 
 class _IntRuns:

@@ -20,6 +20,7 @@ import torch
 from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import SequenceCache
+from hypic.engine.cuda_graphs import make_token_graphs
 from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
@@ -56,6 +57,7 @@ class PicRunner:
         self.linear_layers = [i for i, t in enumerate(spec.layer_types) if t == LINEAR_ATTENTION]
         self.attention_layers = [i for i, t in enumerate(spec.layer_types) if t != LINEAR_ATTENTION]
         self.skipped_writes = 0  # cold segments not recorded because the store could not hold them
+        self.graphs = make_token_graphs(self.device)  # None on CPU or with HYPIC_CUDA_GRAPHS=0
 
     # ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -190,6 +192,7 @@ class PicRunner:
         width = self.spec.conv_kernel_size
         layout = build_layout(layouts, width, self.device)
         ctx = PicContext(self.spec, layout)
+        ctx.graphs = self.graphs
         logits = self.model(layout.input_ids, layout.positions, ctx)
         caches = self._decode_caches(ctx) if want_caches else []
         return logits, caches, ctx

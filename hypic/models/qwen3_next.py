@@ -14,8 +14,8 @@ are held fused as ``mlp.experts.gate_up_proj [E, 2I, H]`` / ``mlp.experts.down_p
 
 No serving logic lives here: the forward runs over ``T`` packed live tokens with explicit
 positions, and every cache interaction goes through the ``ctx`` (docs/contracts.md,
-"hypic.models <-> hypic.engine"): ``ctx.short_conv``, ``ctx.linear_attention``, ``ctx.attention``
-and ``ctx.select_logits_rows``.
+"hypic.models <-> hypic.engine"): ``ctx.short_conv``, ``ctx.linear_attention``, ``ctx.attention``,
+``ctx.feed_forward`` and ``ctx.select_logits_rows``.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class Qwen3NextDecoderLayer(nn.Module):
             h = self.self_attn(h, cos, sin, rotary, ctx)
         norm = self.post_attention_layernorm
         x, normed = add_rms_norm_zero_centered(x, h, norm.weight, norm.eps)
-        return x + self.mlp(normed)
+        return x + ctx.feed_forward(self.mlp, normed)
 
 
 class Qwen3NextModel(nn.Module):

@@ -568,21 +568,27 @@ def mamba2_decode(C, B, x, dt, A, state, D=None):
 # chain scan
 # --------------------------------------------------------------------------------------------
 
-def scan_chain(summaries, cu_chains, initial_states=None):
-    """Incoming state of every span and final state of every chain, one Triton launch.
-
-    Falls back to the batched torch formulation for float64 summaries.
-    """
+def scan_chain(summaries, cu_chains, initial_states=None, *, record_rows=None, num_records=None):
+    """Incoming state of every span (or of the recorded ones) and final state of every chain,
+    one Triton launch. Falls back to the batched torch formulation for float64 summaries."""
     if summaries.state.dtype == torch.float64 or _any_fp64(initial_states):
-        return scan_chain_torch(summaries, cu_chains, initial_states)
-    return scan_chain_triton(summaries, cu_chains, initial_states, precision="tf32x3")
+        from hypic.ops.linear.summary import _recorded
+
+        incoming, final = scan_chain_torch(summaries, cu_chains, initial_states)
+        return _recorded(incoming, record_rows, num_records), final
+    return scan_chain_triton(summaries, cu_chains, initial_states, precision="tf32x3", record_rows=record_rows,
+                             num_records=num_records)
 
 
-def scan_chain_from(first, second, source, cu_chains, initial_states=None):
+def scan_chain_from(first, second, source, cu_chains, initial_states=None, *, record_rows=None, num_records=None):
     """:func:`scan_chain` over a chain read from two sets of summaries through ``source``, one
-    Triton launch and no gathered copy of the chain."""
-    if first.state.dtype == torch.float64 or second.state.dtype == torch.float64 or _any_fp64(initial_states):
-        from hypic.ops.linear.summary import gather_chain
+    Triton launch and no gathered copy of the chain (a SummaryTable with addresses is read where
+    its items live)."""
+    from hypic.ops.linear.summary import SummaryTable, gather_chain
 
-        return scan_chain_torch(gather_chain(first, second, source), cu_chains, initial_states)
-    return scan_chain_triton(first, cu_chains, initial_states, precision="tf32x3", second=second, source=source)
+    second_dtype = second.items[0].dtype if isinstance(second, SummaryTable) else second.state.dtype
+    if first.state.dtype == torch.float64 or second_dtype == torch.float64 or _any_fp64(initial_states):
+        return scan_chain(gather_chain(first, second, source), cu_chains, initial_states, record_rows=record_rows,
+                          num_records=num_records)
+    return scan_chain_triton(first, cu_chains, initial_states, precision="tf32x3", second=second, source=source,
+                             record_rows=record_rows, num_records=num_records)

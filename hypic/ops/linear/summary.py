@@ -204,6 +204,53 @@ def identity_summary(like: Summary, n: int) -> Summary:
     return type(like)(torch.zeros(like.log_decay.shape[1:], **opts).expand(n, *like.log_decay.shape[1:]).contiguous(), state)
 
 
+@dataclass(frozen=True, eq=False)
+class SummaryTable:
+    """Summaries of single spans kept where they live (cached bodies in store entries), read by
+    a scan in place instead of being concatenated first.
+
+    ``items``: one-span summaries of one structure and state shape. ``addresses``: optional
+    ``[2, N]`` int64 on the items' device, the data pointers of each item's T (or log decays) and
+    S; whoever builds it promises that every item is contiguous fp32 on that device (see
+    :func:`summary_addresses`), and the GPU scan then reads the items through it. Without it (or
+    on CPU) the items are concatenated."""
+
+    items: Tuple[Summary, ...]
+    addresses: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        items = tuple(self.items)
+        object.__setattr__(self, "items", items)
+        if not items:
+            raise ValueError("a SummaryTable needs at least one item")
+        _check_summary("items[0]", items[0])
+        if self.addresses is not None:
+            check_tensor("addresses", self.addresses, (2, len(items)), (torch.int64,))
+
+    @property
+    def num_spans(self) -> int:
+        return len(self.items)
+
+    @property
+    def state_shape(self) -> Tuple[int, ...]:
+        return tuple(self.items[0].state.shape[1:])
+
+    def stacked(self) -> Summary:
+        return type(self.items[0]).cat(self.items)
+
+
+def summary_addresses(summary: Summary, device: torch.device) -> Optional[Tuple[int, int]]:
+    """``(T, S)`` data pointers of a one-span summary a GPU scan can read in place: contiguous
+    fp32 tensors on ``device``, 16-byte aligned; None when it cannot (then it is copied)."""
+    _check_summary("summary", summary)
+    parts = summary.parts()
+    if summary.num_spans != 1 or any(
+            t.device != device or t.dtype != torch.float32 or not t.is_contiguous() or t.data_ptr() % 16
+            for t in parts):
+        return None
+    return parts[0].data_ptr(), parts[1].data_ptr()
+
+
 def _check_chains(cu_chains, initial_states: Optional[torch.Tensor], state: torch.Tensor) -> int:
     """Checks shared by the scans (before any fast path); returns the number of chains."""
     if not isinstance(cu_chains, torch.Tensor) or cu_chains.dim() != 1 or cu_chains.numel() < 1:
@@ -217,28 +264,59 @@ def _check_chains(cu_chains, initial_states: Optional[torch.Tensor], state: torc
     return num_chains
 
 
+def _check_record(record_rows: Optional[torch.Tensor], num_records: Optional[int], num_spans: int,
+                  state: torch.Tensor) -> None:
+    if record_rows is None:
+        if num_records is not None:
+            raise ValueError("num_records needs record_rows")
+        return
+    check_tensor("record_rows", record_rows, (num_spans,), (torch.int64,))
+    check_same_device(summaries=state, record_rows=record_rows)
+    if isinstance(num_records, bool) or not isinstance(num_records, int) or num_records < 0:
+        raise ValueError(f"num_records must be an int >= 0 with record_rows, got {num_records!r}")
+
+
+def _recorded(incoming: torch.Tensor, record_rows: Optional[torch.Tensor], num_records: Optional[int]) -> torch.Tensor:
+    """The rows a caller asked for: ``out[record_rows[i]] = incoming[i]`` where >= 0."""
+    if record_rows is None:
+        return incoming
+    # Spans not kept all land in one spare last row, dropped after: no boolean indexing, so no
+    # device-to-host sync when this runs on a GPU (the float64 fallback does).
+    out = incoming.new_zeros(num_records + 1, *incoming.shape[1:])
+    rows = torch.where(record_rows >= 0, record_rows, torch.full_like(record_rows, num_records))
+    out.index_copy_(0, rows.to(incoming.device), incoming)
+    return out[:num_records]
+
+
 def scan_chain(
     summaries: Summary,
     cu_chains: torch.Tensor,
     initial_states: Optional[torch.Tensor] = None,
+    *,
+    record_rows: Optional[torch.Tensor] = None,
+    num_records: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Incoming state of every span in B chains of spans, and each chain's final state.
 
     ``summaries`` holds M spans laid out chain after chain (``cu_chains [B+1]``). Returns
-    ``incoming [M, HV, K, V]`` and ``final [B, HV, K, V]``. The loop runs over chain depth only;
-    every step is batched over all chains still running and all heads.
+    ``incoming [M, HV, K, V]`` and ``final [B, HV, K, V]``. With ``record_rows`` (int64 ``[M]``)
+    only some incoming states are kept: span i's goes to row ``record_rows[i]`` of an
+    ``incoming [num_records, ...]`` (-1: not kept; rows no span names are zero on this path and
+    unspecified on the GPU one). The loop runs over chain depth only; every step is batched over
+    all chains still running and all heads.
     """
     _check_summary("summaries", summaries)
     m, hv, k, v = summaries.state.shape
     num_chains = _check_chains(cu_chains, initial_states, summaries.state)
+    _check_record(record_rows, num_records, m, summaries.state)
     fast = cuda_fast_path("scan_chain", summaries.state, initial_states)
     if fast is not None:
-        return fast(summaries, cu_chains, initial_states)
+        return fast(summaries, cu_chains, initial_states, record_rows=record_rows, num_records=num_records)
     if num_chains == 0:
         if m != 0:
             raise ValueError(f"cu_chains describes no chains but summaries hold {m} spans")
         empty = summaries.state.new_zeros(0, hv, k, v)
-        return empty, empty.clone()
+        return _recorded(empty, record_rows, num_records), empty.clone()
     bounds = cu_seqlens_to_list(cu_chains, m, name="cu_chains")
     device = summaries.device
     if initial_states is None:
@@ -256,12 +334,14 @@ def scan_chain(
         entering = current.index_select(0, chains)
         incoming.index_copy_(0, spans, entering)
         current.index_copy_(0, chains, _apply_t(step, entering) + step.state)
-    return incoming, current
+    return _recorded(incoming, record_rows, num_records), current
 
 
-def gather_chain(first: Summary, second: Summary, source: torch.Tensor) -> Summary:
+def gather_chain(first: Summary, second: Union[Summary, SummaryTable], source: torch.Tensor) -> Summary:
     """The chain whose span i is ``first[source[i]]`` when ``source[i] >= 0``, else
     ``second[-source[i] - 1]`` (a gathered copy: the reference of :func:`scan_chain_from`)."""
+    if isinstance(second, SummaryTable):
+        second = second.stacked()
     both = type(first)(torch.cat([first._t(), second._t()]), torch.cat([first.state, second.state]))
     idx = torch.where(source >= 0, source, first.num_spans - 1 - source)
     return both.index(idx)
@@ -269,30 +349,42 @@ def gather_chain(first: Summary, second: Summary, source: torch.Tensor) -> Summa
 
 def scan_chain_from(
     first: Summary,
-    second: Summary,
+    second: Union[Summary, SummaryTable],
     source: torch.Tensor,
     cu_chains: torch.Tensor,
     initial_states: Optional[torch.Tensor] = None,
+    *,
+    record_rows: Optional[torch.Tensor] = None,
+    num_records: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`scan_chain` over a chain drawn from two sets of summaries without gathering it:
     span i is ``first[source[i]]`` when ``source[i] >= 0``, else ``second[-source[i] - 1]``
     (a PIC forward: its live spans' summaries and its cached bodies', interleaved in prompt
-    order). ``source`` is int64 ``[M]`` on the summaries' device; its values are the caller's
-    contract (the GPU path does not read them back to check)."""
+    order). ``second`` may be a :class:`SummaryTable` (the bodies where the store holds them).
+    ``source`` is int64 ``[M]`` on the summaries' device; its values are the caller's contract
+    (the GPU path does not read them back to check). ``record_rows`` as in :func:`scan_chain`."""
     _check_summary("first", first)
-    _check_summary("second", second)
-    if type(first) is not type(second) or first.state.shape[1:] != second.state.shape[1:]:
+    if isinstance(second, SummaryTable):
+        second_type, second_shape = type(second.items[0]), second.state_shape
+        second_state = second.items[0].state
+    else:
+        _check_summary("second", second)
+        second_type, second_shape, second_state = type(second), tuple(second.state.shape[1:]), second.state
+    if type(first) is not second_type or tuple(first.state.shape[1:]) != second_shape:
         raise ValueError("first and second must be summaries of one structure and state shape, got "
-                         f"{type(first).__name__} {tuple(first.state.shape)} and "
-                         f"{type(second).__name__} {tuple(second.state.shape)}")
+                         f"{type(first).__name__} {tuple(first.state.shape[1:])} and "
+                         f"{second_type.__name__} {second_shape}")
     if not isinstance(source, torch.Tensor) or source.dim() != 1 or source.dtype != torch.int64:
         raise ValueError("source must be a 1-D int64 tensor")
-    check_same_device(first=first.state, second=second.state, source=source)
+    check_same_device(first=first.state, second=second_state, source=source)
     _check_chains(cu_chains, initial_states, first.state)
+    _check_record(record_rows, num_records, source.numel(), first.state)
     fast = cuda_fast_path("scan_chain_from", first.state, initial_states)
     if fast is not None:
-        return fast(first, second, source, cu_chains, initial_states)
-    return scan_chain(gather_chain(first, second, source), cu_chains, initial_states)
+        return fast(first, second, source, cu_chains, initial_states, record_rows=record_rows,
+                    num_records=num_records)
+    return scan_chain(gather_chain(first, second, source), cu_chains, initial_states, record_rows=record_rows,
+                      num_records=num_records)
 
 
 __all__: List[str] = [
@@ -300,6 +392,8 @@ __all__: List[str] = [
     "DiagonalSummary",
     "DenseSummary",
     "Summary",
+    "SummaryTable",
+    "summary_addresses",
     "apply_summary",
     "compose",
     "identity_summary",

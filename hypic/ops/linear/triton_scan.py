@@ -58,7 +58,7 @@ def _build_kernel():
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
         return configs if mode == MODE_DENSE else configs[2:3]
 
-    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE"],
+    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD"],
                             prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -75,6 +75,29 @@ def _mode_and_transition(summary) -> Tuple[int, torch.Tensor]:
     raise ValueError(f"summaries must be a Dense/Diagonal/ScalarSummary, got {type(summary).__name__}")
 
 
+def _table_of(second, mode: int, device: torch.device):
+    """``([2, N] int64 byte addresses of the second summaries' one-span (T, S), N, owner)``: a
+    SummaryTable's own addresses when it has them, else those of its (or a stacked summary's)
+    contiguous fp32 copy; ``owner`` holds that copy and must stay referenced until the launch
+    is queued (after that, stream order protects the memory)."""
+    from hypic.ops.linear.summary import SummaryTable
+
+    if isinstance(second, SummaryTable):
+        if second.addresses is not None and second.addresses.device == device:
+            return second.addresses.contiguous(), second.num_spans, None
+        second = second.stacked()
+    other_mode, trans2 = _mode_and_transition(second)
+    if other_mode != mode:
+        raise ValueError("a source table needs second summaries of the same structure")
+    trans2 = trans2.to(device=device, dtype=torch.float32).contiguous()
+    state2 = second.state.to(device=device, dtype=torch.float32).contiguous()
+    n = state2.shape[0]
+    steps = torch.arange(n, device=device, dtype=torch.int64)
+    table = torch.stack([trans2.data_ptr() + steps * (trans2[0].numel() * 4),
+                         state2.data_ptr() + steps * (state2[0].numel() * 4)])
+    return table, n, (trans2, state2)
+
+
 def scan_chain_triton(
     summaries,
     cu_chains: torch.Tensor,
@@ -82,11 +105,16 @@ def scan_chain_triton(
     precision: str = "tf32x3",
     second=None,
     source: Optional[torch.Tensor] = None,
+    record_rows: Optional[torch.Tensor] = None,
+    num_records: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Triton scan over B chains of summaries (CUDA, fp32). Returns (incoming [M], final [B]).
+    """Triton scan over B chains of summaries (CUDA, fp32). Returns (incoming, final [B]).
 
     With ``second`` and ``source [M]`` the chain is not laid out in ``summaries``: span i is
-    ``summaries[source[i]]`` when ``source[i] >= 0``, else ``second[-source[i] - 1]``."""
+    ``summaries[source[i]]`` when ``source[i] >= 0``, else ``second[-source[i] - 1]``, where
+    ``second`` is a summary or a :class:`~hypic.ops.linear.summary.SummaryTable` read in place
+    through its addresses. ``incoming`` is ``[M]``, or ``[num_records]`` with ``record_rows``
+    (span i's incoming state in row ``record_rows[i]``, -1: not written)."""
     import triton
 
     global _KERNEL
@@ -97,24 +125,29 @@ def scan_chain_triton(
     if state.dim() != 4:
         raise ValueError(f"summaries.state must be [M, HV, K, V], got shape {tuple(state.shape)}")
     num_spans, num_heads, key_dim, value_dim = state.shape
-    has_source = source is not None
-    if has_source:
-        if second is None or _mode_and_transition(second)[0] != mode:
-            raise ValueError("a source table needs second summaries of the same structure")
-        num_spans = source.numel()
-        trans2 = _mode_and_transition(second)[1].to(device=state.device, dtype=torch.float32).contiguous()
-        state2 = second.state.to(torch.float32).contiguous()
-        source = source.to(device=state.device, dtype=torch.int64).contiguous()
-    num_chains = cu_chains.numel() - 1
     device = state.device
+    has_source = source is not None
     trans = trans.to(device=device, dtype=torch.float32).contiguous()
     state = state.to(torch.float32).contiguous()
+    if has_source:
+        if second is None:
+            raise ValueError("a source table needs second summaries")
+        table, num_table, owner = _table_of(second, mode, device)
+        num_spans = source.numel()
+        source = source.to(device=device, dtype=torch.int64).contiguous()
+    else:
+        table, num_table, source, owner = cu_chains, 0, cu_chains, None
+    has_record = record_rows is not None
+    if has_record:
+        record = record_rows.to(device=device, dtype=torch.int64).contiguous()
+        num_rows = num_records
+    else:
+        record, num_rows = cu_chains, num_spans
+    num_chains = cu_chains.numel() - 1
     cu = cu_chains.to(device=device, dtype=torch.int64).contiguous()
     has_init = initial_states is not None
     init = initial_states.to(torch.float32).contiguous() if has_init else state
-    if not has_source:
-        trans2, state2, source = trans, state, cu
-    incoming = torch.empty(num_spans, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
+    incoming = torch.empty(num_rows, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     final = torch.empty(num_chains, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     if num_chains == 0:
         return incoming, final
@@ -128,11 +161,12 @@ def scan_chain_triton(
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
 
     kernel[grid](
-        trans, state, init, incoming, final, cu, trans2, state2, source,
+        trans, state, init, incoming, final, cu, table, source, record, num_table,
         HV=num_heads, K=key_dim, V=value_dim, BK=block_k,
         MODE=mode, HAS_INIT=has_init, PRECISION=precision, WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
-        **extra,
+        HAS_RECORD=has_record, **extra,
     )
+    del owner  # the copies read through the table may go once the launch is queued
     return incoming, final
 
 

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
 
 from hypic.ops.linear import delta, fla_paths, gated_delta, gla, kda, mamba2, simple_gla
 from hypic.ops.linear._family import expand_heads
-from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, scan_chain
+from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, SummaryTable, scan_chain, summary_addresses
 from hypic.ops.linear.triton_scan import scan_chain_torch
 
 CUDA = torch.cuda.is_available()
@@ -199,7 +199,8 @@ def test_triton_scan_kernel_under_interpreter():
     pytest.importorskip("triton")
     script = textwrap.dedent("""
         import torch
-        from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, scan_chain
+        from hypic.ops.linear.summary import (DenseSummary, DiagonalSummary, ScalarSummary, SummaryTable, scan_chain,
+                                              summary_addresses)
         from hypic.ops.linear.triton_scan import scan_chain_triton
         torch.manual_seed(0)
         m, hv, kd, vd = 6, 2, 20, 24
@@ -219,6 +220,15 @@ def test_triton_scan_kernel_under_interpreter():
             a, b = scan_chain_triton(first, cu, init, precision="ieee", second=second, source=source)
             ra, rb = scan_chain(summ, cu, init)
             worst = max(worst, ((a - ra).norm() / ra.norm()).item(), ((b - rb).norm() / rb.norm()).item())
+            # ... with the second set as separate one-span tensors read through their addresses,
+            # and only some incoming states kept, in the rows asked for
+            items = tuple(type(summ)(*(t.clone() for t in second.index(torch.tensor([j])).parts())) for j in range(3))
+            addresses = torch.tensor([summary_addresses(it, torch.device("cpu")) for it in items]).T.contiguous()
+            record = torch.tensor([0, -1, 2, 1, -1, 3])
+            a, b = scan_chain_triton(first, cu, init, precision="ieee", second=SummaryTable(items, addresses),
+                                     source=source, record_rows=record, num_records=4)
+            want = ra[torch.tensor([0, 3, 2, 5])]
+            worst = max(worst, ((a - want).norm() / want.norm()).item(), ((b - rb).norm() / rb.norm()).item())
         print(worst)
     """)
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -363,6 +373,15 @@ def test_triton_scan_matches_torch_scan(kind):
     first, second = s32.index(torch.tensor(first_ids, device=dev)), s32.index(torch.tensor(second_ids, device=dev))
     inc2, fin2 = fla_paths.scan_chain_from(first, second, source, cu.to(dev), init.float().to(dev))
     assert rel(inc2, inc_ref) < 1e-5 and rel(fin2, fin_ref) < 1e-5
+    # the second set as separate tensors read in place, only some incoming states kept
+    items = tuple(type(s32)(*(t.clone() for t in second.index(torch.tensor([j], device=dev)).parts()))
+                  for j in range(len(second_ids)))
+    addresses = torch.tensor([summary_addresses(it, dev) for it in items], device=dev).T.contiguous()
+    record = torch.tensor([0, -1, 1, -1, 2, 3, -1, -1, 4], device=dev)
+    inc3, fin3 = fla_paths.scan_chain_from(first, SummaryTable(items, addresses), source, cu.to(dev),
+                                           init.float().to(dev), record_rows=record, num_records=5)
+    want = inc_ref[torch.tensor([0, 2, 4, 5, 8])]
+    assert rel(inc3, want) < 1e-5 and rel(fin3, fin_ref) < 1e-5
 
 
 @needs_cuda

@@ -150,3 +150,46 @@ def test_scan_chain_from_two_sources_equals_the_gathered_chain():
         scan_chain_from(first, second, source, cu.float())
     with pytest.raises(ValueError, match="initial_states"):
         scan_chain_from(first, second, source, cu, init[:1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_summary_table_and_recorded_rows_match_the_full_scan(kind):
+    """Bodies as a SummaryTable of one-span summaries (read in place on GPU, stacked here) and
+    only some incoming states kept (``record_rows``) give the rows of the full scan."""
+    from hypic.ops.linear.summary import SummaryTable, scan_chain_from, summary_addresses
+
+    full = random_summary(kind, 7, seed=11)
+    first = full.index(torch.tensor([0, 3, 6]))
+    items = tuple(full.index(torch.tensor([i])) for i in (1, 2, 4, 5))
+    source = torch.tensor([0, -1, -2, 1, -3, -4, 2])  # = spans 0..6 of `full`
+    cu = torch.tensor([0, 3, 7])
+    init = torch.randn(2, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    want_inc, want_fin = scan_chain(full, cu, init)
+    record = torch.tensor([0, -1, 3, 1, -1, -1, 2])
+    table = SummaryTable(items)
+    inc, fin = scan_chain_from(first, table, source, cu, init, record_rows=record, num_records=5)
+    assert inc.shape[0] == 5 and torch.equal(fin, want_fin)
+    for span, row in enumerate(record.tolist()):
+        if row >= 0:
+            assert torch.equal(inc[row], want_inc[span])
+    assert torch.equal(inc[4], torch.zeros_like(inc[4]))  # a row no span names
+    inc2, fin2 = scan_chain(full, cu, init, record_rows=record, num_records=5)
+    assert torch.equal(inc2, inc) and torch.equal(fin2, fin)
+    # addresses only for contiguous fp32 one-span summaries on the asked device
+    assert summary_addresses(items[0], torch.device("cpu")) is None  # fp64
+    one32 = type(items[0])(*(t.float().clone() for t in items[0].parts()))
+    assert summary_addresses(one32, torch.device("cpu")) == tuple(t.data_ptr() for t in one32.parts())
+    assert summary_addresses(one32, torch.device("meta")) is None
+    with pytest.raises(ValueError, match="record_rows"):
+        scan_chain(full, cu, record_rows=record[:3], num_records=5)
+    with pytest.raises(ValueError, match="num_records"):
+        scan_chain(full, cu, record_rows=record)
+    with pytest.raises(ValueError, match="num_records needs record_rows"):
+        scan_chain(full, cu, num_records=3)
+    with pytest.raises(ValueError, match="at least one item"):
+        SummaryTable(())
+    with pytest.raises(ValueError, match="addresses"):
+        SummaryTable(items, torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="one structure"):
+        other = random_summary("scalar" if kind != "scalar" else "dense", 1, seed=2)
+        scan_chain_from(first, SummaryTable((other,)), source, cu)

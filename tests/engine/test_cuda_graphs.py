@@ -1,0 +1,82 @@
+"""Tests of hypic/engine/cuda_graphs.py: replays of token-wise blocks equal their eager runs."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from hypic.engine.context import ForwardContext
+from hypic.engine.cuda_graphs import ENV, TokenGraphs, graphs_enabled, make_token_graphs, pick_bucket
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_buckets_and_switch(monkeypatch):
+    assert pick_bucket((8, 16, 64), 1) == 8
+    assert pick_bucket((8, 16, 64), 16) == 16
+    assert pick_bucket((8, 16, 64), 17) == 64
+    assert pick_bucket((8, 16, 64), 65) is None
+    assert make_token_graphs(torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="CUDA device"):
+        TokenGraphs(torch.device("cpu"))
+    monkeypatch.setenv(ENV, "0")
+    assert not graphs_enabled()
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match=ENV):
+        graphs_enabled()
+
+
+def test_context_runs_the_block_eagerly_without_graphs():
+    class Ctx(ForwardContext):
+        short_conv = linear_attention = attention = select_logits_rows = None
+
+    block = torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    assert torch.equal(Ctx().feed_forward(block, x), block(x))
+
+
+def _moe_block(dtype):
+    from hypic.models.loader import build_dummy_model
+
+    with open(os.path.join(REPO, "hypic", "models", "configs", "qwen3_5_35b_a3b.json")) as f:
+        cfg = json.load(f)
+    text = cfg["text_config"]
+    text.update(num_hidden_layers=4, layer_types=text["layer_types"][:4], hidden_size=256, num_experts=32,
+                moe_intermediate_size=64, shared_expert_intermediate_size=64, vocab_size=512)
+    _, model = build_dummy_model(cfg, dtype=dtype, device="cuda", seed=0)
+    return model.model.layers[0].mlp
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_replays_equal_eager_for_every_size_and_padding():
+    block = _moe_block(torch.bfloat16)
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(16, 64))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n in (16, 5, 64, 33, 5):  # repeats reuse the captured graphs; stale padding rows differ
+        x = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+        got = graphs.run(block, x)
+        want = block(x)
+        assert got.shape == want.shape
+        assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-3), n
+    assert graphs.num_captures == 2 and graphs.failed(block) is None
+    big = torch.randn(65, 256, device="cuda", dtype=torch.bfloat16, generator=gen)  # over every bucket: eager
+    assert torch.equal(graphs.run(block, big), block(big))
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_a_block_that_cannot_be_captured_runs_eagerly():
+    class Syncing(torch.nn.Module):
+        def forward(self, x):
+            return x * float(x.abs().max())  # a host read: not capturable
+
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
+    block = Syncing()
+    x = torch.randn(7, 8, device="cuda")
+    assert torch.equal(graphs.run(block, x), block(x))
+    assert graphs.failed(block) is not None and graphs.num_captures == 0
+    assert torch.equal(graphs.run(block, x), block(x))  # still served, eagerly
