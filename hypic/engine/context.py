@@ -52,13 +52,15 @@ class ForwardContext(abc.ABC):
     def select_logits_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """Rows of ``hidden [T, H]`` whose logits are needed."""
 
-    # Set by the runner that owns the forward: replays of token-wise blocks (CUDA graphs).
+    # Set by the runner that owns the forward: replays of token-wise phases (CUDA graphs).
     graphs: Optional["TokenGraphs"] = None
 
-    def feed_forward(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """A layer's token-wise block (its MLP / MoE) on ``x [T, H]``: ``block(x)``, replayed from
-        a captured CUDA graph when the runner keeps them (:mod:`hypic.engine.cuda_graphs`)."""
-        return block(x) if self.graphs is None else self.graphs.run(block, x)
+    def token_wise(self, fn, *tensors: torch.Tensor):
+        """``fn(*tensors)`` for a row-wise phase of a layer (row t of every output depends on row t
+        of the inputs only; every tensor has the T live tokens as its first dim): run as is, or
+        replayed from a captured CUDA graph when the runner keeps them
+        (:mod:`hypic.engine.cuda_graphs`)."""
+        return fn(*tensors) if self.graphs is None else self.graphs.run(fn, *tensors)
 
 
 # ---- per-sequence caches ------------------------------------------------------------------------

@@ -1,26 +1,29 @@
-"""CUDA graphs of the token-wise blocks of a forward (the MoE / MLP after each mixer).
+"""CUDA graphs of the row-wise phases of a forward (everything but the mixers' cores).
 
 A cached PIC request runs a few hundred live tokens through every layer: each kernel is short and
-the forward is bound by the host launching ~100 kernels per layer. A layer's feed-forward block
-(router, top-k, sort, two grouped GEMMs, the combine, the shared expert: ~35 launches) depends on
-nothing but its ``[T, H]`` input, so it is captured once per (layer, padded token count) and
-replayed as one launch, the way vLLM captures its piecewise graphs. The mixers (linear attention
-and full attention over a request's cached layout) stay eager.
+the forward is bound by the host launching ~100 kernels per layer. The phases between the
+context's calls (input norm and projections; the q/k/v gates after the conv; output norm and
+projection, residuals, post norm and the MoE: router, top-k, sort, two grouped GEMMs, combine,
+shared expert) map row t of their inputs to row t of their outputs and depend on nothing else,
+so each is captured once per (phase, padded token count) and replayed as one launch, the way
+vLLM captures its piecewise graphs. The mixers' cores (short conv, linear attention, full
+attention over a request's cached layout) stay eager.
 
 Token counts are padded up to a bucket (:data:`DEFAULT_BUCKETS`); larger inputs run eagerly (a
-long prefill's kernels are long enough that launching them costs little). Rows are independent in
-these blocks, so padding rows (stale values from an earlier replay) never change the real rows.
-All graphs of one :class:`TokenGraphs` share one memory pool: replays run in stream order and
-each output is copied out before the next replay, so a later graph may reuse an earlier one's
-intermediates. A block whose capture fails (e.g. a host sync in an eager fallback path) runs
-eagerly from then on. ``HYPIC_CUDA_GRAPHS=0`` turns graphs off.
+long prefill's kernels are long enough that launching them costs little). Rows are independent,
+so padding rows (zeros, then stale rows of an earlier call) never change the real rows. All graphs
+of one :class:`TokenGraphs` share one memory pool: replays run in stream order, a graph's static
+inputs and outputs stay allocated (no other graph reuses them) and its outputs are copied out
+after each replay, so a later graph may reuse an earlier one's intermediates. A phase whose
+capture fails (e.g. a host sync in an eager fallback path) runs eagerly from then on.
+``HYPIC_CUDA_GRAPHS=0`` turns graphs off.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,13 +46,29 @@ def pick_bucket(buckets: Sequence[int], num_tokens: int) -> Optional[int]:
 
 
 class _Graph:
-    def __init__(self, graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: Tuple[torch.Tensor, ...], output) -> None:
         self.graph = graph
-        self.output = output
+        self.inputs = inputs
+        self.output = output  # a tensor or a tuple of tensors, first dim the bucket size
+
+
+def _fn_key(fn) -> Hashable:
+    """A stable key for ``fn``: bound methods are new objects on every attribute access."""
+    owner = getattr(fn, "__self__", None)
+    return (id(owner), fn.__func__) if owner is not None else id(fn)
+
+
+def _rows(out, num_tokens: int):
+    """The first ``num_tokens`` rows of a graph's output(s), copied out of its pool: the buffers
+    are rewritten by the graph's next replay."""
+    if isinstance(out, torch.Tensor):
+        return out[:num_tokens].clone()
+    return tuple(t[:num_tokens].clone() for t in out)
 
 
 class TokenGraphs:
-    """Captured replays of token-wise blocks ``f: [T, H] -> [T, H']`` on one CUDA device."""
+    """Captured replays of row-wise phases ``fn(*tensors)`` (every input and output has the T
+    tokens as its first dim) on one CUDA device."""
 
     def __init__(self, device: torch.device, buckets: Sequence[int] = DEFAULT_BUCKETS) -> None:
         device = torch.device(device)
@@ -58,41 +77,53 @@ class TokenGraphs:
         buckets = tuple(sorted(int(b) for b in buckets))
         if not buckets or buckets[0] < 1 or len(set(buckets)) != len(buckets):
             raise ValueError(f"buckets must be distinct positive token counts, got {buckets}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.buckets = buckets
         self.pool = torch.cuda.graph_pool_handle()
-        self._graphs: Dict[Tuple[int, int, torch.dtype, int], _Graph] = {}
-        self._inputs: Dict[Tuple[int, torch.dtype, int], torch.Tensor] = {}
-        self._failed: Dict[int, str] = {}  # id(module) -> why its capture failed
+        self._graphs: Dict[Hashable, _Graph] = {}
+        # Static inputs shared by every graph of one phase function and shape (the same phase of
+        # every layer): inputs are copied in right before each replay, and replays never overlap.
+        self._inputs: Dict[Hashable, Tuple[torch.Tensor, ...]] = {}
+        self._failed: Dict[Hashable, str] = {}  # phase -> why its capture failed
         self.num_captures = 0
 
-    def failed(self, module: torch.nn.Module) -> Optional[str]:
-        return self._failed.get(id(module))
+    def failed(self, fn) -> Optional[str]:
+        return self._failed.get(_fn_key(fn))
 
-    def run(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``module(x)`` for ``x [T, H]``, through a captured graph when T fits a bucket."""
-        num_tokens = x.shape[0]
-        size = pick_bucket(self.buckets, num_tokens) if x.dim() == 2 and x.device == self.device else None
-        if size is None or id(module) in self._failed or torch.is_grad_enabled():
-            return module(x)
+    def run(self, fn, *tensors: torch.Tensor):
+        """``fn(*tensors)``, through a captured graph when the token count fits a bucket."""
+        num_tokens = tensors[0].shape[0]
+        size = pick_bucket(self.buckets, num_tokens)
+        fn_key = _fn_key(fn)
+        if (size is None or fn_key in self._failed or torch.is_grad_enabled()
+                or any(t.device != self.device or t.dim() == 0 or t.shape[0] != num_tokens for t in tensors)):
+            return fn(*tensors)
+        key = (fn_key, size, tuple((t.dtype, tuple(t.shape[1:])) for t in tensors))
         with torch.inference_mode():
-            in_key = (size, x.dtype, x.shape[1])
-            static_in = self._inputs.get(in_key)
-            if static_in is None:
-                static_in = self._inputs[in_key] = torch.zeros(size, x.shape[1], dtype=x.dtype, device=self.device)
-            static_in[:num_tokens].copy_(x)
-            key = (id(module), size, x.dtype, x.shape[1])
             entry = self._graphs.get(key)
             if entry is None:
-                entry = self._capture(module, static_in)
+                entry = self._capture(fn, fn_key, size, tensors)
                 if entry is None:
-                    return module(x)
+                    return fn(*tensors)
                 self._graphs[key] = entry
+            for static, t in zip(entry.inputs, tensors):
+                static[:num_tokens].copy_(t)
             entry.graph.replay()
-            # A copy: the graph's buffer is rewritten by the next replay of any graph of the pool.
-            return entry.output[:num_tokens].clone()
+            return _rows(entry.output, num_tokens)
 
-    def _capture(self, module: torch.nn.Module, static_in: torch.Tensor) -> Optional[_Graph]:
+    def _capture(self, fn, fn_key, size: int, tensors: Sequence[torch.Tensor]) -> Optional[_Graph]:
+        # Static inputs hold the real rows of the first call (the warm-up runs on them); padding
+        # rows start at zero and later hold stale rows, which row-wise phases never mix in.
+        shapes = tuple((t.dtype, tuple(t.shape[1:])) for t in tensors)
+        in_key = (getattr(fn, "__func__", fn_key), size, shapes)
+        inputs = self._inputs.get(in_key)
+        if inputs is None:
+            inputs = self._inputs[in_key] = tuple(
+                torch.zeros(size, *t.shape[1:], dtype=t.dtype, device=self.device) for t in tensors)
+        for static, t in zip(inputs, tensors):
+            static[:t.shape[0]].copy_(t)
         # Warm up on a side stream (first-call work such as compilation or cuBLAS workspace
         # allocation must not land in the graph), then capture.
         side = torch.cuda.Stream(self.device)
@@ -100,17 +131,21 @@ class TokenGraphs:
         try:
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    module(static_in)
+                    fn(*inputs)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                output = module(static_in)
+                output = fn(*inputs)
         except Exception as err:  # noqa: BLE001 - any capture failure means "run eagerly"
             torch.cuda.current_stream(self.device).wait_stream(side)
-            self._failed[id(module)] = f"{type(err).__name__}: {err}"
+            self._failed[fn_key] = f"{type(err).__name__}: {err}"
+            return None
+        outputs = (output,) if isinstance(output, torch.Tensor) else tuple(output)
+        if not all(isinstance(o, torch.Tensor) and o.dim() > 0 and o.shape[0] == size for o in outputs):
+            self._failed[fn_key] = "outputs are not tensors with one row per token"
             return None
         self.num_captures += 1
-        return _Graph(graph, output)
+        return _Graph(graph, tuple(inputs), output)
 
 
 def make_token_graphs(device: torch.device) -> Optional[TokenGraphs]:

@@ -110,9 +110,10 @@ class PackedLayout:
     num_record_rows: int
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
     body_drop_transition_host: List[bool]  # per body: `addition` mode drops its T
-    # [L, 2, NB] int64 on the device: per layer, the data pointers of each body's T and S where
-    # the store holds them (the GPU scan reads them in place); None when some body's summaries
-    # cannot be read so (not fp32 on the device, `addition` mode): they are concatenated then.
+    # [L, 2, NB'] int64 on the device: per layer, the data pointers of each body's T and S where
+    # the store holds them (the GPU scan reads them in place; NB' = NB rounded up to even, zeros
+    # after); None when some body's summaries cannot be read so (not fp32 on the device,
+    # `addition` mode): they are concatenated then.
     body_addresses: Optional[torch.Tensor]
     chain_ends: List[int]  # host copy of cu_chains[1:], so layers need no device-to-host sync
     chain_has_prefix: List[bool]
@@ -381,7 +382,12 @@ def _body_addresses(entries: Sequence[SegmentEntry], device: torch.device) -> Op
     tables = [_entry_addresses(e, device) for e in entries]
     if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
         return None
-    return np.ascontiguousarray(np.stack(tables, axis=-1))
+    stacked = np.stack(tables, axis=-1)  # [L, 2, NB]
+    pad = -stacked.shape[-1] % _ALIGN_INT64  # each layer's table 16-byte aligned (see _to_device)
+    return np.ascontiguousarray(np.pad(stacked, ((0, 0), (0, 0), (0, pad))))
+
+
+_ALIGN_INT64 = 2  # 16 bytes
 
 
 class _IntRuns:
@@ -429,15 +435,26 @@ def _to_device(lists: "Dict[str, Union[List[int], _IntRuns]]", device: torch.dev
     device = torch.device(device)
     pieces: List[np.ndarray] = []
     sizes: List[int] = []
+    padded: List[int] = []
     for v in lists.values():
         if isinstance(v, _IntRuns):
             pieces.extend(v.pieces())
-            sizes.append(len(v))
+            n = len(v)
         else:
             pieces.append(np.asarray(v, dtype=np.int64).reshape(-1))
-            sizes.append(pieces[-1].size)
-    host = torch.empty(sum(sizes), dtype=torch.long, pin_memory=device.type == "cuda")
+            n = pieces[-1].size
+        # Every list starts 16-byte aligned: Triton specialises a kernel on whether each pointer
+        # argument is, so slices at varying offsets compiled a new variant of a kernel whenever a
+        # request's list lengths changed the parity (seconds inside a measured request).
+        pad = -n % _ALIGN_INT64
+        if pad:
+            pieces.append(np.zeros(pad, dtype=np.int64))
+        sizes.append(n)
+        padded.append(n + pad)
+    host = torch.empty(sum(padded), dtype=torch.long, pin_memory=device.type == "cuda")
     if pieces:
         np.concatenate(pieces, out=host.numpy())
     moved = host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-    return dict(zip(lists.keys(), host.split(sizes))), dict(zip(lists.keys(), moved.split(sizes)))
+    host_views = [t[:n] for t, n in zip(host.split(padded), sizes)]
+    device_views = [t[:n] for t, n in zip(moved.split(padded), sizes)]
+    return dict(zip(lists.keys(), host_views)), dict(zip(lists.keys(), device_views))

@@ -15,7 +15,7 @@ are held fused as ``mlp.experts.gate_up_proj [E, 2I, H]`` / ``mlp.experts.down_p
 No serving logic lives here: the forward runs over ``T`` packed live tokens with explicit
 positions, and every cache interaction goes through the ``ctx`` (docs/contracts.md,
 "hypic.models <-> hypic.engine"): ``ctx.short_conv``, ``ctx.linear_attention``, ``ctx.attention``,
-``ctx.feed_forward`` and ``ctx.select_logits_rows``.
+``ctx.select_logits_rows``, and ``ctx.token_wise`` around the row-wise phases of a layer.
 """
 
 from __future__ import annotations
@@ -127,22 +127,32 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
         return mixed, z, b.reshape(num_tokens, self.num_v_heads), a.reshape(num_tokens, self.num_v_heads)
 
-    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        mixed, z, b, a = self._project(x)
-        # Short causal conv + SiLU over q, k, v only; the context supplies/keeps the conv state.
-        mixed = ctx.short_conv(self.layer_idx, mixed, self.conv1d.weight[:, 0, :], None)
+    def gates(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+        """Conv output ``[T, conv_dim]`` and raw gates -> L2-normalised q, k ``[T, H, dk]``, v
+        ``[T, HV, dv]``, log decay g and beta ``[T, HV]`` (fp32; fp64 for an fp64 model)."""
+        num_tokens = mixed.shape[0]
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = l2_normalize(q.reshape(num_tokens, self.num_k_heads, self.head_k_dim), QK_L2NORM_EPS)
         k = l2_normalize(k.reshape(num_tokens, self.num_k_heads, self.head_k_dim), QK_L2NORM_EPS)
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
-        math = _math_dtype(x)
+        math = _math_dtype(mixed)
         beta = torch.sigmoid(b.to(math))
         # log decay g = -exp(A_log) * softplus(a + dt_bias) <= 0, computed in fp32 (fp16 A overflows)
         g = -self.A_log.to(math).exp() * F.softplus(a.to(math) + self.dt_bias.to(math))
+        return q, k, v, g, beta
+
+    def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Gated norm of the recurrence output ``[T, HV, dv]`` and the output projection."""
+        o = self.norm(o.to(z.dtype), z)
+        return self.out_proj(o.reshape(o.shape[0], self.value_dim))
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        mixed, z, b, a = self._project(x)
+        # Short causal conv + SiLU over q, k, v only; the context supplies/keeps the conv state.
+        mixed = ctx.short_conv(self.layer_idx, mixed, self.conv1d.weight[:, 0, :], None)
+        q, k, v, g, beta = self.gates(mixed, b, a)
         o = ctx.linear_attention(self.layer_idx, q, k, v, g, beta)  # [T, HV, dv]
-        o = self.norm(o.to(x.dtype), z)
-        return self.out_proj(o.reshape(num_tokens, self.value_dim))
+        return self.output(o, z)
 
 
 class Qwen3NextAttention(nn.Module):
@@ -164,20 +174,25 @@ class Qwen3NextAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, spec.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, spec.rms_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: RotaryEmbedding, ctx: Any
-    ) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """-> q ``[T, Hq, D]``, k, v ``[T, Hkv, D]`` (q, k normed, RoPE at cos/sin), output gate ``[T, Hq*D]``."""
         num_tokens = x.shape[0]
         query, gate = torch.chunk(self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim), 2, dim=-1)
         gate = gate.reshape(num_tokens, self.num_heads * self.head_dim)
         q = self.q_norm(query)
         k = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, gate
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(sigmoid_gate(o.reshape(o.shape[0], self.num_heads * self.head_dim), gate))
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: RotaryEmbedding, ctx: Any
+    ) -> torch.Tensor:
+        q, k, v, gate = self.project(x, cos, sin)
         o = ctx.attention(self.layer_idx, q, k, v, self.scale, rotary)  # [T, Hq, D]
-        o = sigmoid_gate(o.reshape(num_tokens, self.num_heads * self.head_dim), gate)
-        return self.o_proj(o)
+        return self.output(o, gate)
 
 
 class Qwen3NextMLP(nn.Module):
@@ -240,15 +255,40 @@ class Qwen3NextDecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
-    def forward(self, x, cos, sin, rotary, ctx) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        if self.layer_type == LINEAR_ATTENTION:
-            h = self.linear_attn(h, ctx)
-        else:
-            h = self.self_attn(h, cos, sin, rotary, ctx)
+    # The layer runs as token-wise phases around the context's calls (each phase maps rows to
+    # rows, so a runner may replay it from a CUDA graph: ctx.token_wise); the maths is that of
+    # ``input_layernorm -> mixer -> residual -> post_attention_layernorm -> mlp -> residual``.
+    def linear_in(self, x: torch.Tensor):
+        return self.linear_attn._project(self.input_layernorm(x))
+
+    def attention_in(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def linear_out(self, o: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.finish(x, self.linear_attn.output(o, z))
+
+    def attention_out(self, o: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.finish(x, self.self_attn.output(o, gate))
+
+    def finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Residual, post-attention norm, MLP / MoE, residual."""
         norm = self.post_attention_layernorm
         x, normed = add_rms_norm_zero_centered(x, h, norm.weight, norm.eps)
-        return x + ctx.feed_forward(self.mlp, normed)
+        return x + self.mlp(normed)
+
+    def forward(self, x, cos, sin, rotary, ctx) -> torch.Tensor:
+        if self.layer_type == LINEAR_ATTENTION:
+            mix = self.linear_attn
+            mixed, z, b, a = ctx.token_wise(self.linear_in, x)
+            # Short causal conv + SiLU over q, k, v only; the context supplies/keeps the conv state.
+            mixed = ctx.short_conv(mix.layer_idx, mixed, mix.conv1d.weight[:, 0, :], None)
+            q, k, v, g, beta = ctx.token_wise(mix.gates, mixed, b, a)
+            o = ctx.linear_attention(mix.layer_idx, q, k, v, g, beta)  # [T, HV, dv]
+            return ctx.token_wise(self.linear_out, o, z, x)
+        attn = self.self_attn
+        q, k, v, gate = ctx.token_wise(self.attention_in, x, cos, sin)
+        o = ctx.attention(attn.layer_idx, q, k, v, attn.scale, rotary)  # [T, Hq, D]
+        return ctx.token_wise(self.attention_out, o, gate, x)
 
 
 class Qwen3NextModel(nn.Module):

@@ -35,7 +35,7 @@ def test_context_runs_the_block_eagerly_without_graphs():
 
     block = torch.nn.Linear(4, 3)
     x = torch.randn(5, 4)
-    assert torch.equal(Ctx().feed_forward(block, x), block(x))
+    assert torch.equal(Ctx().token_wise(block, x), block(x))
 
 
 def _moe_block(dtype):
@@ -80,3 +80,45 @@ def test_a_block_that_cannot_be_captured_runs_eagerly():
     assert torch.equal(graphs.run(block, x), block(x))
     assert graphs.failed(block) is not None and graphs.num_captures == 0
     assert torch.equal(graphs.run(block, x), block(x))  # still served, eagerly
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_multi_input_phases_of_every_layer_share_inputs_and_match_eager():
+    from tests.engine.pic_helpers import tiny_model
+
+    spec, model = tiny_model(seed=1)
+    model = model.cuda()
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(32,))
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for n in (20, 7):
+        for layer in model.model.layers:
+            x = torch.randn(n, spec.hidden_size, device="cuda", generator=gen)
+            if layer.layer_type == "linear_attention":
+                outs = graphs.run(layer.linear_in, x)
+                want = layer.linear_in(x)
+                o = torch.randn(n, spec.linear_num_value_heads, spec.linear_value_head_dim, device="cuda",
+                                generator=gen)
+                outs += (graphs.run(layer.linear_out, o, want[1], x),)
+                want += (layer.linear_out(o, want[1], x),)
+            else:
+                cos, sin = (torch.randn(n, spec.rotary_dim, device="cuda", generator=gen) for _ in range(2))
+                outs, want = graphs.run(layer.attention_in, x, cos, sin), layer.attention_in(x, cos, sin)
+            assert len(outs) == len(want)
+            for got, ref in zip(outs, want):
+                assert got.shape == ref.shape and torch.allclose(got, ref, rtol=1e-4, atol=1e-5)
+    # one set of static inputs per phase function and shape, shared by the layers
+    assert len(graphs._inputs) == 3 and graphs.num_captures == 6
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_a_phase_whose_outputs_are_not_rows_runs_eagerly():
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
+
+    def total(x):
+        return x.sum(0)  # not row-wise: its output has no token rows
+
+    x = torch.randn(5, 3, device="cuda")
+    assert torch.equal(graphs.run(total, x), total(x))
+    assert "rows" in graphs.failed(total)

@@ -54,6 +54,23 @@ def test_recorded_rows_keep_live_spans_then_states_after_checkpoints():
         for layer in (0, 2):
             summ = e.linear[layer].summary
             assert addr[layer, :, j].tolist() == [summ.transition.data_ptr(), summ.state.data_ptr()]
+    # every index tensor starts 16-byte aligned (Triton specialises kernels on pointer alignment)
+    for name in ("cu_chains", "chain_source", "chain_record_rows", "cu_spans", "span_chain_pos", "key_index",
+                 "cu_keys", "tail_index", "write_spans", "positions", "input_ids"):
+        assert getattr(lay, name).data_ptr() % 16 == 0, name
+
+
+def test_address_table_rows_padded_to_an_even_count():
+    bodies = [entry((5, 6, 7, 8 + i)) for i in range(3)]
+    elems, pos = [], 0
+    for e in bodies:
+        elems += [LiveElement((1,), pos), BodyElement(e, pos + 1, 3, pos)]
+        pos += 4
+    elems.append(LiveElement((2,), pos))
+    lay = build_layout([RequestLayout(tuple(elems))], 4, torch.device("cpu"))
+    assert lay.body_addresses.shape == (3, 2, 4)
+    assert lay.body_addresses[:, :, 3].eq(0).all()
+    assert all(lay.body_addresses[layer].data_ptr() % 16 == 0 for layer in range(3))
 
 
 def test_no_address_table_when_a_body_must_be_copied():

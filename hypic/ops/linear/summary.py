@@ -210,8 +210,9 @@ class SummaryTable:
     a scan in place instead of being concatenated first.
 
     ``items``: one-span summaries of one structure and state shape. ``addresses``: optional
-    ``[2, N]`` int64 on the items' device, the data pointers of each item's T (or log decays) and
-    S; whoever builds it promises that every item is contiguous fp32 on that device (see
+    ``[2, N']`` int64 (N' >= N; columns past N unused, so a caller may pad rows for alignment)
+    on the items' device, the data pointers of each item's T (or log decays) and S; whoever
+    builds it promises that every item is contiguous fp32 on that device (see
     :func:`summary_addresses`), and the GPU scan then reads the items through it. Without it (or
     on CPU) the items are concatenated."""
 
@@ -225,7 +226,9 @@ class SummaryTable:
             raise ValueError("a SummaryTable needs at least one item")
         _check_summary("items[0]", items[0])
         if self.addresses is not None:
-            check_tensor("addresses", self.addresses, (2, len(items)), (torch.int64,))
+            check_tensor("addresses", self.addresses, (2, None), (torch.int64,))
+            if self.addresses.shape[1] < len(items):
+                raise ValueError(f"addresses has {self.addresses.shape[1]} columns for {len(items)} items")
 
     @property
     def num_spans(self) -> int:
@@ -241,11 +244,15 @@ class SummaryTable:
 
 def summary_addresses(summary: Summary, device: torch.device) -> Optional[Tuple[int, int]]:
     """``(T, S)`` data pointers of a one-span summary a GPU scan can read in place: contiguous
-    fp32 tensors on ``device``, 16-byte aligned; None when it cannot (then it is copied)."""
+    fp32 tensors on ``device``, 64-byte aligned (every whole allocation is); None when it cannot
+    (then it is copied)."""
     _check_summary("summary", summary)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # tensors report their index
+        device = torch.device("cuda", torch.cuda.current_device())
     parts = summary.parts()
     if summary.num_spans != 1 or any(
-            t.device != device or t.dtype != torch.float32 or not t.is_contiguous() or t.data_ptr() % 16
+            t.device != device or t.dtype != torch.float32 or not t.is_contiguous() or t.data_ptr() % 64
             for t in parts):
         return None
     return parts[0].data_ptr(), parts[1].data_ptr()

@@ -15,6 +15,7 @@ torch formulation (``scan_chain_torch``) runs anywhere (it is the CPU-testable p
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional, Tuple
 
@@ -58,7 +59,7 @@ def _build_kernel():
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
         return configs if mode == MODE_DENSE else configs[2:3]
 
-    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD"],
+    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD", "T_UNIT", "S_UNIT"],
                             prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -75,16 +76,24 @@ def _mode_and_transition(summary) -> Tuple[int, torch.Tensor]:
     raise ValueError(f"summaries must be a Dense/Diagonal/ScalarSummary, got {type(summary).__name__}")
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy of it, starting on a 64-byte boundary: the kernel reads table entries as
+    64-byte steps from the live summaries' base (fresh allocations always are aligned)."""
+    return t if t.data_ptr() % 64 == 0 else t.clone()
+
+
 def _table_of(second, mode: int, device: torch.device):
-    """``([2, N] int64 byte addresses of the second summaries' one-span (T, S), N, owner)``: a
-    SummaryTable's own addresses when it has them, else those of its (or a stacked summary's)
-    contiguous fp32 copy; ``owner`` holds that copy and must stay referenced until the launch
-    is queued (after that, stream order protects the memory)."""
+    """``([2, N] int64 byte addresses of the second summaries' one-span (T, S), N, (T, S)
+    alignment in bytes, owner)``: a SummaryTable's own addresses when it has them (64-byte
+    aligned allocations), else those of its (or a stacked summary's) contiguous fp32 copy, whose
+    items lie one item size apart; ``owner`` holds that copy and must stay referenced until the
+    launch is queued (after that, stream order protects the memory)."""
     from hypic.ops.linear.summary import SummaryTable
 
     if isinstance(second, SummaryTable):
         if second.addresses is not None and second.addresses.device == device:
-            return second.addresses.contiguous(), second.num_spans, None
+            table = second.addresses.contiguous()
+            return table, table.shape[1], (64, 64), None
         second = second.stacked()
     other_mode, trans2 = _mode_and_transition(second)
     if other_mode != mode:
@@ -93,9 +102,11 @@ def _table_of(second, mode: int, device: torch.device):
     state2 = second.state.to(device=device, dtype=torch.float32).contiguous()
     n = state2.shape[0]
     steps = torch.arange(n, device=device, dtype=torch.int64)
-    table = torch.stack([trans2.data_ptr() + steps * (trans2[0].numel() * 4),
-                         state2.data_ptr() + steps * (state2[0].numel() * 4)])
-    return table, n, (trans2, state2)
+    t_bytes, s_bytes = trans2[0].numel() * 4, state2[0].numel() * 4
+    table = torch.stack([trans2.data_ptr() + steps * t_bytes, state2.data_ptr() + steps * s_bytes])
+    units = (math.gcd(64, t_bytes) if trans2.data_ptr() % 64 == 0 else 4,
+             math.gcd(64, s_bytes) if state2.data_ptr() % 64 == 0 else 4)
+    return table, n, units, (trans2, state2)
 
 
 def scan_chain_triton(
@@ -127,16 +138,16 @@ def scan_chain_triton(
     num_spans, num_heads, key_dim, value_dim = state.shape
     device = state.device
     has_source = source is not None
-    trans = trans.to(device=device, dtype=torch.float32).contiguous()
-    state = state.to(torch.float32).contiguous()
+    trans = _aligned(trans.to(device=device, dtype=torch.float32).contiguous())
+    state = _aligned(state.to(torch.float32).contiguous())
     if has_source:
         if second is None:
             raise ValueError("a source table needs second summaries")
-        table, num_table, owner = _table_of(second, mode, device)
+        table, num_table, (t_unit, s_unit), owner = _table_of(second, mode, device)
         num_spans = source.numel()
         source = source.to(device=device, dtype=torch.int64).contiguous()
     else:
-        table, num_table, source, owner = cu_chains, 0, cu_chains, None
+        table, num_table, source, owner, t_unit, s_unit = cu_chains, 0, cu_chains, None, 64, 64
     has_record = record_rows is not None
     if has_record:
         record = record_rows.to(device=device, dtype=torch.int64).contiguous()
@@ -161,10 +172,11 @@ def scan_chain_triton(
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
 
     kernel[grid](
-        trans, state, init, incoming, final, cu, table, source, record, num_table,
+        trans, state, init, incoming, final, cu, table, source, record, num_table, trans.data_ptr(),
+        state.data_ptr(),
         HV=num_heads, K=key_dim, V=value_dim, BK=block_k,
         MODE=mode, HAS_INIT=has_init, PRECISION=precision, WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
-        HAS_RECORD=has_record, **extra,
+        HAS_RECORD=has_record, T_UNIT=t_unit, S_UNIT=s_unit, **extra,
     )
     del owner  # the copies read through the table may go once the launch is queued
     return incoming, final
