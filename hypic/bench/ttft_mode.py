@@ -70,6 +70,9 @@ class ModeBench:
         self.store = CountingStore(store_bytes, 0, device=self.device) if uses_store else None
         self.keyer = Keyer(KeyNamespace(namespace, str(dtype).replace("torch.", "")))
         self.runner = PicRunner(model, spec, self.store, self.device, dtype)
+        # CUDA graphs of the row-wise phases for every token bucket, before any timed request
+        # (a serving engine captures them at start-up); shared by every mode's runner.
+        self.runner.capture_graphs()
 
     def plan(self, prompt: SegmentedPrompt) -> RequestPlan:
         return plan_request(prompt, self.policy, store=self.store, keyer=self.keyer)

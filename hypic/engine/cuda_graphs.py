@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import weakref
 from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
@@ -58,6 +59,10 @@ def _fn_key(fn) -> Hashable:
     return (id(owner), fn.__func__) if owner is not None else id(fn)
 
 
+def _owner(fn):
+    return getattr(fn, "__self__", fn)
+
+
 def _rows(out, num_tokens: int):
     """The first ``num_tokens`` rows of a graph's output(s), copied out of its pool: the buffers
     are rewritten by the graph's next replay."""
@@ -86,8 +91,11 @@ class TokenGraphs:
         # Static inputs shared by every graph of one phase function and shape (the same phase of
         # every layer): inputs are copied in right before each replay, and replays never overlap.
         self._inputs: Dict[Hashable, Tuple[torch.Tensor, ...]] = {}
+        self._outputs: Dict[Hashable, Tuple[torch.Tensor, ...]] = {}  # per phase function and shapes
         self._failed: Dict[Hashable, str] = {}  # phase -> why its capture failed
         self.num_captures = 0
+        self.warmed: "weakref.WeakKeyDictionary[torch.nn.Module, set]" = weakref.WeakKeyDictionary()
+        self._watched: set = set()  # ids of the owners whose death drops their graphs
 
     def failed(self, fn) -> Optional[str]:
         return self._failed.get(_fn_key(fn))
@@ -125,35 +133,80 @@ class TokenGraphs:
         for static, t in zip(inputs, tensors):
             static[:t.shape[0]].copy_(t)
         # Warm up on a side stream (first-call work such as compilation or cuBLAS workspace
-        # allocation must not land in the graph), then capture.
+        # allocation must not land in the graph), then capture. The captured phase copies its
+        # results into output buffers shared by every graph of the phase function and shape (the
+        # same phase of every layer; each replay's rows are copied out before the next replay),
+        # so a bucket costs one set of outputs, not one per layer; what the phase allocates
+        # itself returns to the pool for the next capture.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         try:
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    fn(*inputs)
+                    warm = fn(*inputs)
             torch.cuda.current_stream(self.device).wait_stream(side)
+            single = isinstance(warm, torch.Tensor)
+            warm = (warm,) if single else tuple(warm)
+            if not all(isinstance(o, torch.Tensor) and o.dim() > 0 and o.shape[0] == size for o in warm):
+                self._failed[fn_key] = "outputs are not tensors with one row per token"
+                return None
+            out_key = (in_key, tuple((o.dtype, tuple(o.shape)) for o in warm))
+            outputs = self._outputs.get(out_key)
+            if outputs is None:
+                outputs = self._outputs[out_key] = tuple(torch.empty_like(o, memory_format=torch.contiguous_format)
+                                                         for o in warm)
+            del warm
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                output = fn(*inputs)
+                result = fn(*inputs)
+                result = (result,) if isinstance(result, torch.Tensor) else tuple(result)
+                for out, r in zip(outputs, result):
+                    out.copy_(r)
+                del result
         except Exception as err:  # noqa: BLE001 - any capture failure means "run eagerly"
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._failed[fn_key] = f"{type(err).__name__}: {err}"
             return None
-        outputs = (output,) if isinstance(output, torch.Tensor) else tuple(output)
-        if not all(isinstance(o, torch.Tensor) and o.dim() > 0 and o.shape[0] == size for o in outputs):
-            self._failed[fn_key] = "outputs are not tensors with one row per token"
-            return None
         self.num_captures += 1
-        return _Graph(graph, tuple(inputs), output)
+        self._watch(fn)
+        return _Graph(graph, tuple(inputs), outputs[0] if single else outputs)
+
+    def _watch(self, fn) -> None:
+        """Drop the graphs of ``fn``'s owner (a layer) when it is freed: a graph holds the
+        addresses of that layer's weights, and a new object may later reuse its id."""
+        owner = _owner(fn)
+        if id(owner) in self._watched:
+            return
+        self._watched.add(id(owner))
+        weakref.finalize(owner, self._forget, id(owner))
+
+    def _forget(self, owner_id: int) -> None:
+        self._watched.discard(owner_id)
+        for key in [k for k in self._graphs if _owner_id(k[0]) == owner_id]:
+            del self._graphs[key]
+        for key in [k for k in self._failed if _owner_id(k) == owner_id]:
+            del self._failed[key]
+
+
+def _owner_id(fn_key: Hashable) -> int:
+    return fn_key[0] if isinstance(fn_key, tuple) else fn_key
+
+
+_SHARED: Dict[torch.device, TokenGraphs] = {}
 
 
 def make_token_graphs(device: torch.device) -> Optional[TokenGraphs]:
-    """A :class:`TokenGraphs` for ``device`` when it is CUDA and graphs are enabled, else None."""
+    """The process's :class:`TokenGraphs` for ``device`` when it is CUDA and graphs are enabled,
+    else None. One per device: graphs are keyed by the layers they replay, so every runner of a
+    model shares them (and their memory pool) instead of capturing its own."""
     device = torch.device(device)
     if device.type != "cuda" or not graphs_enabled():
         return None
-    return TokenGraphs(device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _SHARED:
+        _SHARED[device] = TokenGraphs(device)
+    return _SHARED[device]
 
 
 __all__ = ["DEFAULT_BUCKETS", "ENV", "TokenGraphs", "graphs_enabled", "make_token_graphs", "pick_bucket"]

@@ -147,6 +147,9 @@ class LLMEngine:
         model_id = f"{self.model_path.resolve()}|{load_format}|{seed if load_format == 'dummy' else ''}"
         self.keyer = Keyer(KeyNamespace(model_id, str(self.dtype).replace("torch.", "")))
         self.pic_runner = PicRunner(self.model, self.spec, self.store, self.device, self.dtype)
+        # CUDA graphs of the layers' row-wise phases for every batch size the scheduler can form
+        # (GPU only; HYPIC_CUDA_GRAPHS=0 skips this).
+        self.pic_runner.capture_graphs(max_num_batched_tokens)
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(

@@ -19,7 +19,7 @@ import torch
 
 from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
-from hypic.engine.context import SequenceCache
+from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
 from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
@@ -60,6 +60,25 @@ class PicRunner:
         self.graphs = make_token_graphs(self.device)  # None on CPU or with HYPIC_CUDA_GRAPHS=0
 
     # ---------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture_graphs(self, max_tokens: int = 2048) -> int:
+        """Capture the CUDA graphs of every row-wise phase for each bucket up to ``max_tokens``
+        now (one dummy forward per bucket) instead of on first use inside a request, as vLLM does
+        at start-up. Buckets already captured for this model are skipped. Returns the number of
+        graphs the process holds; 0 without graphs (CPU, ``HYPIC_CUDA_GRAPHS=0``)."""
+        if self.graphs is None:
+            return 0
+        done = self.graphs.warmed.setdefault(self.model, set())
+        for size in self.graphs.buckets:
+            if size > max_tokens or size in done:
+                continue
+            cache = SequenceCache.allocate(self.spec, self.device, self.dtype)
+            ctx = PlainContext(self.spec, [cache], [size])
+            ctx.graphs = self.graphs
+            self.model(torch.zeros(size, dtype=torch.long, device=self.device), ctx.positions, ctx)
+            done.add(size)
+        return self.graphs.num_captures
+
     @torch.inference_mode()
     def prefill(self, plans: Sequence[RequestPlan]) -> List[PrefillResult]:
         standalone = self._run_standalone(plans)

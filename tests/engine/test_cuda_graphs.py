@@ -121,4 +121,31 @@ def test_a_phase_whose_outputs_are_not_rows_runs_eagerly():
 
     x = torch.randn(5, 3, device="cuda")
     assert torch.equal(graphs.run(total, x), total(x))
-    assert "rows" in graphs.failed(total)
+    assert "one row per token" in graphs.failed(total)
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
+    import gc
+
+    from hypic.engine.pic_runner import PicRunner
+    from tests.engine.pic_helpers import tiny_model
+
+    spec, model = tiny_model(seed=2)
+    model = model.cuda()
+    runner = PicRunner(model, spec, None, torch.device("cuda"), torch.float32)
+    graphs = runner.graphs
+    before = len(graphs._graphs)
+    runner.capture_graphs(max_tokens=64)
+    sizes = [b for b in graphs.buckets if b <= 64]
+    # per bucket: linear_in, gates and linear_out of each linear layer, attention_in and
+    # attention_out of each attention layer
+    phases = 3 * len(spec.linear_layer_ids) + 2 * len(spec.full_attention_layer_ids)
+    assert len(graphs._graphs) - before == phases * len(sizes)
+    assert PicRunner(model, spec, None, torch.device("cuda"), torch.float32).graphs is graphs  # shared
+    runner.capture_graphs(max_tokens=64)  # nothing new
+    assert len(graphs._graphs) - before == phases * len(sizes)
+    del runner, model
+    gc.collect()
+    assert len(graphs._graphs) == before  # the freed layers' graphs are dropped
