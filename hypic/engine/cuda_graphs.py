@@ -11,12 +11,15 @@ attention over a request's cached layout) stay eager.
 
 Token counts are padded up to a bucket (:data:`DEFAULT_BUCKETS`); larger inputs run eagerly (a
 long prefill's kernels are long enough that launching them costs little). Rows are independent,
-so padding rows (zeros, then stale rows of an earlier call) never change the real rows. All graphs
-of one :class:`TokenGraphs` share one memory pool: replays run in stream order, a graph's static
-inputs and outputs stay allocated (no other graph reuses them) and its outputs are copied out
-after each replay, so a later graph may reuse an earlier one's intermediates. A phase whose
-capture fails (e.g. a host sync in an eager fallback path) runs eagerly from then on.
-``HYPIC_CUDA_GRAPHS=0`` turns graphs off.
+so padding rows (zeros, then stale rows of an earlier call) never change the real rows. The same
+phase of every layer shares one set of static input and output buffers per bucket: inputs are
+copied in right before a replay, the graph copies its results into the outputs, and the rows are
+copied out right after, all in stream order. All graphs share one memory pool, so a later capture
+reuses what an earlier phase allocated for itself. A phase whose capture fails (e.g. a host sync
+in an eager fallback path) runs eagerly from then on. One :class:`TokenGraphs` serves a device
+for the whole process (:func:`make_token_graphs`); a layer's graphs go when the layer is freed.
+``HYPIC_CUDA_GRAPHS=0`` turns graphs off; :meth:`hypic.engine.pic_runner.PicRunner.capture_graphs`
+captures every bucket at start-up.
 """
 
 from __future__ import annotations

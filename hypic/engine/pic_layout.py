@@ -103,7 +103,6 @@ class PackedLayout:
     cu_chains: torch.Tensor  # [B+1]
     chain_src: List[Tuple[str, int]]  # host copy: ("live", span) | ("body", body) per element
     chain_source: torch.Tensor  # [M] int64 per chain element: live span s -> s, body b -> -b - 1
-    span_chain_pos: torch.Tensor  # [S] chain position of each live element
     # The scan keeps only the incoming states used: live element s's in row s, then one row per
     # checkpoint write followed by a body (-1: not kept).
     chain_record_rows: torch.Tensor  # [M]
@@ -115,7 +114,6 @@ class PackedLayout:
     # after); None when some body's summaries cannot be read so (not fp32 on the device,
     # `addition` mode): they are concatenated then.
     body_addresses: Optional[torch.Tensor]
-    chain_ends: List[int]  # host copy of cu_chains[1:], so layers need no device-to-host sync
     chain_has_prefix: List[bool]
     # conv runs: maximal runs of consecutive live elements of one request
     cu_runs: torch.Tensor  # [R+1]
@@ -125,7 +123,6 @@ class PackedLayout:
     # tails recorded: per write (in `writes` order) then per request's final conv state
     writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
     write_spans: torch.Tensor  # [NW] live element index of each write
-    write_chain_pos: List[int]  # chain position of each write's element
     # per write: the recorded row holding the state after it (checkpoints), -1 when that is its
     # request's final state, None for segment writes (they need no state)
     write_after_rows: List[Optional[int]]
@@ -292,7 +289,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     body_addresses = None if any(drop_t) else _body_addresses([e.entry for _, e in bodies], device)
 
     lists = dict(input_ids=ids, positions=pos, cu_live_per_request=cu_req, cu_spans=cu_spans,
-                 cu_chains=cu_chains, span_chain_pos=span_chain_pos, cu_runs=cu_runs,
+                 cu_chains=cu_chains, cu_runs=cu_runs,
                  tail_index=tail_index, write_spans=[span for _, span, _ in writes],
                  key_index=key_index, positions_k=pos_k, cu_keys=cu_keys,
                  chain_source=[i if kind == "live" else -i - 1 for kind, i in chain_src],
@@ -313,13 +310,11 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_chains=dev["cu_chains"],
         chain_src=chain_src,
         chain_source=dev["chain_source"],
-        span_chain_pos=dev["span_chain_pos"],
         chain_record_rows=dev["chain_record_rows"],
         num_record_rows=num_record_rows,
         bodies=bodies,
         body_drop_transition_host=drop_t,
         body_addresses=None if body_addresses is None else dev["body_addresses"].view(body_addresses.shape),
-        chain_ends=cu_chains[1:],
         chain_has_prefix=[bool(r.prefix) for r in requests],
         cu_runs=dev["cu_runs"],
         cu_runs_cpu=cpu["cu_runs"],
@@ -327,7 +322,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         tail_index=dev["tail_index"],
         writes=writes,
         write_spans=dev["write_spans"],
-        write_chain_pos=write_chain_pos,
         write_after_rows=write_after_rows,
         key_index=dev["key_index"],
         positions_k=dev["positions_k"],

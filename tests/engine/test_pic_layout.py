@@ -55,7 +55,7 @@ def test_recorded_rows_keep_live_spans_then_states_after_checkpoints():
             summ = e.linear[layer].summary
             assert addr[layer, :, j].tolist() == [summ.transition.data_ptr(), summ.state.data_ptr()]
     # every index tensor starts 16-byte aligned (Triton specialises kernels on pointer alignment)
-    for name in ("cu_chains", "chain_source", "chain_record_rows", "cu_spans", "span_chain_pos", "key_index",
+    for name in ("cu_chains", "chain_source", "chain_record_rows", "cu_spans", "key_index",
                  "cu_keys", "tail_index", "write_spans", "positions", "input_ids"):
         assert getattr(lay, name).data_ptr() % 16 == 0, name
 

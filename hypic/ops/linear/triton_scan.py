@@ -59,8 +59,8 @@ def _build_kernel():
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
         return configs if mode == MODE_DENSE else configs[2:3]
 
-    tuned = triton.autotune(configs=configs, key=["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD", "T_UNIT", "S_UNIT"],
-                            prune_configs_by={"early_config_prune": prune})
+    key = ["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD", "T_UNIT", "S_UNIT"]
+    tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
 
