@@ -31,6 +31,8 @@ from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 
+from hypic.ops.linear._checks import concrete_device
+
 ENV = "HYPIC_CUDA_GRAPHS"
 DEFAULT_BUCKETS: Tuple[int, ...] = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
                                     1536, 2048)
@@ -85,9 +87,7 @@ class TokenGraphs:
         buckets = tuple(sorted(int(b) for b in buckets))
         if not buckets or buckets[0] < 1 or len(set(buckets)) != len(buckets):
             raise ValueError(f"buckets must be distinct positive token counts, got {buckets}")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
+        self.device = concrete_device(device)
         self.buckets = buckets
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: Dict[Hashable, _Graph] = {}
@@ -205,8 +205,7 @@ def make_token_graphs(device: torch.device) -> Optional[TokenGraphs]:
     device = torch.device(device)
     if device.type != "cuda" or not graphs_enabled():
         return None
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = concrete_device(device)
     if device not in _SHARED:
         _SHARED[device] = TokenGraphs(device)
     return _SHARED[device]

@@ -17,6 +17,7 @@ is recorded per layer in :attr:`PicContext.records`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Dict, List, Optional
 
 import torch
@@ -97,8 +98,7 @@ class PicContext(ForwardContext):
         one concatenation per field, converting a body only when it must."""
         lay = self.layout
         if lay.body_addresses is not None:
-            return SummaryTable(tuple(body.entry.linear[layer_idx].summary for _, body in lay.bodies),
-                                lay.body_addresses[layer_idx])
+            return SummaryTable(_LayerSummaries(lay.bodies, layer_idx), lay.body_addresses[layer_idx])
         device, dtype = live.device, live.dtype
         eye = None
         transitions, states = [], []
@@ -197,6 +197,24 @@ class PicContext(ForwardContext):
 
     def select_logits_rows(self, hidden):
         return hidden.index_select(0, self.layout.logits_rows)
+
+
+class _LayerSummaries(Sequence):
+    """One layer's summaries of a layout's bodies, looked up on access: the GPU scan reads the
+    bodies through the layout's address table and touches only the first item, so no per-body
+    Python loop runs per layer."""
+
+    def __init__(self, bodies, layer_idx: int) -> None:
+        self._bodies = bodies
+        self._layer = layer_idx
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._bodies[i][1].entry.linear[self._layer].summary
 
 
 def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

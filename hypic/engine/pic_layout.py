@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from hypic.ops.linear._checks import concrete_device
 from hypic.ops.linear.summary import summary_addresses
 from hypic.pic.keys import StoreKey
 from hypic.pic.payload import SegmentEntry
@@ -101,7 +102,6 @@ class PackedLayout:
     cu_spans_cpu: torch.Tensor  # host copy: fla reads lengths from it instead of the device
     # chain of every request: live elements and bodies in prompt order
     cu_chains: torch.Tensor  # [B+1]
-    chain_src: List[Tuple[str, int]]  # host copy: ("live", span) | ("body", body) per element
     chain_source: torch.Tensor  # [M] int64 per chain element: live span s -> s, body b -> -b - 1
     # The scan keeps only the incoming states used: live element s's in row s, then one row per
     # checkpoint write followed by a body (-1: not kept).
@@ -308,7 +308,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_spans=dev["cu_spans"],
         cu_spans_cpu=cpu["cu_spans"],
         cu_chains=dev["cu_chains"],
-        chain_src=chain_src,
         chain_source=dev["chain_source"],
         chain_record_rows=dev["chain_record_rows"],
         num_record_rows=num_record_rows,
@@ -370,9 +369,7 @@ def _body_addresses(entries: Sequence[SegmentEntry], device: torch.device) -> Op
     summaries must be copied before a scan can read them)."""
     if not entries:
         return None
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:  # tensors report their index
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = concrete_device(device)
     tables = [_entry_addresses(e, device) for e in entries]
     if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
         return None

@@ -53,6 +53,15 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> None:
         raise ValueError(f"all tensors must be on one device: {detail}")
 
 
+def concrete_device(device) -> torch.device:
+    """``device`` with its index: tensors report ``cuda:0`` where a caller may say ``cuda``, and
+    the two compare unequal."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def check_head_ratio(num_value_heads: int, num_key_heads: int, what: str = "key") -> int:
     """GVA: value head j reads key head j // (HV // H); HV must be a multiple of H."""
     if num_key_heads <= 0 or num_value_heads % num_key_heads != 0:

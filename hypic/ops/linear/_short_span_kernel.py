@@ -7,6 +7,15 @@ import triton.language as tl
 
 
 @triton.jit
+def span_rows(cu, i_n, BT: tl.constexpr):
+    """Rows of span ``i_n`` padded to one chunk: ``(bos, length, rows [BT], mask [BT])``."""
+    bos = tl.load(cu + i_n).to(tl.int64)
+    length = tl.load(cu + i_n + 1).to(tl.int64) - bos
+    o_t = tl.arange(0, BT)
+    return bos, length, bos + o_t, o_t < length
+
+
+@triton.jit
 def short_span_summary_kernel(
     k,        # [T, H, K]
     w,        # [T, HV, K]
@@ -35,12 +44,8 @@ def short_span_summary_kernel(
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_c = tl.program_id(2)
-    bos = tl.load(cu + i_n).to(tl.int64)
-    length = tl.load(cu + i_n + 1).to(tl.int64) - bos
-    o_t = tl.arange(0, BT)
-    m_t = o_t < length
+    bos, length, rows, m_t = span_rows(cu, i_n, BT)
     o_k = tl.arange(0, K)
-    rows = bos + o_t
     b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_t[:, None],
                   other=0.0).to(tl.float32)
     if USE_G:
@@ -87,14 +92,10 @@ def short_span_state_kernel(
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_v = tl.program_id(2)
-    bos = tl.load(cu + i_n).to(tl.int64)
-    length = tl.load(cu + i_n + 1).to(tl.int64) - bos
-    o_t = tl.arange(0, BT)
-    m_t = o_t < length
+    _, _, rows, m_t = span_rows(cu, i_n, BT)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    rows = bos + o_t
     b_h = tl.load(h0 + ((i_n * HV + i_h) * K + o_k)[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
     b_h = b_h.to(w.dtype.element_ty)  # fla's state pass rounds the state before its dot
     chunk = tl.load(span_chunk + i_n).to(tl.int64)

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._checks import STATE_DTYPES, check_same_device, check_tensor, cu_seqlens_to_list
+from ._checks import STATE_DTYPES, check_same_device, check_tensor, concrete_device, cu_seqlens_to_list
 from ._dispatch import cuda_fast_path
 
 
@@ -209,19 +209,21 @@ class SummaryTable:
     """Summaries of single spans kept where they live (cached bodies in store entries), read by
     a scan in place instead of being concatenated first.
 
-    ``items``: one-span summaries of one structure and state shape. ``addresses``: optional
+    ``items``: a sequence (not copied) of one-span summaries of one structure and state shape;
+    only the first is looked at unless the table is stacked. ``addresses``: optional
     ``[2, N']`` int64 (N' >= N; columns past N unused, so a caller may pad rows for alignment)
     on the items' device, the data pointers of each item's T (or log decays) and S; whoever
     builds it promises that every item is contiguous fp32 on that device (see
     :func:`summary_addresses`), and the GPU scan then reads the items through it. Without it (or
     on CPU) the items are concatenated."""
 
-    items: Tuple[Summary, ...]
+    items: Sequence[Summary]
     addresses: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
-        items = tuple(self.items)
-        object.__setattr__(self, "items", items)
+        items = self.items
+        if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+            raise ValueError(f"items must be a sequence of summaries, got {type(items).__name__}")
         if not items:
             raise ValueError("a SummaryTable needs at least one item")
         _check_summary("items[0]", items[0])
@@ -247,9 +249,7 @@ def summary_addresses(summary: Summary, device: torch.device) -> Optional[Tuple[
     fp32 tensors on ``device``, 64-byte aligned (every whole allocation is); None when it cannot
     (then it is copied)."""
     _check_summary("summary", summary)
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:  # tensors report their index
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = concrete_device(device)
     parts = summary.parts()
     if summary.num_spans != 1 or any(
             t.device != device or t.dtype != torch.float32 or not t.is_contiguous() or t.data_ptr() % 64
