@@ -27,7 +27,11 @@ from hypic.engine.pic_layout import PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
-from hypic.ops.linear.gated_delta import gated_delta_forward, gated_delta_summarize_then_forward
+from hypic.ops.linear.gated_delta import (
+    gated_delta_chain_forward,
+    gated_delta_forward,
+    gated_delta_summarize_then_forward,
+)
 from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
 from hypic.ops.rope import apply_rotary
 
@@ -90,7 +94,7 @@ class PicContext(ForwardContext):
         return y
 
     # -- linear attention -----------------------------------------------------------------------
-    def _body_summaries(self, layer_idx: int, live: DenseSummary):
+    def _body_summaries(self, layer_idx: int, device: torch.device, dtype: torch.dtype):
         """The cached bodies' summaries in body order. The scan reads live and body elements
         through the layout's ``chain_source`` table, so nothing is copied into a chain: with the
         layout's address table the bodies are read where the store holds them; otherwise (a body
@@ -99,15 +103,14 @@ class PicContext(ForwardContext):
         lay = self.layout
         if lay.body_addresses is not None:
             return SummaryTable(_LayerSummaries(lay.bodies, layer_idx), lay.body_addresses[layer_idx])
-        device, dtype = live.device, live.dtype
         eye = None
         transitions, states = [], []
         for idx, (_, body) in enumerate(lay.bodies):
             summ = body.entry.linear[layer_idx].summary
             if lay.body_drop_transition_host[idx]:
                 if eye is None:
-                    eye = torch.eye(live.key_dim, dtype=dtype, device=device).expand(
-                        1, live.num_heads, live.key_dim, live.key_dim)
+                    key_dim, num_heads = self.spec.linear_key_head_dim, self.spec.linear_num_value_heads
+                    eye = torch.eye(key_dim, dtype=dtype, device=device).expand(1, num_heads, key_dim, key_dim)
                 transitions.append(eye)
             else:
                 transitions.append(_on(summ.transition, device, dtype))
@@ -136,6 +139,16 @@ class PicContext(ForwardContext):
                                            cu_seqlens_cpu=lay.cu_live_per_request_cpu)
             self.records.setdefault(layer_idx, LinearRecord()).final_states = final
             return o
+        rec = self.records.setdefault(layer_idx, LinearRecord())
+        bodies = self._body_summaries(layer_idx, v.device, _state_dtype(v)) if lay.bodies else None
+        source = lay.chain_source if lay.bodies else None
+        if not lay.writes:
+            # Nothing to record but the final states: the live spans' summaries are never formed
+            # (the GPU path fuses the scan with their state pass).
+            o, rec.final_states = gated_delta_chain_forward(
+                q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
+                initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu)
+            return o
         scanned = {}
 
         def span_initial_states(live: DenseSummary) -> torch.Tensor:
@@ -143,10 +156,9 @@ class PicContext(ForwardContext):
             # zero-start summaries composed with the cached bodies' summaries, in prompt order.
             # The scan writes only the incoming states used, live span s's in row s.
             rows = dict(record_rows=lay.chain_record_rows, num_records=lay.num_record_rows)
-            if lay.bodies:
-                bodies = self._body_summaries(layer_idx, live)
-                scanned["incoming"], scanned["final"] = scan_chain_from(live, bodies, lay.chain_source,
-                                                                        lay.cu_chains, init, **rows)
+            if bodies is not None:
+                scanned["incoming"], scanned["final"] = scan_chain_from(live, bodies, source, lay.cu_chains, init,
+                                                                        **rows)
             else:  # live elements are numbered in chain order
                 scanned["incoming"], scanned["final"] = scan_chain(live, lay.cu_chains, init, **rows)
             return scanned["incoming"][:live.num_spans]
@@ -155,17 +167,15 @@ class PicContext(ForwardContext):
             q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_states_from=span_initial_states,
             cu_seqlens_cpu=lay.cu_spans_cpu, output_final_state=False)
         incoming, final = scanned["incoming"], scanned["final"]
-        rec = self.records.setdefault(layer_idx, LinearRecord())
         rec.final_states = final
-        if lay.writes:
-            rec.write_summaries = live.index(lay.write_spans)
-            # State after each checkpoint: the next element's incoming state, or the final.
-            after = []
-            for (b, _, _), row in zip(lay.writes, lay.write_after_rows):
-                after.append(None if row is None else final[b] if row < 0 else incoming[row])
-            if any(a is not None for a in after):
-                zero = torch.zeros_like(final[0])
-                rec.write_states = torch.stack([zero if a is None else a for a in after])
+        rec.write_summaries = live.index(lay.write_spans)
+        # State after each checkpoint: the next element's incoming state, or the final.
+        after = []
+        for (b, _, _), row in zip(lay.writes, lay.write_after_rows):
+            after.append(None if row is None else final[b] if row < 0 else incoming[row])
+        if any(a is not None for a in after):
+            zero = torch.zeros_like(final[0])
+            rec.write_states = torch.stack([zero if a is None else a for a in after])
         return o
 
     # -- full attention -------------------------------------------------------------------------

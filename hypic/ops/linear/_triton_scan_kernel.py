@@ -33,17 +33,9 @@ def span_offsets(table, source, i, i_h, num_table, t_base, s_base,
 
 
 @triton.jit
-def scan_step(trans, state, record, incoming, b_h, i, i_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
-              HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, MODE: tl.constexpr,
-              PRECISION: tl.constexpr, HAS_RECORD: tl.constexpr):
-    """Record the state entering element i (in row ``record[i]`` when given; -1: not kept),
-    return ``T_i @ state + S_i`` with T_i, S_i at the given offsets."""
-    if HAS_RECORD:
-        row = tl.load(record + i)
-        if row >= 0:
-            tl.store(incoming + (row * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
-    else:
-        tl.store(incoming + (i * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
+def scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
+              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr):
+    """``T_i @ state + S_i`` with T_i, S_i at the given offsets."""
     b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
     if MODE == 0:
         b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
@@ -56,32 +48,125 @@ def scan_step(trans, state, record, incoming, b_h, i, i_h, t_off, s_off, kv_off,
     return b_h
 
 
+@triton.jit
+def record_step(record, incoming, b_h, i, i_h, kv_off, m_kv,
+                HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HAS_RECORD: tl.constexpr):
+    """Store the state entering element i (in row ``record[i]`` when given; -1: not kept)."""
+    if HAS_RECORD:
+        row = tl.load(record + i)
+        if row >= 0:
+            tl.store(incoming + (row * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
+    else:
+        tl.store(incoming + (i * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
+
+
+@triton.jit
+def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
+            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
+            USE_G: tl.constexpr, PRECISION: tl.constexpr):
+    """Live span ``s`` (at most one chunk) applied from its WY factors, its outputs' inputs written
+    on the way: the entering state rounded to ``h_chunks``' dtype in the span's chunk row (what
+    fla's output kernel reads), ``v_new = u - W h`` for its tokens, and the state after it,
+    ``gamma h + Kd^T v_new`` with ``Kd = diag(exp2(g_last - g)) K`` (fla's one-chunk state pass,
+    here with h in fp32). Rows go in blocks of BS; every block reads the same entering h (WY)."""
+    bos = tl.load(cu_spans + s).to(tl.int64)
+    length = tl.load(cu_spans + s + 1).to(tl.int64) - bos
+    chunk = tl.load(span_chunk + s).to(tl.int64)
+    if chunk >= 0:
+        tl.store(h_chunks + (chunk * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty), mask=m_kv)
+    if USE_G:
+        g_last = tl.load(g + (bos + length - 1) * HV + i_h, mask=length > 0, other=0.0).to(tl.float32)
+        gamma = tl.where(length > 0, tl.exp2(g_last), 1.0)
+    else:
+        g_last = 0.0
+        gamma = 1.0
+    b_acc = tl.zeros_like(b_h)
+    o_s = tl.arange(0, BS)
+    j = length * 0  # int64, loop-carried
+    while j < length:  # a while loop: the interpreter cannot run range() over loaded bounds
+        m_t = (j + o_s) < length
+        rows = bos + j + o_s
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+        p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
+        b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - tl.dot(b_w, b_h, input_precision=PRECISION)
+        tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
+        b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk,
+                      other=0.0).to(tl.float32)
+        if USE_G:
+            b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+            decay = tl.where(m_t, tl.exp2(g_last - b_g), 0.0)
+        else:
+            decay = tl.where(m_t, 1.0, 0.0)
+        b_acc += tl.dot(tl.trans(b_k * decay[:, None]), b_v, input_precision="tf32")
+        j += BS
+    return gamma * b_h + b_acc
+
+
+@triton.jit
+def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
+                  b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
+                  MODE: tl.constexpr, PRECISION: tl.constexpr, HAS_SOURCE: tl.constexpr,
+                  HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr):
+    """Chain element i applied to ``b_h``. With ``HAS_WY`` the live elements (``source[i] >= 0``,
+    or every element without a source) are spans of the WY factors (:func:`wy_step`) and no
+    fp32 incoming state is recorded; otherwise every element is a summary at the given offsets."""
+    if HAS_WY:
+        if HAS_SOURCE:
+            live = tl.load(source + i)
+        else:
+            live = i
+        if live >= 0:
+            b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
+                          kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION)
+        else:
+            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION)
+    else:
+        record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
+        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION)
+    return b_h
+
+
 # Values that vary per request are not specialised (== 1, % 16), so no new variant compiles.
 @triton.jit(do_not_specialize=["num_table", "t_base", "s_base"])
 def scan_chain_kernel(
-    trans,        # dense [M, HV, K, K] / diagonal [M, HV, K] / scalar [M, HV], fp32
+    trans,        # dense [M, HV, K, K] / diagonal [M, HV, K] / scalar [M, HV], fp32 (any fp32 base with HAS_WY)
     state,        # [M, HV, K, V] fp32: S(C_i | 0)
     init,         # [B, HV, K, V] fp32 (read only when HAS_INIT)
-    incoming,     # [R, HV, K, V] fp32 out: state entering each recorded element
+    incoming,     # [R, HV, K, V] fp32 out: state entering each recorded element (not with HAS_WY)
     final,        # [B, HV, K, V] fp32 out: state after the chain
     cu_chains,    # [B + 1] int64
     table,        # [2, num_table] int64 byte addresses of one-span (T, S) (read only when HAS_SOURCE)
-    source,       # [M] int64 (HAS_SOURCE): >= 0 span of trans/state, else -(table entry) - 1
+    source,       # [M] int64 (HAS_SOURCE): >= 0 span of trans/state (live span with HAS_WY), else -(table entry) - 1
     record,       # [M] int64 (HAS_RECORD): row of `incoming` for each element, -1 = not kept
+    k,            # HAS_WY: [T, H, K] keys, [T, HV, K] w, [T, HV, V] u of the live spans' WY step,
+    w,            #   [T, HV] chunk-local cumulative log2 gate (USE_G), [N + 1] span bounds,
+    u,            #   [N] chunk row of each span (-1: empty); out: [T, HV, V] v_new and
+    g,            #   [num_chunks, HV, K, V] state entering each chunk, in h_chunks' dtype
+    cu_spans,
+    span_chunk,
+    v_new,
+    h_chunks,
     num_table,
     t_base,       # byte addresses of trans and state (table addresses are taken relative to them)
     s_base,
+    H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    BS: tl.constexpr,
     MODE: tl.constexpr,
     HAS_INIT: tl.constexpr,
     PRECISION: tl.constexpr,
     WHILE_LOOP: tl.constexpr,
     HAS_SOURCE: tl.constexpr,
     HAS_RECORD: tl.constexpr,
+    HAS_WY: tl.constexpr,
+    USE_G: tl.constexpr,
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
 ):
@@ -95,7 +180,8 @@ def scan_chain_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_kv = m_k[:, None] & (o_v < V)[None, :]
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
     kv_off = o_k[:, None] * V + o_v[None, :]
 
     if HAS_INIT:
@@ -116,16 +202,18 @@ def scan_chain_kernel(
         while i < end:
             t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
                                           HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
-            b_h = scan_step(trans, state, record, incoming, b_h, i, i_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
-                            HV, K, V, MODE, PRECISION, HAS_RECORD)
+            b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
+                                source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
+                                BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
             t_off, s_off = t_next, s_next
             i += 1
     else:
         for i in range(start, end):
             t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
                                           HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
-            b_h = scan_step(trans, state, record, incoming, b_h, i, i_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
-                            HV, K, V, MODE, PRECISION, HAS_RECORD)
+            b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
+                                source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
+                                BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
             t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

@@ -37,6 +37,7 @@ from hypic.ops.linear._fla_common import (
     _state_or_none,
     _summary_classes,
 )
+from hypic.ops.linear._fla_chain import gated_delta_chain_forward  # noqa: F401 (looked up by the dispatcher)
 from hypic.ops.linear._fla_summaries import _cp_summaries
 from hypic.ops.linear.short_span import (
     short_span_impl,

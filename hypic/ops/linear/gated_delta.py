@@ -6,14 +6,14 @@ the caller. GVA: ``HV % H == 0``. T is dense K x K (``DenseSummary``).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
 from . import _family
 from ._checks import check_cu_seqlens_cpu
 from ._dispatch import cuda_fast_path
-from .summary import DenseSummary
+from .summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
 
 SPEC = _family.FamilySpec("gated_delta", gate="scalar", delta=True)
 
@@ -138,3 +138,63 @@ def gated_delta_summarize_then_forward(
     _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, init, scale)
     o, final = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, init, scale_f)
     return o, final if output_final_state else None, summary
+
+
+def gated_delta_chain_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    cu_chains: torch.Tensor,
+    source: Optional[torch.Tensor] = None,
+    bodies: Optional[Union[DenseSummary, SummaryTable]] = None,
+    initial_states: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward of live spans that sit in chains between cached bodies (a PIC forward's linear
+    layer): each live span starts from the state its chain reaches there.
+
+    The B chains (``cu_chains [B+1]``) list elements in order: element i is live span
+    ``source[i]`` of ``cu_seqlens`` when ``source[i] >= 0``, else body ``-source[i] - 1`` of
+    ``bodies`` (dense summaries, or a :class:`SummaryTable` read where the store holds them).
+    Without ``source`` the chains are the live spans in order. Every live span is one element of
+    exactly one chain (the caller's contract; the GPU path does not read ``source`` back).
+    ``initial_states [B, HV, K, V]`` (or None: zeros) start the chains.
+
+    Returns ``(o [T, HV, V], final [B, HV, K, V])``: the live outputs and each chain's final state.
+    Equal to the zero-start summaries of the live spans, :func:`scan_chain_from` and a forward
+    from the recorded incoming states (the reference below); the GPU path fuses the scan with
+    the state pass of spans of at most one chunk (the seams and questions of a cached request)
+    and never forms their summaries."""
+    scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, None, scale)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
+    if (source is None) != (bodies is None):
+        raise ValueError("source and bodies go together: both or neither")
+    num_spans = cu_seqlens.numel() - 1
+    # (read only from a host tensor: on the GPU it would cost a device sync per layer)
+    if source is None and not cu_chains.is_cuda and int(cu_chains[-1]) != num_spans:
+        raise ValueError(f"without source the chains must hold the {num_spans} live spans, got {int(cu_chains[-1])}")
+    fast = cuda_fast_path("gated_delta_chain_forward", q, k, v)
+    if fast is not None:
+        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
+                    initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu)
+    summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
+    incoming, final = chain_incoming_states(summary, cu_chains, source, bodies, initial_states)
+    _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale)
+    o, _ = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale_f)
+    return o, final
+
+
+def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: Optional[torch.Tensor],
+                          bodies, initial_states: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(state entering each live span [N], final state of each chain [B])`` of the chains of
+    :func:`gated_delta_chain_forward`, by the scan of the live spans' summaries ``live``."""
+    if source is None:
+        return scan_chain(live, cu_chains, initial_states)
+    rows = torch.where(source >= 0, source, torch.full_like(source, -1))
+    return scan_chain_from(live, bodies, source, cu_chains, initial_states, record_rows=rows,
+                           num_records=live.num_spans)

@@ -7,7 +7,11 @@ communicate and the whole scan is one launch whatever the number of chains, span
 
 T comes in three structures (``MODE``): dense ``[K, K]`` (delta-rule families), diagonal ``[K]``
 log decays (GLA) and scalar log decay (simple GLA, Mamba2). Everything is fp32; the dense product
-uses ``tf32x3`` (three TF32 MMAs, fp32-level accuracy) or ``ieee``.
+uses ``tf32x3`` (three TF32 MMAs, fp32-level accuracy; the default), ``ieee`` or ``tf32`` (one
+MMA; for measurements).
+
+:func:`scan_chain_wy_triton` fuses the scan with the one-chunk state pass of live spans given by
+their WY factors (a cached request's seams and question), for fla's output kernel.
 
 Triton is imported lazily: importing this module on a CPU-only machine needs no Triton, and the
 torch formulation (``scan_chain_torch``) runs anywhere (it is the CPU-testable part).
@@ -24,7 +28,7 @@ import torch
 MODE_DENSE = 0
 MODE_DIAGONAL = 1
 MODE_SCALAR = 2
-DOT_PRECISIONS = ("tf32x3", "ieee")
+DOT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tf32: one pass, for measurements (not used by default)
 
 _KERNEL = None
 
@@ -59,7 +63,8 @@ def _build_kernel():
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
         return configs if mode == MODE_DENSE else configs[2:3]
 
-    key = ["HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD", "T_UNIT", "S_UNIT"]
+    key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
+           "T_UNIT", "S_UNIT"]
     tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -126,9 +131,6 @@ def scan_chain_triton(
     ``second`` is a summary or a :class:`~hypic.ops.linear.summary.SummaryTable` read in place
     through its addresses. ``incoming`` is ``[M]``, or ``[num_records]`` with ``record_rows``
     (span i's incoming state in row ``record_rows[i]``, -1: not written)."""
-    import triton
-
-    global _KERNEL
     if precision not in DOT_PRECISIONS:
         raise ValueError(f"precision must be one of {DOT_PRECISIONS}, got {precision!r}")
     mode, trans = _mode_and_transition(summaries)
@@ -155,13 +157,40 @@ def scan_chain_triton(
     else:
         record, num_rows = cu_chains, num_spans
     num_chains = cu_chains.numel() - 1
-    cu = cu_chains.to(device=device, dtype=torch.int64).contiguous()
-    has_init = initial_states is not None
-    init = initial_states.to(torch.float32).contiguous() if has_init else state
     incoming = torch.empty(num_rows, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     final = torch.empty(num_chains, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
+    _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record,
+            None, mode, precision, has_source, has_record, (t_unit, s_unit))
+    del owner  # the copies read through the table may go once the launch is queued
+    return incoming, final
+
+
+def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
+            mode: int, precision: str, has_source: bool, has_record: bool, units) -> None:
+    """One launch of the scan kernel; ``wy`` = ``(k, w, u, g or None, cu_spans, span_chunk, v_new,
+    h_chunks)`` makes live elements WY spans."""
+    import triton
+
+    global _KERNEL
+    num_heads, key_dim, value_dim = final.shape[1:]
+    device = final.device
+    num_chains = cu_chains.numel() - 1
     if num_chains == 0:
-        return incoming, final
+        return
+    cu = cu_chains.to(device=device, dtype=torch.int64).contiguous()
+    if not has_source:
+        table, num_table, source = cu, 0, cu
+    if not has_record:
+        record = cu
+    has_init = initial_states is not None
+    init = initial_states.to(torch.float32).contiguous() if has_init else final
+    if wy is None:
+        k = w = u = g = cu_spans = span_chunk = v_new = h_chunks = cu
+        key_heads, use_g = num_heads, False
+    else:
+        k, w, u, g, cu_spans, span_chunk, v_new, h_chunks = wy
+        key_heads, use_g = k.shape[1], g is not None
+        g = cu if g is None else g
     if _KERNEL is None:
         _KERNEL = _build_kernel()
     kernel, fixed_block_v = _KERNEL
@@ -172,14 +201,63 @@ def scan_chain_triton(
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
 
     kernel[grid](
-        trans, state, init, incoming, final, cu, table, source, record, num_table, trans.data_ptr(),
-        state.data_ptr(),
-        HV=num_heads, K=key_dim, V=value_dim, BK=block_k,
+        trans, state, init, incoming, final, cu, table, source, record, k, w, u, g, cu_spans, span_chunk, v_new,
+        h_chunks, num_table, trans.data_ptr(), state.data_ptr(),
+        H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BS=16,
         MODE=mode, HAS_INIT=has_init, PRECISION=precision, WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
-        HAS_RECORD=has_record, T_UNIT=t_unit, S_UNIT=s_unit, **extra,
+        HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, T_UNIT=units[0], S_UNIT=units[1], **extra,
     )
-    del owner  # the copies read through the table may go once the launch is queued
-    return incoming, final
+
+
+def scan_chain_wy_triton(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: Optional[torch.Tensor],
+    cu_spans: torch.Tensor,
+    span_chunk: torch.Tensor,
+    num_chunks: int,
+    cu_chains: torch.Tensor,
+    initial_states: Optional[torch.Tensor] = None,
+    second=None,
+    source: Optional[torch.Tensor] = None,
+    precision: str = "tf32x3",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chain scan with live spans given by their WY factors instead of summaries, fused with
+    their one-chunk state pass (CUDA, delta-rule families). Returns ``(v_new [T, HV, V] in u's
+    dtype, h [num_chunks, HV, K, V] in w's dtype, final [B, HV, K, V] fp32)``: what fla's output
+    kernel reads, and the state after each chain.
+
+    Live span s (tokens ``cu_spans[s]:cu_spans[s+1]``, at most one chunk; chunk row
+    ``span_chunk[s]``, -1 for an empty span) is element i of a chain where ``source[i] == s``;
+    ``source[i] < 0`` is entry ``-source[i] - 1`` of ``second`` (dense summaries, or a
+    SummaryTable read in place); without ``source`` element i is live span i. ``k [T, H, K]``
+    (H divides HV), ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]`` chunk-local cumulative log2
+    gate or None (DeltaNet): fla's WY step outputs. Tokens no live span covers keep an
+    unspecified ``v_new``."""
+    if precision not in DOT_PRECISIONS:
+        raise ValueError(f"precision must be one of {DOT_PRECISIONS}, got {precision!r}")
+    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
+    device = w.device
+    final = torch.empty(cu_chains.numel() - 1, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
+    v_new = torch.empty_like(u)
+    h_chunks = torch.empty(num_chunks, num_heads, key_dim, value_dim, device=device, dtype=w.dtype)
+    has_source = source is not None
+    # The table's addresses are read relative to an fp32 base: with no live summaries, ``final``
+    # (a fresh, aligned allocation) is that base.
+    trans = state = final
+    table, num_table, units, owner = None, 0, (64, 64), None
+    if has_source:
+        if second is None:
+            raise ValueError("a source table needs second summaries")
+        table, num_table, units, owner = _table_of(second, MODE_DENSE, device)
+        source = source.to(device=device, dtype=torch.int64).contiguous()
+    wy = (k, w, u, g if g is None else g.to(torch.float32), cu_spans.to(device=device, dtype=torch.int64),
+          span_chunk, v_new, h_chunks)
+    _launch(trans, state, final, final, cu_chains, initial_states, table, num_table, source, None, wy,
+            MODE_DENSE, precision, has_source, False, units)
+    del owner
+    return v_new, h_chunks, final
 
 
 def scan_chain_torch(

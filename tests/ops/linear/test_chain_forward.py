@@ -1,0 +1,219 @@
+"""Tests of ``gated_delta_chain_forward``: live spans between cached bodies (a PIC forward's
+linear layer), and its fused GPU kernel (``scan_chain_wy_triton``).
+
+CPU (float64): the live outputs and final states equal a plain forward over each whole chain,
+whose bodies are only given as summaries. Kernel: the fused scan against the reference
+composition (closed-form summaries, scan, one-chunk state pass), under the Triton interpreter and
+on CUDA. CUDA: the op's fla path against the CPU reference, for the fused case and for spans
+longer than a chunk (the general path).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hypic.ops.linear import gated_delta
+from hypic.ops.linear.summary import DenseSummary, SummaryTable
+
+H, HV, K, V = 2, 4, 16, 8
+CUDA = torch.cuda.is_available()
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def tokens(n, gen, dtype, h=H, hv=HV, kd=K, vd=V):
+    return dict(q=F.normalize(torch.randn(n, h, kd, generator=gen, dtype=torch.float64), dim=-1).to(dtype),
+                k=F.normalize(torch.randn(n, h, kd, generator=gen, dtype=torch.float64), dim=-1).to(dtype),
+                v=torch.randn(n, hv, vd, generator=gen, dtype=torch.float64).to(dtype),
+                g=F.logsigmoid(torch.randn(n, hv, generator=gen, dtype=torch.float64) + 2.0).to(dtype),
+                beta=torch.sigmoid(torch.randn(n, hv, generator=gen, dtype=torch.float64)).to(dtype))
+
+
+def chain_problem(pieces, live_order, seed=0, dtype=torch.float64, **dims):
+    """Chains of pieces ``("live" | "body", num_tokens)``. Returns the whole chains' tokens and
+    bounds, the live spans' tokens (in ``live_order``, a permutation of the live pieces), their
+    bounds, the bodies' tokens and bounds, and ``source``."""
+    gen = torch.Generator().manual_seed(seed)
+    chains = [[(kind, n, tokens(n, gen, dtype, **dims)) for kind, n in chain] for chain in pieces]
+    cat = lambda xs, key: torch.cat([x[key] for x in xs])  # noqa: E731
+    whole = [x for chain in chains for _, _, x in chain]
+    full = {key: cat(whole, key) for key in whole[0]}
+    cu_full = torch.tensor([0] + [sum(n for _, n, _ in c) for c in chains]).cumsum(0)
+    lives = [(n, x) for chain in chains for kind, n, x in chain if kind == "live"]
+    bodies = [(n, x) for chain in chains for kind, n, x in chain if kind == "body"]
+    live = {key: cat([lives[i][1] for i in live_order], key) for key in whole[0]}
+    cu_live = torch.tensor([0] + [lives[i][0] for i in live_order]).cumsum(0)
+    body = {key: cat([x for _, x in bodies], key) for key in whole[0]} if bodies else None
+    cu_body = torch.tensor([0] + [n for n, _ in bodies]).cumsum(0)
+    span_of = {piece: s for s, piece in enumerate(live_order)}
+    source, live_i, body_i = [], 0, 0
+    for chain in chains:
+        for kind, _, _ in chain:
+            if kind == "live":
+                source.append(span_of[live_i])
+                live_i += 1
+            else:
+                source.append(-body_i - 1)
+                body_i += 1
+    cu_chains = torch.tensor([0] + [len(c) for c in chains]).cumsum(0)
+    return full, cu_full, live, cu_live, body, cu_body, torch.tensor(source), cu_chains
+
+
+PIECES = [[("live", 3), ("body", 5), ("live", 2), ("body", 7), ("live", 4)],
+          [("body", 6), ("live", 1), ("live", 5)]]
+LIVE_ORDER = [3, 0, 4, 2, 1]  # live spans numbered out of chain order
+
+
+@pytest.mark.parametrize("as_table", [False, True])
+@pytest.mark.parametrize("with_init", [False, True])
+def test_reference_equals_forward_of_whole_chains(as_table, with_init):
+    full, cu_full, live, cu_live, body, cu_body, source, cu_chains = chain_problem(PIECES, LIVE_ORDER)
+    init = torch.randn(2, HV, K, V, dtype=torch.float64) if with_init else None
+    o_full, final_full = gated_delta.gated_delta_forward(**full, cu_seqlens=cu_full, initial_state=init)
+    summ = gated_delta.gated_delta_summarize(body["k"], body["v"], body["g"], body["beta"], cu_seqlens=cu_body)
+    bodies = SummaryTable([summ.index(torch.tensor([i])) for i in range(summ.num_spans)]) if as_table else summ
+    o, final = gated_delta.gated_delta_chain_forward(**live, cu_seqlens=cu_live, cu_chains=cu_chains, source=source,
+                                                     bodies=bodies, initial_states=init)
+    # the live tokens' rows of the whole-chain output, in live span order
+    starts = {}
+    pos = 0
+    live_i = 0
+    for chain, base in zip(PIECES, cu_full[:-1].tolist()):
+        pos = base
+        for kind, n in chain:
+            if kind == "live":
+                starts[live_i] = (pos, n)
+                live_i += 1
+            pos += n
+    rows = torch.cat([torch.arange(starts[i][0], starts[i][0] + starts[i][1]) for i in LIVE_ORDER])
+    assert rel(o, o_full[rows]) < 1e-10
+    assert rel(final, final_full) < 1e-10
+
+
+def test_live_only_chains_and_contract_errors():
+    full, cu_full, *_ = chain_problem([[("live", 3), ("live", 2)], [("live", 4)]], [0, 1, 2])
+    cu_chains = torch.tensor([0, 2, 3])
+    o_ref, final_ref = gated_delta.gated_delta_forward(**full, cu_seqlens=torch.tensor([0, 5, 9]))
+    # the live spans split each chain: spans [0,3) [3,5) [5,9), chains of 2 and 1 spans
+    o, final = gated_delta.gated_delta_chain_forward(**full, cu_seqlens=torch.tensor([0, 3, 5, 9]),
+                                                     cu_chains=cu_chains)
+    assert rel(o, o_ref) < 1e-10 and rel(final, final_ref) < 1e-10
+    with pytest.raises(ValueError, match="both or neither"):
+        gated_delta.gated_delta_chain_forward(**full, cu_seqlens=torch.tensor([0, 3, 5, 9]), cu_chains=cu_chains,
+                                              source=torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="must hold the 3 live spans"):
+        gated_delta.gated_delta_chain_forward(**full, cu_seqlens=torch.tensor([0, 3, 5, 9]),
+                                              cu_chains=torch.tensor([0, 2]))
+
+
+# ------------------------------------------------------------------------------------------
+# The fused kernel against the reference composition
+# ------------------------------------------------------------------------------------------
+
+KERNEL_CASE = textwrap.dedent("""
+    import torch
+    from hypic.ops.linear.short_span import short_span_rows, short_span_state_pass, short_span_summary
+    from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain_from, summary_addresses
+    from hypic.ops.linear.triton_scan import scan_chain_wy_triton
+
+    def case(dtype, device, gated=True, lengths=(8, 0, 1, 64, 8, 20, 17), h=2, hv=4, kd=32, vd=24, table=True):
+        gen = torch.Generator().manual_seed(5)
+        t = sum(lengths)
+        cu_cpu = torch.tensor((0,) + tuple(lengths)).cumsum(0)
+        cu = cu_cpu.to(device)
+        k = torch.nn.functional.normalize(torch.randn(t, h, kd, generator=gen), dim=-1).to(dtype)
+        w = (torch.randn(t, hv, kd, generator=gen) * 0.3).to(dtype)
+        u = torch.randn(t, hv, vd, generator=gen).to(dtype)
+        gc = (-torch.rand(t, hv, generator=gen).cumsum(0) * 0.1) if gated else None
+        nb = 4
+        bodies = DenseSummary(torch.randn(nb, hv, kd, kd, generator=gen) * 0.5 / kd ** 0.5,
+                              torch.randn(nb, hv, kd, vd, generator=gen))
+        init = torch.randn(2, hv, kd, vd, generator=gen)
+        # chain 0: live 1, body 0, live 0, body 1, live 5; chain 1: body 2, live 2, live 3, body 3, live 4, live 6
+        source = torch.tensor([1, -1, 0, -2, 5, -3, 2, 3, -4, 4, 6])
+        cu_chains = torch.tensor([0, 5, 11])
+        # reference: float64 on the CPU
+        d = lambda x: None if x is None else x.double()  # noqa: E731
+        ref_table = short_span_rows(cu_cpu, cu_cpu, 64)
+        s_live, t_live = short_span_summary(d(k), d(w), d(u), d(gc), ref_table)
+        rows = torch.where(source >= 0, source, torch.full_like(source, -1))
+        inc, fin = scan_chain_from(DenseSummary(t_live, s_live), DenseSummary(d(bodies.transition), d(bodies.state)),
+                                   source, cu_chains, d(init), record_rows=rows, num_records=len(lengths))
+        v_ref, h_ref = short_span_state_pass(d(w), d(u), inc, ref_table)
+        # fused kernel
+        dev = lambda x: None if x is None else x.to(device)  # noqa: E731
+        table_ = short_span_rows(cu, cu_cpu, 64, classes=False)
+        if table:
+            items = [DenseSummary(*(x.clone() for x in dev(bodies).index(torch.tensor([j], device=device)).parts()))
+                     for j in range(nb)]
+            addresses = torch.tensor([summary_addresses(it, torch.device(device)) for it in items]).T.contiguous()
+            second = SummaryTable(items, addresses.to(device))
+        else:
+            second = dev(bodies)
+        v_new, h, final = scan_chain_wy_triton(dev(k), dev(w), dev(u), dev(gc), cu, table_.span_chunk,
+                                               table_.chunk_spans.shape[0], cu_chains.to(device), dev(init),
+                                               second=second, source=source.to(device))
+        assert v_new.dtype == u.dtype and h.dtype == w.dtype and final.dtype == torch.float32
+        rel = lambda a, b: float((a.double().cpu() - b).norm() / b.norm())  # noqa: E731
+        return max(rel(v_new, v_ref), rel(h, h_ref), rel(final, fin))
+""")
+
+
+@pytest.mark.parametrize("gated,table", [(True, True), (False, False)])
+def test_fused_kernel_matches_reference_under_interpreter(gated, table):
+    pytest.importorskip("triton")
+    script = KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}, table={table}))\n"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(out.stderr[-2000:])
+    assert float(out.stdout.strip().splitlines()[-1]) < 2e-3
+
+
+@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+@pytest.mark.parametrize("gated,table", [(True, True), (True, False), (False, True)])
+def test_fused_kernel_matches_reference_on_cuda(gated, table):
+    namespace: dict = {}
+    exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
+    assert namespace["case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128, table=table) < 1e-2
+
+
+# ------------------------------------------------------------------------------------------
+# CUDA: the op's fla path against the float64 CPU reference
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
+@pytest.mark.parametrize("long_span,short_span_impl", [(False, "triton"), (True, "triton"), (False, "fla")])
+def test_fla_path_matches_reference(monkeypatch, long_span, short_span_impl):
+    monkeypatch.setenv("HYPIC_SHORT_SPAN", short_span_impl)
+    pieces = [[("live", 8), ("body", 100), ("live", 8), ("body", 70), ("live", 100 if long_span else 64)],
+              [("body", 90), ("live", 1), ("live", 8)]]
+    dims = dict(h=2, hv=4, kd=128, vd=64)
+    _, _, live, cu_live, body, cu_body, source, cu_chains = chain_problem(pieces, [3, 0, 4, 2, 1], **dims)
+    init = torch.randn(2, 4, 128, 64, dtype=torch.float64)
+    summ = gated_delta.gated_delta_summarize(body["k"], body["v"], body["g"], body["beta"], cu_seqlens=cu_body)
+    o_ref, final_ref = gated_delta.gated_delta_chain_forward(**live, cu_seqlens=cu_live, cu_chains=cu_chains,
+                                                             source=source, bodies=summ, initial_states=init)
+    dev = "cuda"
+    live_d = {key: x.to(dev, torch.bfloat16 if key != "g" else torch.float32) for key, x in live.items()}
+    items = [DenseSummary(*(x.float().to(dev).contiguous() for x in summ.index(torch.tensor([i])).parts()))
+             for i in range(summ.num_spans)]
+    from hypic.ops.linear.summary import summary_addresses
+
+    addresses = torch.tensor([summary_addresses(it, torch.device(dev)) for it in items], device=dev).T.contiguous()
+    o, final = gated_delta.gated_delta_chain_forward(
+        **live_d, cu_seqlens=cu_live.to(dev), cu_chains=cu_chains.to(dev), source=source.to(dev),
+        bodies=SummaryTable(items, addresses), initial_states=init.float().to(dev), cu_seqlens_cpu=cu_live)
+    assert o.dtype == torch.bfloat16 and final.dtype == torch.float32
+    assert rel(o.cpu(), o_ref) < 2e-2
+    assert rel(final.cpu(), final_ref) < 1e-2
