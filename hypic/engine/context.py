@@ -59,7 +59,9 @@ class ForwardContext(abc.ABC):
         """``fn(*tensors)`` for a row-wise phase of a layer (row t of every output depends on row t
         of the inputs only; every tensor has the T live tokens as its first dim): run as is, or
         replayed from a captured CUDA graph when the runner keeps them
-        (:mod:`hypic.engine.cuda_graphs`)."""
+        (:mod:`hypic.engine.cuda_graphs`). A replay's outputs are views of buffers that the
+        next replay of the same phase (in any layer) rewrites: consume them, or copy what is kept,
+        before then."""
         return fn(*tensors) if self.graphs is None else self.graphs.run(fn, *tensors)
 
 

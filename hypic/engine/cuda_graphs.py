@@ -13,8 +13,12 @@ Token counts are padded up to a bucket (:data:`DEFAULT_BUCKETS`); larger inputs 
 long prefill's kernels are long enough that launching them costs little). Rows are independent,
 so padding rows (zeros, then stale rows of an earlier call) never change the real rows. The same
 phase of every layer shares one set of static input and output buffers per bucket: inputs are
-copied in right before a replay, the graph copies its results into the outputs, and the rows are
-copied out right after, all in stream order. All graphs share one memory pool, so a later capture
+copied in right before a replay and the graph copies its results into the outputs, in stream
+order. **A replay returns views of those output buffers**: they are valid until the next replay
+of the same phase function at the same bucket (any layer), so a caller consumes them, or copies
+what it keeps, before that phase runs again. The decoder layers do (a layer's phase outputs are
+read within the layer; its output is the next layer's input, which a replay copies in before
+it runs), and the contexts keep only tensors they computed (gathered conv tails, appended K/V). All graphs share one memory pool, so a later capture
 reuses what an earlier phase allocated for itself. A phase whose capture fails (e.g. a host sync
 in an eager fallback path) runs eagerly from then on. One :class:`TokenGraphs` serves a device
 for the whole process (:func:`make_token_graphs`); a layer's graphs go when the layer is freed.
@@ -69,11 +73,12 @@ def _owner(fn):
 
 
 def _rows(out, num_tokens: int):
-    """The first ``num_tokens`` rows of a graph's output(s), copied out of its pool: the buffers
-    are rewritten by the graph's next replay."""
+    """The first ``num_tokens`` rows of a graph's output(s), as views of the shared buffers (no
+    copy: one clone per output per layer was ~400 allocations and device copies per cached
+    request, most of them host time). They hold until the next replay of the same phase."""
     if isinstance(out, torch.Tensor):
-        return out[:num_tokens].clone()
-    return tuple(t[:num_tokens].clone() for t in out)
+        return out[:num_tokens]
+    return tuple(t[:num_tokens] for t in out)
 
 
 class TokenGraphs:
@@ -104,7 +109,8 @@ class TokenGraphs:
         return self._failed.get(_fn_key(fn))
 
     def run(self, fn, *tensors: torch.Tensor):
-        """``fn(*tensors)``, through a captured graph when the token count fits a bucket."""
+        """``fn(*tensors)``, through a captured graph when the token count fits a bucket (then the
+        outputs are views valid until the next replay of ``fn``'s phase at this bucket)."""
         num_tokens = tensors[0].shape[0]
         size = pick_bucket(self.buckets, num_tokens)
         fn_key = _fn_key(fn)

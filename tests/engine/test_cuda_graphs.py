@@ -149,3 +149,22 @@ def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
     del runner, model
     gc.collect()
     assert len(graphs._graphs) == before  # the freed layers' graphs are dropped
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_replay_outputs_are_views_valid_until_the_next_replay_of_the_phase():
+    """The contract callers rely on: no copy out of the graph, and the next replay of the same
+    phase (any input) rewrites the previous outputs, while another phase's replay does not."""
+    block = _moe_block(torch.bfloat16)
+    other = _moe_block(torch.bfloat16)  # a different layer object, same phase function and shapes
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x, y = (torch.randn(9, 256, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    first = graphs.run(block.forward, x)
+    kept = first.clone()
+    assert first.shape[0] == 9 and first._base is not None  # a view of the shared buffer
+    second = graphs.run(other.forward, y)  # the same phase (method) of another layer: same buffer
+    assert second.data_ptr() == first.data_ptr()
+    assert not torch.equal(first, kept) and torch.equal(first, second)
+    assert torch.allclose(kept.float(), block(x).float(), rtol=2e-2, atol=2e-3)
