@@ -78,8 +78,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     if rd % 2 or rd > head_dim or rd == 0:
         raise ValueError(f"cos/sin width {rd} must be even and in (0, head_dim={head_dim}]")
     dtype = torch.promote_types(x.dtype, cos.dtype)
-    out = _rotate_last(x.to(dtype), cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :])
-    return out.to(x.dtype)
+    rot = _rotate_last(x[..., :rd].to(dtype), cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]).to(x.dtype)
+    if rd == head_dim:
+        return rot
+    # Partial rotary (Qwen3.5: 64 of 256 dims): only the rotated dims go through the wider dtype;
+    # the rest is copied once (converting the whole head there and back was three full passes).
+    return torch.cat([rot, x[..., rd:]], dim=-1)
 
 
 def rotate_summary_keys(summary: Summary, offsets: torch.Tensor, rotary: RotaryEmbedding) -> Summary:
