@@ -168,7 +168,11 @@ class PicContext(ForwardContext):
             cu_seqlens_cpu=lay.cu_spans_cpu, output_final_state=False)
         incoming, final = scanned["incoming"], scanned["final"]
         rec.final_states = final
-        rec.write_summaries = live.index(lay.write_spans)
+        if lay.write_span_range is not None:  # a cold prefill's segments: a view, no copy
+            a, b = lay.write_span_range
+            rec.write_summaries = DenseSummary(live.transition[a:b], live.state[a:b])
+        else:
+            rec.write_summaries = live.index(lay.write_spans)
         # State after each checkpoint: the next element's incoming state, or the final.
         after = []
         for (b, _, _), row in zip(lay.writes, lay.write_after_rows):

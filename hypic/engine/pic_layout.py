@@ -123,6 +123,9 @@ class PackedLayout:
     # tails recorded: per write (in `writes` order) then per request's final conv state
     writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
     write_spans: torch.Tensor  # [NW] live element index of each write
+    # host: (a, b) when the writes are live elements a..b-1 in order (their summaries are then a
+    # slice of the live summaries, not a gathered copy), else None
+    write_span_range: Optional[Tuple[int, int]]
     # per write: the recorded row holding the state after it (checkpoints), -1 when that is its
     # request's final state, None for segment writes (they need no state)
     write_after_rows: List[Optional[int]]
@@ -321,6 +324,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         tail_index=dev["tail_index"],
         writes=writes,
         write_spans=dev["write_spans"],
+        write_span_range=_as_range([span for _, span, _ in writes]),
         write_after_rows=write_after_rows,
         key_index=dev["key_index"],
         positions_k=dev["positions_k"],
@@ -449,3 +453,10 @@ def _to_device(lists: "Dict[str, Union[List[int], _IntRuns]]", device: torch.dev
     host_views = [t[:n] for t, n in zip(host.split(padded), sizes)]
     device_views = [t[:n] for t, n in zip(moved.split(padded), sizes)]
     return dict(zip(lists.keys(), host_views)), dict(zip(lists.keys(), device_views))
+
+
+def _as_range(values: List[int]) -> Optional[Tuple[int, int]]:
+    """``(a, b)`` when ``values`` is ``a, a+1, ..., b-1`` (non-empty), else None."""
+    if values and values == list(range(values[0], values[0] + len(values))):
+        return values[0], values[0] + len(values)
+    return None
