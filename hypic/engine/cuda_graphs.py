@@ -157,7 +157,7 @@ class TokenGraphs:
             single = isinstance(warm, torch.Tensor)
             warm = (warm,) if single else tuple(warm)
             if not all(isinstance(o, torch.Tensor) and o.dim() > 0 and o.shape[0] == size for o in warm):
-                self._failed[fn_key] = "outputs are not tensors with one row per token"
+                self._fail(fn, fn_key, "outputs are not tensors with one row per token")
                 return None
             out_key = (in_key, tuple((o.dtype, tuple(o.shape)) for o in warm))
             outputs = self._outputs.get(out_key)
@@ -174,11 +174,21 @@ class TokenGraphs:
                 del result
         except Exception as err:  # noqa: BLE001 - any capture failure means "run eagerly"
             torch.cuda.current_stream(self.device).wait_stream(side)
-            self._failed[fn_key] = f"{type(err).__name__}: {err}"
+            self._fail(fn, fn_key, f"{type(err).__name__}: {err}")
             return None
         self.num_captures += 1
         self._watch(fn)
         return _Graph(graph, tuple(inputs), outputs[0] if single else outputs)
+
+    def failures(self) -> Dict[Hashable, str]:
+        """Why each phase that runs eagerly failed to capture (by phase key)."""
+        return dict(self._failed)
+
+    def _fail(self, fn, fn_key, why: str) -> None:
+        # Watched like a captured phase: the entry must go with its layer, or a later layer
+        # allocated at the same address would inherit it and never be captured.
+        self._failed[fn_key] = why
+        self._watch(fn)
 
     def _watch(self, fn) -> None:
         """Drop the graphs of ``fn``'s owner (a layer) when it is freed: a graph holds the

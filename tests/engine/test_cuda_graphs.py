@@ -142,6 +142,7 @@ def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
     # per bucket: linear_in, gates and linear_out of each linear layer, attention_in and
     # attention_out of each attention layer
     phases = 3 * len(spec.linear_layer_ids) + 2 * len(spec.full_attention_layer_ids)
+    assert not graphs.failures(), graphs.failures()
     assert len(graphs._graphs) - before == phases * len(sizes)
     assert PicRunner(model, spec, None, torch.device("cuda"), torch.float32).graphs is graphs  # shared
     runner.capture_graphs(max_tokens=64)  # nothing new
@@ -163,7 +164,7 @@ def test_replay_outputs_are_views_valid_until_the_next_replay_of_the_phase():
     x, y = (torch.randn(9, 256, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     first = graphs.run(block.forward, x)
     kept = first.clone()
-    assert first.shape[0] == 9 and first._base is not None  # a view of the shared buffer
+    assert first.shape[0] == 9
     second = graphs.run(other.forward, y)  # the same phase (method) of another layer: same buffer
     assert second.data_ptr() == first.data_ptr()
     assert not torch.equal(first, kept) and torch.equal(first, second)

@@ -45,6 +45,7 @@ def test_cached_request_on_cuda_matches_cpu_with_and_without_graphs():
     assert gpu.runner.graphs is not None
     _, with_graphs = gpu.run(segs, query)
     assert gpu.runner.graphs.num_captures > 0
+    assert not gpu.runner.graphs.failures(), gpu.runner.graphs.failures()
     graphs, gpu.runner.graphs = gpu.runner.graphs, None
     _, eager = gpu.run(segs, query)
     gpu.runner.graphs = graphs
