@@ -17,7 +17,7 @@ timeout 140 python3 -m hypic bench ttft "${MODEL[@]}" --modes prefix_cache,hypic
   --num-requests 8 --cold-requests 3 --store-bytes 36GiB --warmup-requests 2 --corpus-factor 3 \
   --json $R/ttft_h200_8k.json > $R/ttft8k_stdout.txt 2>&1
 echo "ttft8k rc=$? after $(( $(date +%s) - T0 )) s" >> $R/ttft8k_stdout.txt
-LEFT=$(( 560 - ($(date +%s) - T0) ))
+LEFT=$(( 470 - ($(date +%s) - T0) ))
 timeout $LEFT python3 -m hypic bench ttft "${MODEL[@]}" --modes full_recompute,hypic --cases cold --prompt-tokens 32768 \
   --segment-tokens 512 --query-tokens 64 --cold-requests 3 --store-bytes 36GiB --no-progress \
   --json $R/ttft_h200_cold32k.json > $R/cold32k_stdout.txt 2>&1
