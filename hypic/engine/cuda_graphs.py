@@ -205,6 +205,12 @@ class TokenGraphs:
             del self._graphs[key]
         for key in [k for k in self._failed if _owner_id(k) == owner_id]:
             del self._failed[key]
+        if not self._graphs:
+            # The pool died with its last graph (PyTorch frees a private pool when no graph uses
+            # it; capturing into the old handle then fails inside the caching allocator, seen
+            # when a second model was built after the first was freed): start a new one.
+            self.pool = torch.cuda.graph_pool_handle()
+
 
 
 def _owner_id(fn_key: Hashable) -> int:
