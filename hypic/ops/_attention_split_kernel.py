@@ -94,3 +94,34 @@ def split_kv_prefix_attention_kernel(
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     tl.store(o_part + out_row[:, None] * DV + offs_dv[None, :], out, mask=row_ok[:, None])
     tl.store(lse_part + out_row, lse, mask=row_ok)
+
+
+@triton.jit
+def merge_splits_kernel(
+    o_part,       # [S, R, DV] fp32: each split's normalised output (R = Tq * Hq rows)
+    lse_part,     # [S, R] fp32: each split's log2-sum-exp (-inf: saw no key)
+    out,          # [R, DV] out, in its own dtype
+    num_rows,
+    NUM_SPLITS: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Rows ``[BLOCK_R]`` of ``sum_s 2^(lse_s - top) o_s / sum_s 2^(lse_s - top)``: the partials are
+    read once (the torch merge read and wrote them three times). A row no split saw comes out 0."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < num_rows
+    offs_dv = tl.arange(0, DV)
+    top = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        top = tl.maximum(top, tl.load(lse_part + s * num_rows + rows, mask=row_ok, other=float("-inf")))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    acc = tl.zeros([BLOCK_R, DV], dtype=tl.float32)
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        weight = tl.exp2(tl.load(lse_part + s * num_rows + rows, mask=row_ok, other=float("-inf")) - top)
+        b_o = tl.load(o_part + (s * num_rows + rows)[:, None] * DV + offs_dv[None, :], mask=row_ok[:, None],
+                      other=0.0)
+        acc += weight[:, None] * b_o
+        total += weight
+    merged = acc / tl.maximum(total, 1e-30)[:, None]
+    tl.store(out + rows[:, None] * DV + offs_dv[None, :], merged.to(out.dtype.element_ty), mask=row_ok[:, None])

@@ -155,9 +155,14 @@ def split_prefix_attention(
     )
     if num_splits == 1:
         return out.copy_(o_part[0])
-    # merge the splits: weights 2^(lse_s - max), a split that saw no key weighs 0; in place, so
-    # the merge allocates no second buffer of partials. A row no split saw (a position outside
-    # the caller's contract) comes out 0, as with one split.
+    return merge_splits_triton(o_part, lse_part, out)
+
+
+def merge_splits_torch(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The reference merge of split partials into ``out`` (``o_part [S, ..., DV]`` fp32,
+    ``lse_part [S, ...]`` log2-sum-exp): weights ``2^(lse_s - max)``, a split that saw no key
+    weighs 0, a row no split saw (a position outside the caller's contract) comes out 0, as with
+    one split. ``o_part`` is scaled in place (no second buffer of partials)."""
     top = lse_part.amax(0)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     weight = torch.exp2(lse_part - top)
@@ -165,4 +170,27 @@ def split_prefix_attention(
     return out.copy_(merged)
 
 
-__all__ = ["MAX_AUTO_QUERIES", "split_prefix_attention", "split_supported", "split_blocks_host"]
+MERGE_BLOCK_ROWS = 16
+
+
+def merge_splits_triton(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """:func:`merge_splits_torch` in one Triton launch that reads the partials once (the torch
+    merge's scale, sum and divide were ~11 launches and three passes over ``o_part``: 1.7 ms of
+    an all-hit 32k request's GPU time over 10 layers, session 8 call 3). ``out`` must be
+    contiguous with ``o_part[0]``'s shape."""
+    num_splits, value_dim = o_part.shape[0], o_part.shape[-1]
+    num_rows = o_part[0].numel() // value_dim
+    if not out.is_contiguous() or tuple(out.shape) != tuple(o_part.shape[1:]):
+        raise ValueError(f"out must be contiguous of shape {tuple(o_part.shape[1:])}, got {tuple(out.shape)}")
+    import triton
+
+    from hypic.ops._attention_split_kernel import merge_splits_kernel
+
+    merge_splits_kernel[(triton.cdiv(num_rows, MERGE_BLOCK_ROWS),)](
+        o_part.contiguous(), lse_part.contiguous(), out, num_rows, NUM_SPLITS=num_splits, DV=value_dim,
+        BLOCK_R=MERGE_BLOCK_ROWS, num_warps=4)
+    return out
+
+
+__all__ = ["MAX_AUTO_QUERIES", "merge_splits_torch", "merge_splits_triton", "split_prefix_attention", "split_supported",
+           "split_blocks_host"]

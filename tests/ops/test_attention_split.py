@@ -119,3 +119,47 @@ def test_kernel_matches_reference_on_cuda(heads, monkeypatch):
     namespace: dict = {}
     exec(CASE, namespace)  # noqa: S102 - the same case as the interpreter test
     assert namespace["case"](torch.bfloat16, "cuda", *heads) < 2e-2
+
+
+MERGE_CASE = textwrap.dedent("""
+    import torch
+    from hypic.ops.attention_split import merge_splits_torch, merge_splits_triton
+
+    def merge_case(device, out_dtype, splits=5, tq=7, hq=3, dv=32):
+        gen = torch.Generator().manual_seed(4)
+        o_part = torch.randn(splits, tq, hq, dv, generator=gen)
+        lse = torch.randn(splits, tq, hq, generator=gen) * 4
+        lse[1:, 2] = float("-inf")  # token 2: only split 0 saw keys
+        lse[:, 4, 1] = float("-inf")  # token 4, head 1: no split saw a key -> 0
+        lse[3] = float("-inf")  # split 3 saw nothing at all
+        want = merge_splits_torch(o_part.clone().double(), lse.double(), torch.empty(tq, hq, dv, dtype=torch.float64))
+        out = torch.full((tq, hq, dv), float("nan"), dtype=out_dtype, device=device)  # poisoned
+        got = merge_splits_triton(o_part.to(device), lse.to(device), out)
+        assert got is out and not torch.isnan(got).any() and torch.all(got[4, 1] == 0)
+        return float((got.cpu().double() - want).norm() / want.norm())
+""")
+
+
+def test_merge_kernel_under_interpreter():
+    pytest.importorskip("triton")
+    script = MERGE_CASE + "print(merge_case('cpu', torch.float32))\n"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(out.stderr[-2000:])
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_merge_kernel_matches_torch_merge_on_cuda(out_dtype):
+    namespace: dict = {}
+    exec(MERGE_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
+    assert namespace["merge_case"]("cuda", out_dtype, splits=16, tq=70, hq=16, dv=256) < (1e-6 if out_dtype ==
+                                                                                            torch.float32 else 1e-2)
+
+
+def test_merge_rejects_a_mismatched_output():
+    o_part, lse = torch.zeros(2, 3, 4, 8), torch.zeros(2, 3, 4)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        attention_split.merge_splits_triton(o_part, lse, torch.zeros(3, 4, 4))
