@@ -59,6 +59,7 @@ class PicContext(ForwardContext):
         self.layout = layout
         self.records: Dict[int, object] = {}
         self._shift_cos_sin = None
+        self._zero_tail: Optional[torch.Tensor] = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -67,7 +68,10 @@ class PicContext(ForwardContext):
     # -- short conv -----------------------------------------------------------------------------
     def _run_initial_conv_states(self, layer_idx: int, x: torch.Tensor, width: int) -> torch.Tensor:
         lay = self.layout
-        zero = torch.zeros(x.shape[1], width - 1, dtype=_state_dtype(x), device=x.device)
+        zero = self._zero_tail
+        if zero is None or zero.shape != (x.shape[1], width - 1) or zero.device != x.device:
+            # one zero tail for every layer of the forward (it is only read)
+            zero = self._zero_tail = torch.zeros(x.shape[1], width - 1, dtype=_state_dtype(x), device=x.device)
         tails = []
         for kind, idx in lay.run_init:
             if kind == "body":

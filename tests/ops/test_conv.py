@@ -124,10 +124,13 @@ def test_bad_arguments_raise_value_error():
             call()
 
 
-def test_gather_rows_of_cat_equals_cat_then_index():
+def test_gather_rows_of_cat_equals_cat_then_index(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     x, extra = torch.randn(7, 5, generator=gen), torch.randn(4, 5, generator=gen)
     index = torch.tensor([0, 10, 6, 7, 3, 8, 8, 1])
+    assert torch.equal(conv.gather_rows_of_cat(x, extra, index), torch.cat([x, extra]).index_select(0, index))
+    # a large x (past SMALL_CAT_BYTES): the two gathers instead of the concatenation
+    monkeypatch.setattr(conv, "SMALL_CAT_BYTES", 0)
     assert torch.equal(conv.gather_rows_of_cat(x, extra, index), torch.cat([x, extra]).index_select(0, index))
     # an empty source on either side
     assert torch.equal(conv.gather_rows_of_cat(x[:0], extra, index[:3] % 4), extra.index_select(0, index[:3] % 4))
