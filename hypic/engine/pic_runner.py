@@ -225,7 +225,7 @@ class PicRunner:
             for i, kind in enumerate(self.spec.layer_types):
                 rec = ctx.records[i]
                 if kind == LINEAR_ATTENTION:
-                    cache = DecodeLinearCache(rec.final_states[b].clone(), rec.tails[lay.final_tail_slots[b]].clone())
+                    cache = DecodeLinearCache(_own_row(rec.final_states, b), _own_row(rec.tails, lay.final_tail_slots[b]))
                     cache.num_tokens = req.num_tokens
                 else:
                     cache = DecodeAttentionCache(self.spec.num_key_value_heads, self.spec.head_dim,
@@ -286,6 +286,13 @@ class PicRunner:
             for e in entries:
                 self.store.insert(e, compact=False)  # fresh exact-size copies, already on the device
         return entries
+
+
+def _own_row(t: torch.Tensor, i: int) -> torch.Tensor:
+    """Row ``i`` of a record for a decode cache: a copy when the record holds other rows (the
+    cache must not keep them alive), else the row itself (one copy per layer saved on the common
+    single-request, nothing-written forward)."""
+    return t[i] if t.shape[0] == 1 else t[i].clone()
 
 
 def _compact_copies(views: Sequence[torch.Tensor], owners: Sequence[int]) -> List[torch.Tensor]:
