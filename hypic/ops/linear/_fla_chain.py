@@ -6,9 +6,12 @@ all cached), one Triton launch walks each chain: a live span is applied from its
 (``gamma h + Kd^T (U - W h)``, two products of rank at most 64) while its ``v_new`` and entering
 chunk state are written for fla's output kernel, and a cached body from its dense summary read
 where the store holds it. No summary of a live span is formed and fla's state pass does not run:
-per layer that is three launches (summaries, scan, state pass) -> one, and the half of the chain
-steps that were dense 64 KiB transition tiles per head become rank-8 updates. Longer spans take
-the general path (summaries, scan, forward)."""
+per layer three launches (summaries, scan, state pass) become one, and the seam steps no longer
+read dense 64 KiB transition tiles per head. Measured on the H200 (session 8): one layer at the
+all-hit 32k shape 1.124 ms against 1.127 for the separate path (the dense body steps set the
+scan's time), 0.613 against 0.665 ms with 16 bodies; in a whole all-hit 32k request the three
+kernels' 21.3 ms of GPU time became 18.0. Longer spans take the general path (summaries, scan,
+forward)."""
 
 from __future__ import annotations
 
