@@ -18,8 +18,9 @@ order. **A replay returns views of those output buffers**: they are valid until 
 of the same phase function at the same bucket (any layer), so a caller consumes them, or copies
 what it keeps, before that phase runs again. The decoder layers do (a layer's phase outputs are
 read within the layer; its output is the next layer's input, which a replay copies in before
-it runs), and the contexts keep only tensors they computed (gathered conv tails, appended K/V). All graphs share one memory pool, so a later capture
-reuses what an earlier phase allocated for itself. A phase whose capture fails (e.g. a host sync
+it runs), and the contexts keep only tensors they computed (gathered conv tails, appended K/V).
+All graphs share one memory pool, so a later capture reuses what an earlier phase allocated for
+itself. A phase whose capture fails (e.g. a host sync
 in an eager fallback path) runs eagerly from then on. One :class:`TokenGraphs` serves a device
 for the whole process (:func:`make_token_graphs`); a layer's graphs go when the layer is freed.
 ``HYPIC_CUDA_GRAPHS=0`` turns graphs off; :meth:`hypic.engine.pic_runner.PicRunner.capture_graphs`
@@ -210,7 +211,6 @@ class TokenGraphs:
             # it; capturing into the old handle then fails inside the caching allocator, seen
             # when a second model was built after the first was freed): start a new one.
             self.pool = torch.cuda.graph_pool_handle()
-
 
 
 def _owner_id(fn_key: Hashable) -> int:

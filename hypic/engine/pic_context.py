@@ -4,8 +4,9 @@ Per linear layer (architecture.md section 2): (a) zero-start summaries of all li
 varlen call, (b) one scan over every request's chain of summaries (live elements and cached
 bodies) for the state entering each live element, (c) one varlen forward of the live elements
 from those states. When the forward writes nothing to the store, (a)-(c) are one call,
-``gated_delta_chain_forward``, whose GPU path never forms the live summaries. The short conv runs over maximal runs of live elements, each warmed up from
-the true preceding tail (a cached body's stored tail, the prefix checkpoint, or zeros).
+``gated_delta_chain_forward``, whose GPU path never forms the live summaries. The short conv
+runs over maximal runs of live elements, each warmed up from the true preceding tail (a cached
+body's stored tail, the prefix checkpoint, or zeros).
 
 Per full-attention layer: each request's keys are its prefix checkpoints' K, its live K and its
 cached bodies' K (re-rotated by the shift between where the body was cached and where it now
