@@ -8,8 +8,6 @@ arithmetic is not faithful). CUDA: against the reference path in bf16, with seve
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -18,8 +16,8 @@ import torch
 from hypic.ops import attention_split
 from hypic.ops.attention import varlen_attention
 from hypic.ops.attention_split import split_blocks_host, split_supported
+from tests.interpreter import interpreted_error
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # request 0: 300 keys, queries in three seams (the last one its final tokens); request 1: 70
 # keys, queries at its end; request 2: no queries
@@ -103,13 +101,7 @@ def test_environment_preference_falls_back_where_split_cannot_run(monkeypatch):
 
 
 def test_kernel_under_interpreter():
-    pytest.importorskip("triton")
-    script = CASE + "print(case(torch.float16, 'cpu'))\n"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(out.stderr[-2000:])
-    assert float(out.stdout.strip().splitlines()[-1]) < 2e-3
+    assert interpreted_error(CASE + "print(case(torch.float16, 'cpu'))\n") < 2e-3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
@@ -141,13 +133,7 @@ MERGE_CASE = textwrap.dedent("""
 
 
 def test_merge_kernel_under_interpreter():
-    pytest.importorskip("triton")
-    script = MERGE_CASE + "print(merge_case('cpu', torch.float32))\n"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(out.stderr[-2000:])
-    assert float(out.stdout.strip().splitlines()[-1]) < 1e-6
+    assert interpreted_error(MERGE_CASE + "print(merge_case('cpu', torch.float32))\n") < 1e-6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")

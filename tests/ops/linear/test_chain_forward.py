@@ -10,9 +10,6 @@ longer than a chunk (the general path).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -21,10 +18,10 @@ import torch.nn.functional as F
 
 from hypic.ops.linear import gated_delta
 from hypic.ops.linear.summary import DenseSummary, SummaryTable
+from tests.interpreter import interpreted_error
 
 H, HV, K, V = 2, 4, 16, 8
 CUDA = torch.cuda.is_available()
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def rel(a, b):
@@ -171,13 +168,8 @@ KERNEL_CASE = textwrap.dedent("""
 
 @pytest.mark.parametrize("gated,table", [(True, True), (False, False)])
 def test_fused_kernel_matches_reference_under_interpreter(gated, table):
-    pytest.importorskip("triton")
     script = KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}, table={table}))\n"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(out.stderr[-2000:])
-    assert float(out.stdout.strip().splitlines()[-1]) < 2e-3
+    assert interpreted_error(script) < 2e-3
 
 
 @pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")

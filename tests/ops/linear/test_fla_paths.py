@@ -27,6 +27,7 @@ from hypic.ops.linear import delta, fla_paths, gated_delta, gla, kda, mamba2, si
 from hypic.ops.linear._family import expand_heads
 from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, SummaryTable, scan_chain, summary_addresses
 from hypic.ops.linear.triton_scan import scan_chain_torch
+from tests.interpreter import interpreted_error
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="fla paths run on CUDA only")
@@ -196,7 +197,6 @@ def test_fla_inputs_must_be_cuda():
 
 def test_triton_scan_kernel_under_interpreter():
     """The Triton scan kernel itself, on CPU through TRITON_INTERPRET=1 (needs Triton installed)."""
-    pytest.importorskip("triton")
     script = textwrap.dedent("""
         import torch
         from hypic.ops.linear.summary import (DenseSummary, DiagonalSummary, ScalarSummary, SummaryTable, scan_chain,
@@ -231,11 +231,7 @@ def test_triton_scan_kernel_under_interpreter():
             worst = max(worst, ((a - want).norm() / want.norm()).item(), ((b - rb).norm() / rb.norm()).item())
         print(worst)
     """)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(out.stderr[-2000:])
-    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+    assert interpreted_error(script) < 1e-5
 
 
 # ------------------------------------------------------------------------------------------

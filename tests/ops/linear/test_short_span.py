@@ -9,9 +9,6 @@ spans all fit in a chunk (the closed form) and one with a long span (fla's summa
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -25,9 +22,9 @@ from hypic.ops.linear.short_span import (
     short_span_state_pass,
     short_span_summary,
 )
+from tests.interpreter import interpreted_error
 
 H, HV, K, V = 2, 4, 16, 8
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def rel(a, b):
@@ -232,13 +229,7 @@ KERNEL_CASE = textwrap.dedent("""
 
 @pytest.mark.parametrize("gated", [True, False])
 def test_triton_kernels_match_torch_under_interpreter(gated):
-    pytest.importorskip("triton")
-    script = KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}))\n"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(out.stderr[-2000:])
-    assert float(out.stdout.strip().splitlines()[-1]) < 2e-3
+    assert interpreted_error(KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}))\n") < 2e-3
 
 
 @pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")

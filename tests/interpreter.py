@@ -1,0 +1,25 @@
+"""Run a Triton kernel check on the CPU through ``TRITON_INTERPRET=1`` (shared by the kernel tests).
+
+The interpreter must be switched on before Triton is imported, so the check runs in a fresh
+subprocess; its script prints one number (the worst relative error), which is returned."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def interpreted_error(script: str) -> float:
+    """Run ``script`` under the interpreter (skip when Triton is missing, fail on an error) and
+    return the last number it printed."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(out.stderr[-2000:])
+    return float(out.stdout.strip().splitlines()[-1])
