@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test file with CUDA cases (their CPU cases run too: they are quick), on the device (nvidia-h200, .whl carried), the GPU-path ones
-# first. Usage (inside a device call, from the repository root):
+# Every test file with CUDA cases (their CPU cases run too: they are quick), on the device
+# (nvidia-h200, .whl carried), the GPU-path ones first. Usage (inside a device call, from the
+# repository root):
 #
 #   bash benchmarks/device/cuda_tests.sh OUT_DIR [SECONDS]
 #
