@@ -79,3 +79,26 @@ def test_token_ids_of_any_integer_type_give_the_same_key():
         assert got.token_ids == (5, 7, 0, 9) and all(type(t) is int for t in got.token_ids)
     assert k.segment_key((True, 7), 0).token_ids == (1, 7)  # bools count as 0/1, as int() does
     assert k.checkpoint_keys([[5, 7], np.array([0, 9])]) == k.checkpoint_keys([(5, 7), (0, 9)])
+
+
+def test_segment_keys_are_remembered_by_token_tuple(monkeypatch):
+    import hypic.pic.keys as keys
+
+    k = keyer()
+    tokens = tuple(range(40))
+    first = k.segment_key(tokens, 8)
+    assert k.segment_key(tuple(range(40)), 8) is first  # an equal tuple: the same key object
+    assert k.segment_key(list(tokens), 8) == first  # lists are keyed afresh, to the same key
+    assert k.segment_key(tokens, 4) != first and k.segment_key(tokens, 8, tenant_salt="t") != first
+    fresh = keyer().segment_key(tokens, 8)
+    assert fresh == first and fresh.digest == first.digest and fresh is not first
+    # bounded: the least recently used goes first
+    monkeypatch.setattr(keys, "MEMO_SEGMENT_KEYS", 2)
+    small = keyer()
+    a, b = small.segment_key((1,), 0), small.segment_key((2,), 0)
+    assert small.segment_key((1,), 0) is a  # (1,) is now the most recent
+    small.segment_key((3,), 0)  # evicts (2,)
+    assert small.segment_key((1,), 0) is a and small.segment_key((2,), 0) is not b
+    # items that cannot be hashed are not looked up, and fail as before
+    with pytest.raises((TypeError, ValueError)):
+        k.segment_key(([1], 2), 0)
