@@ -222,11 +222,12 @@ class PicRunner:
         out = []
         for b, req in enumerate(lay.requests):
             layers = []
+            num_tokens = req.num_tokens  # a sum over the request's elements: once, not per layer
             for i, kind in enumerate(self.spec.layer_types):
                 rec = ctx.records[i]
                 if kind == LINEAR_ATTENTION:
                     cache = DecodeLinearCache(_own_row(rec.final_states, b), _own_row(rec.tails, lay.final_tail_slots[b]))
-                    cache.num_tokens = req.num_tokens
+                    cache.num_tokens = num_tokens
                 else:
                     cache = DecodeAttentionCache(self.spec.num_key_value_heads, self.spec.head_dim,
                                                  rec.keys.dtype, rec.keys.device)
