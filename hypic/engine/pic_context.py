@@ -61,6 +61,7 @@ class PicContext(ForwardContext):
         self.records: Dict[int, object] = {}
         self._shift_cos_sin = None
         self._zero_tail: Optional[torch.Tensor] = None
+        self._run_sources: Optional[list] = None  # per conv run: (per-layer caches, field) or None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -73,14 +74,20 @@ class PicContext(ForwardContext):
         if zero is None or zero.shape != (x.shape[1], width - 1) or zero.device != x.device:
             # one zero tail for every layer of the forward (it is only read)
             zero = self._zero_tail = torch.zeros(x.shape[1], width - 1, dtype=_state_dtype(x), device=x.device)
-        tails = []
-        for kind, idx in lay.run_init:
-            if kind == "body":
-                tails.append(lay.bodies[idx][1].entry.linear[layer_idx].conv_tail)
-            elif kind == "prefix":
-                tails.append(lay.requests[idx].prefix[-1].linear[layer_idx].conv_state)
-            else:
-                tails.append(zero)
+        if self._run_sources is None:
+            # Per run, once per forward: the per-layer caches its tail comes from and the field
+            # (every linear layer walks the same runs; the lookups through the layout cost more
+            # host time than the stack below).
+            sources = []
+            for kind, idx in lay.run_init:
+                if kind == "body":
+                    sources.append((lay.bodies[idx][1].entry.linear, "conv_tail"))
+                elif kind == "prefix":
+                    sources.append((lay.requests[idx].prefix[-1].linear, "conv_state"))
+                else:
+                    sources.append(None)
+            self._run_sources = sources
+        tails = [zero if src is None else getattr(src[0][layer_idx], src[1]) for src in self._run_sources]
         # One batched copy per layer rather than one small copy per run.
         return torch.stack(tails).to(x.dtype)
 
