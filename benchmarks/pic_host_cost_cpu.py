@@ -43,6 +43,20 @@ NARROW = dict(vocab_size=512, hidden_size=64, num_attention_heads=2, num_key_val
               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
 
+def timed(owner, name: str, into: list) -> None:
+    """Replace ``owner.name`` by a wrapper appending each call's wall seconds to ``into``."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - start)
+
+    setattr(owner, name, wrapper)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", required=True)
@@ -58,16 +72,7 @@ def main():
     work = WorkModel(spec, model)
 
     write_s = []
-    original = pic_runner.PicRunner._write_entries
-
-    def timed_write(self, ctx, *a, **k):
-        start = time.perf_counter()
-        try:
-            return original(self, ctx, *a, **k)
-        finally:
-            write_s.append(time.perf_counter() - start)
-
-    pic_runner.PicRunner._write_entries = timed_write
+    timed(pic_runner.PicRunner, "_write_entries", write_s)
     cold, all_hit, writes = [], [], []
     for rep in range(args.repeats):
         rng = random.Random(rep)

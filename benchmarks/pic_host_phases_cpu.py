@@ -19,7 +19,6 @@ import json
 import os
 import random
 import statistics
-import time
 
 import torch
 
@@ -29,20 +28,7 @@ from hypic.bench.ttft_mode import ModeBench
 from hypic.engine import pic_context, pic_runner
 from hypic.models.loader import build_dummy_model
 from hypic.pic.segments import SegmentedPrompt
-from pic_host_cost_cpu import CONFIG, NARROW
-
-
-def _timed(owner, name: str, into: list) -> None:
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            into.append(time.perf_counter() - start)
-
-    setattr(owner, name, wrapper)
+from pic_host_cost_cpu import CONFIG, NARROW, timed
 
 
 def main():
@@ -57,9 +43,9 @@ def main():
     config["text_config"].update(NARROW)
     spec, model = build_dummy_model(config, dtype=torch.float32, device="cpu", seed=0)
     layout_s, tails_s, caches_s = [], [], []
-    _timed(pic_runner, "build_layout", layout_s)
-    _timed(pic_runner.PicRunner, "_decode_caches", caches_s)
-    _timed(pic_context.PicContext, "_run_initial_conv_states", tails_s)
+    timed(pic_runner, "build_layout", layout_s)
+    timed(pic_runner.PicRunner, "_decode_caches", caches_s)
+    timed(pic_context.PicContext, "_run_initial_conv_states", tails_s)
     rng = random.Random(0)
     segs = [tuple(rng.randrange(spec.vocab_size) for _ in range(512)) for _ in range(64)]
     query = tuple(rng.randrange(spec.vocab_size) for _ in range(64))

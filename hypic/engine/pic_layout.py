@@ -290,10 +290,11 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                 num_record_rows += 1
             write_after_rows.append(record_rows[chain_pos + 1])
     body_addresses = None if any(drop_t) else _body_addresses([e.entry for _, e in bodies], device)
+    write_span_ids = [span for _, span, _ in writes]
 
     lists = dict(input_ids=ids, positions=pos, cu_live_per_request=cu_req, cu_spans=cu_spans,
                  cu_chains=cu_chains, cu_runs=cu_runs,
-                 tail_index=tail_index, write_spans=[span for _, span, _ in writes],
+                 tail_index=tail_index, write_spans=write_span_ids,
                  key_index=key_index, positions_k=pos_k, cu_keys=cu_keys,
                  chain_source=[i if kind == "live" else -i - 1 for kind, i in chain_src],
                  chain_record_rows=record_rows, cached_delta=cached_delta, logits_rows=logits_rows)
@@ -324,7 +325,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         tail_index=dev["tail_index"],
         writes=writes,
         write_spans=dev["write_spans"],
-        write_span_range=_as_range([span for _, span, _ in writes]),
+        write_span_range=_as_range(write_span_ids),
         write_after_rows=write_after_rows,
         key_index=dev["key_index"],
         positions_k=dev["positions_k"],

@@ -33,11 +33,7 @@ def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
     from hypic.ops.linear import fla_paths
     from hypic.ops.linear.gated_delta import chain_incoming_states
-    from hypic.ops.linear.summary import SummaryTable
-
-    bodies_fp64 = bodies is not None and (
-        bodies.items[0].state if isinstance(bodies, SummaryTable) else bodies.state).dtype == torch.float64
-    if _any_fp64(q, k, v, g, beta, initial_states) or bodies_fp64:
+    if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
         return _on_cpu_reference("gated_delta", "gated_delta_chain_forward", (q, k, v, g, beta),
                                  dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
                                       bodies=None if bodies is None else _stacked(bodies).to("cpu"),

@@ -585,10 +585,9 @@ def scan_chain_from(first, second, source, cu_chains, initial_states=None, *, re
     """:func:`scan_chain` over a chain read from two sets of summaries through ``source``, one
     Triton launch and no gathered copy of the chain (a SummaryTable with addresses is read where
     its items live)."""
-    from hypic.ops.linear.summary import SummaryTable, gather_chain
+    from hypic.ops.linear.summary import gather_chain
 
-    second_dtype = second.items[0].dtype if isinstance(second, SummaryTable) else second.state.dtype
-    if first.state.dtype == torch.float64 or second_dtype == torch.float64 or _any_fp64(initial_states):
+    if first.state.dtype == torch.float64 or second.dtype == torch.float64 or _any_fp64(initial_states):
         return scan_chain(gather_chain(first, second, source), cu_chains, initial_states, record_rows=record_rows,
                           num_records=num_records)
     return scan_chain_triton(first, cu_chains, initial_states, precision="tf32x3", second=second, source=source,

@@ -195,6 +195,6 @@ def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: O
     :func:`gated_delta_chain_forward`, by the scan of the live spans' summaries ``live``."""
     if source is None:
         return scan_chain(live, cu_chains, initial_states)
-    rows = torch.where(source >= 0, source, torch.full_like(source, -1))
-    return scan_chain_from(live, bodies, source, cu_chains, initial_states, record_rows=rows,
+    # live span s records its incoming state in row s; bodies (negative sources) are not kept
+    return scan_chain_from(live, bodies, source, cu_chains, initial_states, record_rows=source.clamp(min=-1),
                            num_records=live.num_spans)

@@ -240,6 +240,10 @@ class SummaryTable:
     def state_shape(self) -> Tuple[int, ...]:
         return tuple(self.items[0].state.shape[1:])
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.items[0].dtype
+
     def stacked(self) -> Summary:
         return type(self.items[0]).cat(self.items)
 

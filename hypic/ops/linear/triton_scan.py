@@ -148,14 +148,14 @@ def scan_chain_triton(
         table, num_table, (t_unit, s_unit), owner = _table_of(second, mode, device)
         num_spans = source.numel()
         source = source.to(device=device, dtype=torch.int64).contiguous()
-    else:
-        table, num_table, source, owner, t_unit, s_unit = cu_chains, 0, cu_chains, None, 64, 64
+    else:  # _launch puts placeholders in for what a flag switches off
+        table, num_table, owner, t_unit, s_unit = None, 0, None, 64, 64
     has_record = record_rows is not None
     if has_record:
         record = record_rows.to(device=device, dtype=torch.int64).contiguous()
         num_rows = num_records
     else:
-        record, num_rows = cu_chains, num_spans
+        record, num_rows = None, num_spans
     num_chains = cu_chains.numel() - 1
     incoming = torch.empty(num_rows, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     final = torch.empty(num_chains, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
