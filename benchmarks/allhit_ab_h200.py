@@ -29,6 +29,8 @@ from hypic.bench.ttft_mode import ModeBench
 from hypic.models.loader import build_dummy_model
 from hypic.pic.segments import SegmentedPrompt
 
+from _gaps import gaps_text, gpu_gaps  # benchmarks/, the script's folder
+
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic", "models", "configs",
                       "qwen3_5_35b_a3b.json")
 
@@ -125,6 +127,12 @@ def main():
                          + prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, by host time ==\n"
                          + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+            # GPU idle gaps, with the hypic line running at each (a second traced run, with stacks)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+                bench.run(prompt)
+                sync()
+            row["gaps"] = gpu_gaps(prof)
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, GPU idle gaps ==\n" + gaps_text(row["gaps"]))
             # Where the host time goes at the Python level (the request is host-bound).
             import cProfile
             import io
