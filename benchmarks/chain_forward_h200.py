@@ -10,11 +10,6 @@ value heads, 16 key heads, K = V = 128; N cached bodies, each preceded by its 8-
 Also the two scans alone (the fused one with its dots in ``tf32x3`` and ``tf32``). Outputs are
 compared with each other and the final states with a float64 scan of the same summaries.
 
-Then, with the autotuner pinned to each ``HYPIC_SCAN_PREFETCH`` setting (``off``: the next dense
-step's T and S tiles are loaded when the step runs; ``on``: while the element before it runs), the
-fused scan, the fused layer, and a scan over the bodies alone (a cold request's chain), each with
-the configuration the autotuner picked and the final state's error against float64.
-
     python3 benchmarks/chain_forward_h200.py --out OUT   # -> OUT/chain_forward.json
 """
 
@@ -47,11 +42,6 @@ def main():
         print(f"{r['bodies']:>6} {r['separate_ms']:>12.3f} {r['fused_ms']:>9.3f} {r['old_scan_ms']:>13.3f} "
               f"{r['wy_scan_ms']:>11.3f} {r['wy_scan_tf32_ms']:>11.3f} {r['o_rel_diff']:>8.1e} "
               f"{r['final_rel_diff']:>9.1e}")
-    print(f"{'bodies':>6} {'prefetch':>8} {'wy scan ms':>11} {'fused ms':>9} {'bodies scan ms':>15} {'final rel':>9}  config")
-    for r in rows:
-        for p in r.get("prefetch", []):
-            print(f"{r['bodies']:>6} {p['setting']:>8} {p['wy_scan_ms']:>11.3f} {p['fused_ms']:>9.3f} "
-                  f"{p['bodies_scan_ms']:>15.3f} {p['final_rel_err_fused']:>9.1e}  {p['config']}")
 
 
 def run(nb: int, repeats: int) -> dict:
@@ -59,8 +49,7 @@ def run(nb: int, repeats: int) -> dict:
     from hypic.ops.linear.gated_delta import gated_delta_chain_forward
     from hypic.ops.linear.short_span import short_span_rows, short_span_state_pass_triton
     from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain_from, summary_addresses
-    from hypic.ops.linear import triton_scan
-    from hypic.ops.linear.triton_scan import scan_chain_triton, scan_chain_wy_triton
+    from hypic.ops.linear.triton_scan import scan_chain_wy_triton
 
     dev = torch.device("cuda")
     h, hv, kd, vd, seam, question = 16, 32, 128, 128, 8, 64
@@ -134,29 +123,6 @@ def run(nb: int, repeats: int) -> dict:
            "final_rel_err_separate": rel(f_a, f_ref), "final_rel_err_fused": rel(f_b, f_ref),
            "final_rel_err_fused_tf32": rel(f_tf32, f_ref)}
     print(json.dumps(row), flush=True)
-
-    # the autotuner pinned to one prefetch setting at a time
-    stacked = DenseSummary(torch.cat([b.transition for b in bodies]), torch.cat([b.state for b in bodies]))
-    cu_bodies = torch.tensor([0, nb], device=dev)
-    row["prefetch"] = []
-    for setting in ("off", "on"):
-        os.environ["HYPIC_SCAN_PREFETCH"] = setting
-        triton_scan.reset_kernel()
-        try:
-            f_set = fused()[1]
-            entry = {"setting": setting, "wy_scan_ms": med(wy_scan("tf32x3")), "fused_ms": med(fused),
-                     "final_rel_err_fused": rel(f_set, f_ref), "final_rel_diff_vs_auto": rel(f_set, f_b),
-                     "config": str(triton_scan._KERNEL[0].best_config)}
-            entry["bodies_scan_ms"] = med(lambda: scan_chain_triton(stacked, cu_bodies))
-            entry["bodies_config"] = str(triton_scan._KERNEL[0].best_config)
-        except Exception as exc:  # noqa: BLE001 - record and go on to the other setting
-            entry = {"setting": setting, "error": repr(exc)[:500], "wy_scan_ms": float("nan"),
-                     "fused_ms": float("nan"), "bodies_scan_ms": float("nan"), "final_rel_err_fused": float("nan"),
-                     "config": "-"}
-        row["prefetch"].append(entry)
-        print(json.dumps(entry), flush=True)
-    os.environ.pop("HYPIC_SCAN_PREFETCH", None)
-    triton_scan.reset_kernel()
     return row
 
 

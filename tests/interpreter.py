@@ -14,11 +14,11 @@ import pytest
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def interpreted_error(script: str, env_vars: dict | None = None) -> float:
-    """Run ``script`` under the interpreter (skip when Triton is missing, fail on an error), with
-    ``env_vars`` added to its environment, and return the last number it printed."""
+def interpreted_error(script: str) -> float:
+    """Run ``script`` under the interpreter (skip when Triton is missing, fail on an error) and
+    return the last number it printed."""
     pytest.importorskip("triton")
-    env = dict(os.environ, **(env_vars or {}), TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         pytest.fail(out.stderr[-2000:])

@@ -8,7 +8,7 @@ import triton.language as tl
 @triton.jit
 def span_offsets(table, source, i, i_h, num_table, t_base, s_base,
                  HV: tl.constexpr, T_SIZE: tl.constexpr, S_SIZE: tl.constexpr, HAS_SOURCE: tl.constexpr,
-                 T_UNIT: tl.constexpr, S_UNIT: tl.constexpr, HAS_WY: tl.constexpr):
+                 T_UNIT: tl.constexpr, S_UNIT: tl.constexpr):
     """Element offsets of head ``i_h`` of chain element i's T (from ``trans``) and S (from
     ``state``). With ``HAS_SOURCE`` element i is span ``source[i]`` of the dense summaries when
     >= 0, else entry ``-source[i] - 1`` of the address table (``table[0, j]``, ``table[1, j]``:
@@ -16,10 +16,7 @@ def span_offsets(table, source, i, i_h, num_table, t_base, s_base,
     ``t_base``/``s_base`` are the byte addresses of ``trans``/``state``). Table addresses lie a
     multiple of ``T_UNIT`` / ``S_UNIT`` bytes from those bases: counted in such steps, the offsets
     tell Triton that every tile start is that aligned, which keeps the loads vectorised (a
-    pointer read from memory as such would lose it).
-
-    Also returns whether element i is a summary step (every element without ``HAS_WY``; with it,
-    the table entries): a live WY span has no T or S to read."""
+    pointer read from memory as such would lose it)."""
     if HAS_SOURCE:
         src = tl.load(source + i)
         if src >= 0:
@@ -29,39 +26,16 @@ def span_offsets(table, source, i, i_h, num_table, t_base, s_base,
             j = -src - 1
             t_off = (tl.load(table + j) - t_base) // T_UNIT * (T_UNIT // 4) + i_h * T_SIZE
             s_off = (tl.load(table + num_table + j) - s_base) // S_UNIT * (S_UNIT // 4) + i_h * S_SIZE
-        if HAS_WY:
-            is_summary = src < 0
-        else:
-            is_summary = src == src  # every element: true, as a tensor like the other branch's
     else:
         t_off = (i * HV + i_h) * T_SIZE
         s_off = (i * HV + i_h) * S_SIZE
-        if HAS_WY:
-            is_summary = i < 0
-        else:
-            is_summary = i >= 0
-    return t_off, s_off, is_summary
+    return t_off, s_off
 
 
 @triton.jit
-def dense_tiles(trans, state, t_off, s_off, is_summary, kv_off, m_kv, o_k, m_k, K: tl.constexpr):
-    """A dense summary's T and S tiles (zeros, nothing read, for a live element)."""
-    # the element's flag spread over the tile by comparison: the interpreter widens the int1 of a
-    # scalar ``&`` a tile to int32, which it then refuses as a mask
-    wanted = (o_k * 0 + is_summary.to(tl.int32)) > 0
-    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :],
-                  mask=(m_k & wanted)[:, None] & m_k[None, :], other=0.0)
-    b_s = tl.load(state + s_off + kv_off, mask=m_kv & (m_k & wanted)[:, None], other=0.0)
-    return b_t, b_s
-
-
-@triton.jit
-def scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, b_t_next, b_s_next,
-              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr, PREFETCH: tl.constexpr):
-    """``T_i @ state + S_i`` with T_i, S_i at the given offsets, or (``PREFETCH``, dense T) the
-    tiles already loaded."""
-    if PREFETCH:
-        return tl.dot(b_t_next, b_h, input_precision=PRECISION) + b_s_next
+def scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
+              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr):
+    """``T_i @ state + S_i`` with T_i, S_i at the given offsets."""
     b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
     if MODE == 0:
         b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
@@ -132,10 +106,10 @@ def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k,
 
 @triton.jit
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
-                  b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, b_t, b_s,
+                  b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
                   MODE: tl.constexpr, PRECISION: tl.constexpr, HAS_SOURCE: tl.constexpr,
-                  HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr, PREFETCH: tl.constexpr):
+                  HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr):
     """Chain element i applied to ``b_h``. With ``HAS_WY`` the live elements (``source[i] >= 0``,
     or every element without a source) are spans of the WY factors (:func:`wy_step`) and no
     fp32 incoming state is recorded; otherwise every element is a summary at the given offsets."""
@@ -148,35 +122,11 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
             b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
                           kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION)
         else:
-            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, b_t, b_s, K, MODE, PRECISION,
-                            PREFETCH)
+            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION)
     else:
         record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
-        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, b_t, b_s, K, MODE, PRECISION,
-                        PREFETCH)
+        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION)
     return b_h
-
-
-@triton.jit
-def chain_iteration(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source, table,
-                    num_table, t_base, s_base, b_h, i, end, last, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off,
-                    m_kv, b_t, b_s, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    BS: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr, HAS_SOURCE: tl.constexpr,
-                    HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr, PREFETCH: tl.constexpr,
-                    T_SIZE: tl.constexpr, T_UNIT: tl.constexpr, S_UNIT: tl.constexpr):
-    """One loop step: element i + 1's offsets (and tiles, with PREFETCH) read, element i applied.
-    Returns element i + 1's ``(t_off, s_off, b_t, b_s)`` and the state after element i."""
-    t_next, s_next, next_summary = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base,
-                                                s_base, HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT, HAS_WY)
-    if PREFETCH:
-        b_t_next, b_s_next = dense_tiles(trans, state, t_next, s_next, next_summary & (i + 1 < end), kv_off, m_kv,
-                                         o_k, m_k, K)
-    else:
-        b_t_next, b_s_next = b_t, b_s
-    b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
-                        b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, b_t, b_s, H, HV, K, V, BS,
-                        MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, PREFETCH)
-    return t_next, s_next, b_t_next, b_s_next, b_h
 
 
 # Values that vary per request are not specialised (== 1, % 16), so no new variant compiles.
@@ -219,7 +169,6 @@ def scan_chain_kernel(
     USE_G: tl.constexpr,
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
-    PREFETCH: tl.constexpr,  # dense T only: element i + 1's tiles are loaded while element i is applied
 ):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -241,34 +190,30 @@ def scan_chain_kernel(
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
     # The offsets of element i + 1 are read while element i is applied: the two dependent
-    # scalar loads (source, then the table) leave the step's critical path. With PREFETCH its
-    # T and S tiles are loaded then too (a dense step otherwise waits on its 64 KiB tile's load).
+    # scalar loads (source, then the table) leave the step's critical path.
     last = tl.maximum(end - 1, start)
-    t_off, s_off, is_summary = span_offsets(table, source, tl.minimum(start, last), i_h, num_table, t_base, s_base,
-                                            HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT, HAS_WY)
-    if PREFETCH:
-        b_t, b_s = dense_tiles(trans, state, t_off, s_off, is_summary & (start < end), kv_off, m_kv, o_k, m_k, K)
-    else:  # placeholders, never read
-        b_t = tl.zeros([1], dtype=tl.float32)
-        b_s = tl.zeros([1], dtype=tl.float32)
+    t_off, s_off = span_offsets(table, source, tl.minimum(start, last), i_h, num_table, t_base, s_base,
+                                HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
     if WHILE_LOOP:
         # Triton's interpreter cannot run ``range`` over bounds loaded from memory (seen with
         # Triton 3.6: "only 0-dimensional arrays can be converted to Python scalars"); the
         # compiled kernel keeps the ``for`` loop.
         i = start
         while i < end:
-            t_off, s_off, b_t, b_s, b_h = chain_iteration(
-                trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source, table,
-                num_table, t_base, s_base, b_h, i, end, last, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
-                b_t, b_s, H, HV, K, V, BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, PREFETCH,
-                T_SIZE, T_UNIT, S_UNIT)
+            t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
+                                          HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
+            b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
+                                source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
+                                BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
+            t_off, s_off = t_next, s_next
             i += 1
     else:
         for i in range(start, end):
-            t_off, s_off, b_t, b_s, b_h = chain_iteration(
-                trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source, table,
-                num_table, t_base, s_base, b_h, i, end, last, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
-                b_t, b_s, H, HV, K, V, BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, PREFETCH,
-                T_SIZE, T_UNIT, S_UNIT)
+            t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
+                                          HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
+            b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
+                                source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
+                                BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
+            t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

@@ -37,64 +37,31 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-SCAN_PREFETCH_CHOICES = ("auto", "on", "off")
-
-
-def scan_prefetch() -> str:
-    """``HYPIC_SCAN_PREFETCH``: which dense-scan configurations the autotuner may pick: ``auto``
-    (the default: with and without prefetching the next element's T and S tiles), ``on`` or
-    ``off`` (measurements: benchmarks/chain_forward_h200.py)."""
-    value = os.environ.get("HYPIC_SCAN_PREFETCH", "auto")
-    if value not in SCAN_PREFETCH_CHOICES:
-        raise ValueError(f"HYPIC_SCAN_PREFETCH must be one of {SCAN_PREFETCH_CHOICES}, got {value!r}")
-    return value
-
-
-def reset_kernel() -> None:
-    """Forget the built kernel, so that the next launch reads ``HYPIC_SCAN_PREFETCH`` again
-    (measurements of one setting against the other in one process)."""
-    global _KERNEL
-    _KERNEL = None
-
-
 def _build_kernel():
     """Define the Triton kernel on first use (keeps Triton out of CPU-only imports).
 
-    On GPU the V-block, warp count and prefetching are autotuned; under ``TRITON_INTERPRET=1``
-    (CPU tests) autotuning cannot benchmark, so one fixed block is used (prefetching on when
-    ``HYPIC_SCAN_PREFETCH=on``).
+    On GPU the V-block and warp count are autotuned; under ``TRITON_INTERPRET=1`` (CPU tests)
+    autotuning cannot benchmark, so one fixed block is used.
     """
     import triton
 
     from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
 
-    prefetch = scan_prefetch()
     # a dense fp32 T tile is 64 KiB at K = 128: at most two pipeline stages fit in shared memory
-    plain = [
-        triton.Config({"BV": 16, "PREFETCH": False}, num_warps=4, num_stages=1),
-        triton.Config({"BV": 16, "PREFETCH": False}, num_warps=4, num_stages=2),
-        triton.Config({"BV": 32, "PREFETCH": False}, num_warps=4, num_stages=2),
-        triton.Config({"BV": 32, "PREFETCH": False}, num_warps=8, num_stages=2),
-        triton.Config({"BV": 64, "PREFETCH": False}, num_warps=8, num_stages=1),
+    configs = [
+        triton.Config({"BV": 16}, num_warps=4, num_stages=1),
+        triton.Config({"BV": 16}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=8, num_stages=1),
     ]
-    # the next T tile is held in registers beside the current one: 8 warps keep that at 128
-    # registers a thread (4 warps would spill)
-    prefetching = [
-        triton.Config({"BV": 16, "PREFETCH": True}, num_warps=8, num_stages=1),
-        triton.Config({"BV": 32, "PREFETCH": True}, num_warps=8, num_stages=1),
-        triton.Config({"BV": 64, "PREFETCH": True}, num_warps=8, num_stages=1),
-    ]
-    configs = {"auto": plain + prefetching, "on": prefetching, "off": plain}[prefetch]
     if _interpreting():
-        return scan_chain_kernel, {"BV": 32, "PREFETCH": prefetch == "on"}
+        return scan_chain_kernel, 32
 
     def prune(configs, named_args, **kwargs):
         # scalar / diagonal T: no big tile, nothing to tune (saves compile time)
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
-        if mode == MODE_DENSE:
-            return configs
-        return [c for c in configs if not c.kwargs["PREFETCH"]][:1] or [
-            triton.Config({"BV": 32, "PREFETCH": False}, num_warps=4, num_stages=2)]
+        return configs if mode == MODE_DENSE else configs[2:3]
 
     key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
            "T_UNIT", "S_UNIT"]
@@ -226,11 +193,9 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         g = cu if g is None else g
     if _KERNEL is None:
         _KERNEL = _build_kernel()
-    kernel, fixed = _KERNEL
+    kernel, fixed_block_v = _KERNEL
     block_k = max(16, triton.next_power_of_2(key_dim))
-    extra = {} if fixed is None else dict(fixed)
-    if mode != MODE_DENSE and "PREFETCH" in extra:
-        extra["PREFETCH"] = False
+    extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
 
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
