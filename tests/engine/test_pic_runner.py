@@ -418,3 +418,64 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     plan, res = prefix.run(segs, query)
     assert plan.prefix_hit_tokens == sum(len(s) for s in segs)
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+
+
+def test_cold_prefill_takes_segment_summaries_beside_one_run_per_request(tiny, monkeypatch):
+    """A cold hypic prefill (segments written, nothing cached, no checkpoint) runs each request's
+    live tokens as one linear-attention run and takes the written segments' summaries beside it:
+    no chain scan. Its logits and written entries equal those of the scan path (summaries, scan,
+    a state pass per span), which still serves forwards with cached bodies or checkpoints."""
+    from hypic.engine import pic_context, pic_runner
+
+    spec, model = tiny
+    num_linear = sum(1 for kind in spec.layer_types if kind == "linear_attention")
+    assert num_linear > 0
+    segs = [random_segment(n, 800 + n) for n in (40, 70, 13)]
+    query = random_segment(5, 4)
+    calls = {"runs": 0, "scan": 0}
+
+    def counted(name, key):
+        real = getattr(pic_context, name)
+        monkeypatch.setattr(pic_context, name, lambda *a, **k: calls.__setitem__(key, calls[key] + 1) or real(*a, **k))
+
+    counted("gated_delta_forward_and_span_summaries", "runs")
+    counted("gated_delta_summarize_then_forward", "scan")
+    written = []
+    real_write = pic_runner.PicRunner._write_entries
+
+    def keep(self, ctx, insert=True):
+        written.append(real_write(self, ctx, insert))
+        return written[-1]
+
+    monkeypatch.setattr(pic_runner.PicRunner, "_write_entries", keep)
+    ref = full_logits(spec, model, _concat(segs, query))
+    results = {}
+    for beside in (True, False):
+        if not beside:  # force the scan path on the same forward
+            real_build = pic_runner.build_layout
+
+            def scan_path(*a, **k):
+                lay = real_build(*a, **k)
+                assert lay.linear_runs_with_summaries
+                lay.linear_runs_with_summaries = False
+                return lay
+
+            monkeypatch.setattr(pic_runner, "build_layout", scan_path)
+        calls.update(runs=0, scan=0)
+        _, res = PicHarness(spec, model, config=PICConfig(mode="hypic")).run(segs, query)
+        assert calls == ({"runs": num_linear, "scan": 0} if beside else {"runs": 0, "scan": num_linear})
+        assert _max_err(res.logits, ref) < ATOL
+        results[beside] = (res.logits, written[-1])
+    (logits_a, entries_a), (logits_b, entries_b) = results[True], results[False]
+    assert _max_err(logits_a, logits_b) < ATOL and len(entries_a) == len(entries_b) == 3
+    for a, b in zip(entries_a, entries_b):
+        assert a.key == b.key and set(a.linear) == set(b.linear) and set(a.attention) == set(b.attention)
+        for layer in a.linear:
+            sa, sb = a.linear[layer].summary, b.linear[layer].summary
+            assert _max_err(sa.transition, sb.transition) < 1e-5 and _max_err(sa.state, sb.state) < 1e-5
+            assert sa.transition.is_contiguous() and sa.state.is_contiguous()
+            # the layers below differ in rounding only (fp32): their conv inputs, keys and values too
+            assert _max_err(a.linear[layer].conv_tail, b.linear[layer].conv_tail) < 1e-5
+        for layer in a.attention:
+            assert _max_err(a.attention[layer].key, b.attention[layer].key) < 1e-5
+            assert _max_err(a.attention[layer].value, b.attention[layer].value) < 1e-5

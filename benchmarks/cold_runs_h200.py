@@ -1,0 +1,94 @@
+"""Cold PIC prefill on one GPU, the two ways the linear layers can run it (issue 6's summary cost):
+
+* ``runs``: each request's live tokens as one fla run, the segments' summaries beside it
+  (``gated_delta_forward_and_span_summaries``; the default since session 9);
+* ``scan``: the segments' summaries, a chain scan for each segment's incoming state, then a
+  varlen state pass per segment (``gated_delta_summarize_then_forward``; sessions 5-8),
+
+beside ``full_recompute`` (no summaries), for 64 segments of 512 tokens (chunk-aligned: the runs
+path shares fla's WY step) and of 500 tokens (not aligned: it computes the WY step twice), plus
+a 64-token question. Qwen3.5-35B-A3B shapes, dummy bf16 weights, a fresh store per request.
+
+    python3 benchmarks/cold_runs_h200.py --out OUT   # -> OUT/cold_runs.json, a table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from hypic.bench.floor import WorkModel  # noqa: E402
+from hypic.bench.ttft_mode import ModeBench  # noqa: E402
+from hypic.engine import pic_runner  # noqa: E402
+from hypic.models.loader import build_dummy_model  # noqa: E402
+from hypic.pic.segments import SegmentedPrompt  # noqa: E402
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--segment-tokens", default="512,500")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="CPU, the embedded tiny config, short segments")
+    args = ap.parse_args()
+    device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
+    config = CONFIG if not args.smoke else os.path.join(os.path.dirname(CONFIG), "..", "..", "assets", "tiny",
+                                                        "config.json")
+    with open(config) as f:
+        spec, model = build_dummy_model(json.load(f), dtype=dtype, device=device, seed=0)
+    work = WorkModel(spec, model)
+    real_build = pic_runner.build_layout
+
+    def scan_path(*a, **k):
+        lay = real_build(*a, **k)
+        lay.linear_runs_with_summaries = False
+        return lay
+
+    rows = []
+    for seg in [int(x) for x in args.segment_tokens.split(",")]:
+        seg = seg // 16 if args.smoke else seg
+        rng = random.Random(seg)
+        segs = [tuple(rng.randrange(spec.vocab_size) for _ in range(seg)) for _ in range(64)]
+        prompt = SegmentedPrompt(tuple(segs), tuple(rng.randrange(spec.vocab_size) for _ in range(64)))
+        row = {"segment_tokens": seg, "segments": 64, "prompt_tokens": 64 * seg + 64}
+        for variant, mode in (("full_recompute", "full_recompute"), ("runs", "hypic"), ("scan", "hypic")):
+            pic_runner.build_layout = scan_path if variant == "scan" else real_build
+            try:
+                times = []
+                for i in range(args.repeats + 1):  # the first compiles what the shape needs
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+                    bench = ModeBench(model, spec, work, device, dtype, mode, "inline", 8, None, f"cold-{variant}")
+                    sample = bench.run(prompt)
+                    bench.close()
+                    if i:
+                        times.append((sample.ttft_s - sample.plan_s) * 1e3)
+                row[f"{variant}_ms"] = statistics.median(times)
+                row[f"{variant}_all_ms"] = times
+            finally:
+                pic_runner.build_layout = real_build
+        for variant in ("runs", "scan"):
+            row[f"{variant}_overhead_pct"] = 100.0 * (row[f"{variant}_ms"] / row["full_recompute_ms"] - 1.0)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "cold_runs.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "rows": rows}, f, indent=1)
+    print(f"{'segment':>8} {'prompt':>7} {'full ms':>9} {'runs ms':>9} {'runs +%':>8} {'scan ms':>9} {'scan +%':>8}")
+    for r in rows:
+        print(f"{r['segment_tokens']:>8} {r['prompt_tokens']:>7} {r['full_recompute_ms']:>9.1f} {r['runs_ms']:>9.1f} "
+              f"{r['runs_overhead_pct']:>8.1f} {r['scan_ms']:>9.1f} {r['scan_overhead_pct']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
