@@ -21,7 +21,7 @@ echo "pytest rc=$? after $(( $(date +%s) - T0 )) s" >> $R/pytest_cuda.txt
 timeout 150 python3 benchmarks/cold_runs_h200.py --out $R > $R/cold_runs_stdout.txt 2>&1
 echo "cold_runs rc=$? after $(( $(date +%s) - T0 )) s" >> $R/cold_runs_stdout.txt
 LEFT=$(( 360 - ($(date +%s) - T0) ))
-timeout $LEFT python3 -m hypic bench ttft "${MODEL[@]}" --modes full_recompute,hypic --cases cold --prompt-tokens 32768 \
+[ $LEFT -gt 120 ] && timeout $LEFT python3 -m hypic bench ttft "${MODEL[@]}" --modes full_recompute,hypic --cases cold --prompt-tokens 32768 \
   --segment-tokens 512 --query-tokens 64 --cold-requests 3 --store-bytes 36GiB --no-progress \
   --json $R/ttft_h200_cold32k.json > $R/cold32k_stdout.txt 2>&1
 echo "cold rc=$? after $(( $(date +%s) - T0 )) s" >> $R/cold32k_stdout.txt
