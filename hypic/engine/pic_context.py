@@ -32,7 +32,6 @@ from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
 from hypic.ops.linear.gated_delta import (
     gated_delta_chain_forward,
     gated_delta_forward,
-    gated_delta_forward_and_span_summaries,
     gated_delta_summarize_then_forward,
 )
 from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
@@ -154,14 +153,6 @@ class PicContext(ForwardContext):
             self.records.setdefault(layer_idx, LinearRecord()).final_states = final
             return o
         rec = self.records.setdefault(layer_idx, LinearRecord())
-        if lay.linear_runs_with_summaries:
-            # A cold prefill: each request's output and final state from one run over its live
-            # tokens, the written segments' summaries beside it (no scan: nothing is cached).
-            o, rec.final_states, live = gated_delta_forward_and_span_summaries(
-                q, k, v, g, beta, cu_seqlens=lay.cu_live_per_request, cu_spans=lay.cu_spans, initial_state=init,
-                cu_seqlens_cpu=lay.cu_live_per_request_cpu, cu_spans_cpu=lay.cu_spans_cpu)
-            rec.write_summaries = self._written(live)
-            return o
         bodies = self._body_summaries(layer_idx, v.device, _state_dtype(v)) if lay.bodies else None
         source = lay.chain_source if lay.bodies else None
         if not lay.writes:
@@ -190,7 +181,11 @@ class PicContext(ForwardContext):
             cu_seqlens_cpu=lay.cu_spans_cpu, output_final_state=False)
         incoming, final = scanned["incoming"], scanned["final"]
         rec.final_states = final
-        rec.write_summaries = self._written(live)
+        if lay.write_span_range is not None:  # a cold prefill's segments: a view, no copy
+            a, b = lay.write_span_range
+            rec.write_summaries = DenseSummary(live.transition[a:b], live.state[a:b])
+        else:
+            rec.write_summaries = live.index(lay.write_spans)
         # State after each checkpoint: the next element's incoming state, or the final.
         after = []
         for (b, _, _), row in zip(lay.writes, lay.write_after_rows):
@@ -199,15 +194,6 @@ class PicContext(ForwardContext):
             zero = torch.zeros_like(final[0])
             rec.write_states = torch.stack([zero if a is None else a for a in after])
         return o
-
-    def _written(self, live: DenseSummary) -> DenseSummary:
-        """The written live spans' summaries: a view when they are consecutive spans in order (a
-        cold prefill's segments), else a gathered copy."""
-        lay = self.layout
-        if lay.write_span_range is not None:
-            a, b = lay.write_span_range
-            return DenseSummary(live.transition[a:b], live.state[a:b])
-        return live.index(lay.write_spans)
 
     # -- full attention -------------------------------------------------------------------------
     def attention(self, layer_idx, q, k, v, scale, rotary):

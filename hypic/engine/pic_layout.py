@@ -98,9 +98,6 @@ class PackedLayout:
     # No cached body and no write in the batch: each request's live tokens are one run from its
     # prefix state (or zero), so the linear layers need no summaries and no chain scan.
     linear_one_run_per_request: bool
-    # No cached body and every write a segment (no checkpoint, whose state would need the scan):
-    # the same one run per request, with the written segments' summaries taken beside it.
-    linear_runs_with_summaries: bool
     cu_spans: torch.Tensor  # [S+1] live elements
     cu_spans_cpu: torch.Tensor  # host copy: fla reads lengths from it instead of the device
     # chain of every request: live elements and bodies in prompt order
@@ -312,7 +309,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_live_per_request_cpu=cpu["cu_live_per_request"],
         cu_live_host=cu_req,
         linear_one_run_per_request=not bodies and not writes,
-        linear_runs_with_summaries=not bodies and bool(writes) and all(r is None for r in write_after_rows),
         cu_spans=dev["cu_spans"],
         cu_spans_cpu=cpu["cu_spans"],
         cu_chains=dev["cu_chains"],

@@ -48,14 +48,11 @@ def _configure_summary_precision() -> None:
     _SUMMARY_PRECISION_SET[0] = True
 
 
-def _cp_summaries(k4, w, u, gc, gk, cu, num_spans: int, transition_only: bool, contiguous: bool = True):
+def _cp_summaries(k4, w, u, gc, gk, cu, num_spans: int, transition_only: bool):
     """fla's affine-summary kernel: returns (S [N,HV,K,V] or None, T [N,HV,K,K]) fp32.
 
     ``transition_only`` launches only the T columns (V = 0 view of u): used when the zero-start
-    states are already known (a forward from zero initial states yields them). With
-    ``contiguous=False`` S and T are the two column ranges of the kernel's one ``[N, HV, K, V + K]``
-    output, as strided views (saves two copies when the summaries only go to the store, which
-    copies them anyway).
+    states are already known (a forward from zero initial states yields them).
     """
     from fla.ops.cp.chunk_fwd import chunk_cp_fwd_h
 
@@ -76,6 +73,4 @@ def _cp_summaries(k4, w, u, gc, gk, cu, num_spans: int, transition_only: bool, c
                      dtype=torch.float32)
     chunk_cp_fwd_h(k=k4, w=w, u=u, hm=hm, g=gc, gk=gk, cu_seqlens=cu,
                    chunk_size=CHUNK_SIZE, multi_seqs=True)
-    if not contiguous:
-        return hm[..., :value_dim], hm[..., value_dim:]
     return hm[..., :value_dim].contiguous(), hm[..., value_dim:].contiguous()

@@ -38,7 +38,6 @@ from hypic.ops.linear._fla_common import (
     _summary_classes,
 )
 from hypic.ops.linear._fla_chain import gated_delta_chain_forward  # noqa: F401 (looked up by the dispatcher)
-from hypic.ops.linear._fla_runs import gated_delta_forward_and_span_summaries  # noqa: F401 (the same)
 from hypic.ops.linear._fla_summaries import _cp_summaries
 from hypic.ops.linear.short_span import (
     short_span_impl,
@@ -123,17 +122,17 @@ def _short_spans(k4, u, cu, cu_cpu):
     return short_span_rows(cu, cu_cpu, CHUNK_SIZE, classes=not use_triton), use_triton
 
 
-def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool, contiguous: bool = True):
+def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
     """(S or None, T) of every span from the WY factors: closed form when every span fits in one
     chunk (the seams and questions of a cached request, :mod:`short_span`), fla's summary kernel
-    otherwise (S and T strided views of its one output with ``contiguous=False``)."""
+    otherwise."""
     table, use_triton = _short_spans(k4, u, cu, cu_cpu)
     if table is not None:
         g = None if gc is None else gc[0]
         if use_triton:
             return short_span_summary_triton(k4[0], w[0], u[0], g, cu, table, CHUNK_SIZE, transition_only)
         return short_span_summary(k4[0], w[0], u[0], g, table, transition_only)
-    return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only, contiguous)
+    return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only)
 
 
 def _zero_start_summary(k4, w, u, gc, cu, cu_cpu):

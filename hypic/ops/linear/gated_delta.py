@@ -103,44 +103,6 @@ def gated_delta_forward_and_summarize(
     return _family.forward_and_summarize(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
 
 
-def gated_delta_forward_and_span_summaries(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    cu_seqlens: torch.Tensor,
-    cu_spans: torch.Tensor,
-    initial_state: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
-    cu_seqlens_cpu: Optional[torch.Tensor] = None,
-    cu_spans_cpu: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, DenseSummary]:
-    """``gated_delta_forward`` over the runs of ``cu_seqlens`` (from ``initial_state``) and
-    ``gated_delta_summarize`` of the finer spans of ``cu_spans``, which tile the same tokens (every
-    run boundary is a span boundary): a cold PIC prefill's requests and their segments.
-
-    Returns ``(o, final_state [runs], summary [spans])``. The GPU path shares fla's WY step
-    between the two when every span starts a multiple of 64 tokens into its run (needs both host
-    copies); the summary's tensors may then be strided views of one buffer."""
-    scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
-    _family.validate_summarize(SPEC, k, v, g, beta, cu_spans)
-    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
-    check_cu_seqlens_cpu(cu_spans_cpu, cu_spans, q.shape[0])
-    if cu_seqlens_cpu is not None and cu_spans_cpu is not None:
-        missing = set(cu_seqlens_cpu.tolist()) - set(cu_spans_cpu.tolist())
-        if missing:
-            raise ValueError(f"cu_spans must split the runs of cu_seqlens: run boundaries {sorted(missing)} "
-                             f"are not span boundaries")
-    fast = cuda_fast_path("gated_delta_forward_and_span_summaries", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_spans=cu_spans, initial_state=initial_state,
-                    scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, cu_spans_cpu=cu_spans_cpu)
-    o, final = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
-    return o, final, _family.summarize(SPEC, k, v, g, beta, cu_spans)
-
-
 def gated_delta_summarize_then_forward(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -25,7 +25,6 @@ except ImportError:  # pragma: no cover
 
 from hypic.ops.linear import delta, fla_paths, gated_delta, gla, kda, mamba2, simple_gla
 from hypic.ops.linear._family import expand_heads
-from hypic.ops.linear._fla_runs import spans_chunk_aligned
 from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, SummaryTable, scan_chain, summary_addresses
 from hypic.ops.linear.triton_scan import scan_chain_torch
 from tests.interpreter import interpreted_error
@@ -184,13 +183,6 @@ def test_host_chunk_table_lists_every_chunk_in_order():
     first = _chunk_indices(dev_cu, cu)
     assert _chunk_indices(dev_cu, cu) is first and torch.equal(first, table)
     assert _chunk_indices(dev_cu.clone(), cu) is not first
-
-
-def test_spans_chunk_aligned_in_their_runs():
-    assert spans_chunk_aligned([0, 197, 331], [0, 64, 192, 197, 197, 261, 331])
-    assert not spans_chunk_aligned([0, 202, 336], [0, 60, 197, 202, 202, 266, 336])
-    assert spans_chunk_aligned([0, 5, 70], [0, 5, 69, 70])  # a run restarts the count
-    assert not spans_chunk_aligned([0, 70], [0, 5, 70])
 
 
 def test_fla_inputs_must_be_cuda():
@@ -421,35 +413,6 @@ def test_summarize_then_forward_equals_separate_calls():
         *x64, cu_seqlens=cu.cpu(), initial_states_from=initial_states_from)
     assert rel(o, o_ref) < TOL[torch.bfloat16] and rel(f, f_ref) < TOL[torch.bfloat16]
     assert rel(s.transition, s_ref.transition) < TOL[torch.bfloat16]
-
-
-@needs_cuda
-@pytest.mark.parametrize("aligned", [True, False])
-def test_forward_of_runs_with_span_summaries(aligned):
-    """A cold prefill's call: the runs' forward and the spans' summaries, sharing the WY step when
-    the spans are chunk-aligned in their runs (else computed apart), against the separate fla
-    calls and the float64 reference."""
-    dev = torch.device("cuda")
-    spans = [64, 128, 5, 0, 64, 70] if aligned else [60, 137, 5, 0, 64, 70]
-    runs = [sum(spans[:3]), sum(spans[3:])]
-    x = family_inputs("gated_delta", torch.bfloat16, dev, seed=6, lengths=spans)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    cu_runs_cpu, cu_spans_cpu = cu_of(runs), cu_of(spans)
-    cu_runs, cu_spans = cu_runs_cpu.to(dev), cu_spans_cpu.to(dev)
-    assert spans_chunk_aligned(cu_runs_cpu.tolist(), cu_spans_cpu.tolist()) == aligned
-    init = torch.randn(2, HV, K, V, device=dev)
-    o, f, s = gated_delta.gated_delta_forward_and_span_summaries(
-        *args, cu_seqlens=cu_runs, cu_spans=cu_spans, initial_state=init, cu_seqlens_cpu=cu_runs_cpu,
-        cu_spans_cpu=cu_spans_cpu)
-    o_sep, f_sep = fla_paths.gated_delta_forward(*args, cu_seqlens=cu_runs, initial_state=init)
-    s_sep = fla_paths.gated_delta_summarize(*args[1:], cu_seqlens=cu_spans)
-    assert rel(o, o_sep) < 1e-5 and rel(f, f_sep) < 1e-5
-    assert rel(s.state, s_sep.state) < 1e-5 and rel(s.transition, s_sep.transition) < 1e-5
-    x64 = [t.cpu().double() for t in args]
-    o_ref, f_ref = gated_delta.gated_delta_forward(*x64, cu_seqlens=cu_runs_cpu, initial_state=init.cpu().double())
-    s_ref = gated_delta.gated_delta_summarize(*x64[1:], cu_seqlens=cu_spans_cpu)
-    assert rel(o, o_ref) < TOL[torch.bfloat16] and rel(f, f_ref) < TOL[torch.bfloat16]
-    assert rel(s.state, s_ref.state) < TOL[torch.bfloat16] and rel(s.transition, s_ref.transition) < TOL[torch.bfloat16]
 
 
 @needs_cuda

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from hypic.ops.linear.gated_delta import (
     gated_delta_decode,
     gated_delta_forward,
-    gated_delta_forward_and_span_summaries,
     gated_delta_summarize,
     gated_delta_summarize_then_forward,
 )
@@ -56,30 +55,6 @@ def test_summary_is_dense_fp32_with_exact_nbytes():
     assert s.nbytes == 4 * 2 * fc.HV * fc.K * (fc.K + fc.V)
     o, final = gated_delta_forward(tok["q"], tok["k"], tok["v"], tok["g"], tok["beta"], cu_seqlens=fc.cu([50]))
     assert o.dtype == torch.bfloat16 and final.dtype == torch.float32
-
-
-def test_forward_of_runs_with_span_summaries():
-    """Runs of one forward, summaries of the finer spans that tile them: the summaries compose,
-    from each run's initial state, into that run's final state."""
-    tok, _ = FAMILY.make(203, 5, torch.float64)
-    args = (tok["q"], tok["k"], tok["v"], tok["g"], tok["beta"])
-    runs, spans = [73, 130], [64, 9, 0, 128, 2]
-    cu_runs, cu_spans = fc.cu(runs), fc.cu(spans)
-    init = torch.randn(2, fc.HV, fc.K, fc.V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    o, final, summary = gated_delta_forward_and_span_summaries(
-        *args, cu_seqlens=cu_runs, cu_spans=cu_spans, initial_state=init, cu_seqlens_cpu=cu_runs,
-        cu_spans_cpu=cu_spans)
-    ref_o, ref_final = gated_delta_forward(*args, cu_seqlens=cu_runs, initial_state=init)
-    assert fc.rel_err(o, ref_o) < 1e-12 and fc.rel_err(final, ref_final) < 1e-12
-    assert summary.num_spans == len(spans)
-    for r, first, last in ((0, 0, 2), (1, 2, 5)):  # spans of each run, composed in order
-        state = init[r]
-        for i in range(first, last):
-            state = summary.transition[i] @ state + summary.state[i]
-        assert fc.rel_err(state, ref_final[r]) < 1e-10
-    with pytest.raises(ValueError, match="split the runs"):
-        gated_delta_forward_and_span_summaries(*args, cu_seqlens=cu_runs, cu_spans=fc.cu([70, 133]),
-                                               cu_seqlens_cpu=cu_runs, cu_spans_cpu=fc.cu([70, 133]))
 
 
 def test_summarize_then_forward_equals_separate_calls():
