@@ -33,7 +33,8 @@ keyed by (case, mode, cold_policy, prompt_tokens, segment_tokens); written after
 so a run cut short still leaves what it measured. Row keys: the required ``case, mode,
 prompt_tokens`` (the target P), ``segment_tokens, num_requests, ttft_p50_ms, ttft_p90_ms,
 ttft_p99_ms, live_tokens_mean`` (main pass), ``floor_ms`` (mean over requests); and
-``cold_policy, ttft_mean_ms, plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean,
+``cold_policy, ttft_mean_ms, ttft_samples_ms`` (every measured request's TTFT, in the order
+they ran: where the tail comes from), ``plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean,
 token_hit_rate`` (reused tokens / prompt tokens), ``hit_rate`` (store acquire hits / look-ups during
 the measured requests; None without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
 floor), ``seam``, ``store_bytes_per_cached_token, store_bytes, store_entries, store_evictions,
@@ -226,6 +227,7 @@ class TtftBench:
             "live_tokens_mean": mean([s.live_tokens for s in samples]),
             "floor_ms": mean([s.floor_s * 1e3 for s in samples]),
             "ttft_mean_ms": mean(ttft_ms),
+            "ttft_samples_ms": list(ttft_ms),
             "plan_p50_ms": percentile([s.plan_s * 1e3 for s in samples], 50),
             "prompt_tokens_mean": mean([s.prompt_tokens for s in samples]),
             "standalone_tokens_mean": mean([s.standalone_tokens for s in samples]),

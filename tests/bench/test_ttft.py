@@ -106,6 +106,8 @@ def test_json_schema_all_cases_and_modes(report):
         assert r["prompt_tokens"] == P and r["segment_tokens"] == S
         assert r["num_requests"] == (1 if r["case"] == "cold" else 2)
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p90_ms"] <= r["ttft_p99_ms"]
+        samples = r["ttft_samples_ms"]
+        assert len(samples) == r["num_requests"] and min(samples) <= r["ttft_p50_ms"] <= r["ttft_p99_ms"] <= max(samples)
         assert r["floor_ms"] > 0 and r["flops"] > 0 and r["bytes"] > 0
         assert r["floor_ms"] == pytest.approx(max(r["flops"] / 790e12, r["bytes"] / 4.3e12) * 1e3)
         assert r["store_evictions"] == 0
