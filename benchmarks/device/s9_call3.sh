@@ -7,6 +7,9 @@
 #   3. (with the time left) the TTFT benchmark's cold 32k case (full_recompute, hypic inline +
 #      standalone). A duplicate of call 2, started by a helper, took 300 s of the budget: this
 #      call keeps to 360 s.
+#
+# Step 2 needs benchmarks/cold_runs_h200.py and the layout flag it toggles, both reverted after
+# this call (6b55c8c): run it from bb3c06c (`git checkout bb3c06c`), where they exist.
 set -u
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
