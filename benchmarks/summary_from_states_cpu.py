@@ -11,6 +11,11 @@ float64 on the CPU (Gated DeltaNet reference, K = V = 128) for boundary states r
 to fp32, against two yardsticks: S(C|0) itself rounded to bf16, and what the error does to the
 state a cached segment hands on after a new prefix, ``T_C p + S(C|0)``.
 
+A cold PIC layout writes each segment's *body*, which starts after its 8-token seam, mid-chunk.
+The last two columns compose a body from its partial first chunk ``[8, 64)`` (its own zero-start
+summary) and its chunk-aligned rest ``[64, end)``, whose S is derived from the bf16 boundary
+states: ``T_body = T_rest T_part`` and ``S_body = T_rest S_part + (h_end - T_rest h_64)``.
+
     PYTHONPATH=. python3 benchmarks/summary_from_states_cpu.py --json OUT.json
 
 Gates follow the Qwen3.5 recipe (``-exp(A_log) softplus(a - 6)``) with ``A_log`` fixed per row of
@@ -80,6 +85,29 @@ def case(a_log: float, num_segments: int, segment_tokens: int, prefix_tokens: in
         out[f"derived_{name}_rel_max"] = max(errs)
         out[f"composed_{name}_rel_max"] = max(composed)
     out["s_rounded_bf16_rel_max"] = max(rel(s.to(torch.bfloat16), s))
+    # A cold PIC layout writes each segment's body, which starts after the seam (w tokens, here
+    # 8), mid-chunk: compose it from its partial first chunk [w, 64) (its own zero-start summary)
+    # and its chunk-aligned rest [64, end), whose S comes from the boundary states.
+    seam, chunk = 8, 64
+    starts = [i * segment_tokens for i in range(num_segments)]
+    total_seg = num_segments * segment_tokens
+
+    def spans(offsets):  # cu over all segment tokens, cut at each segment's start + offsets
+        return torch.tensor(sorted({0, total_seg, *starts, *(a + o for a in starts for o in offsets)}))
+
+    body = gated_delta_summarize(*args, cu_seqlens=spans([seam]))  # seam, body, seam, body, ...
+    t_body, s_body = body.transition[1::2], body.state[1::2]
+    pieces = gated_delta_summarize(*args, cu_seqlens=spans([seam, chunk]))  # seam, partial, rest, ...
+    t_part, s_part, t_rest = pieces.transition[1::3], pieces.state[1::3], pieces.transition[2::3].float()
+    # the state entering the chunk at start + 64: the exact state advanced through [0, 64)
+    first = gated_delta_summarize(*args, cu_seqlens=spans([chunk]))  # first chunk, rest, ...
+    h64 = first.transition[0::2] @ start + first.state[0::2]
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        s_rest = end.to(dtype).float() - t_rest @ h64.to(dtype).float()
+        derived_s = t_rest @ s_part.float() + s_rest
+        derived_t = t_rest @ t_part.float()
+        out[f"body_{name}_s_rel_max"] = max(rel(derived_s, s_body))
+        out[f"body_{name}_t_rel_max"] = max(rel(derived_t, t_body))
     return out
 
 
@@ -103,12 +131,12 @@ def main():
     with open(args.json, "w") as f:
         json.dump(rows, f, indent=1)
     print(f"{'rank':>4} {'beta':>5} {'A_log':>6} {'decay':>7} {'|T|':>7} {'|h|/|S|':>8} {'bf16 med':>9} {'bf16 max':>9} {'comp bf16':>10} "
-          f"{'fp32 max':>9} {'comp fp32':>10} {'S->bf16':>8}")
+          f"{'fp32 max':>9} {'comp fp32':>10} {'S->bf16':>8} {'body S':>8} {'body T':>8}")
     for r in rows:
         print(f"{r['key_rank']:>4} {r['beta_shift']:>5.1f} {r['a_log']:>6.2f} {r['decay_per_token_mean']:>7.4f} {r['transition_norm_mean']:>7.3f} "
               f"{r['state_ratio_mean']:>8.2f} {r['derived_bf16_rel_median']:>9.1e} {r['derived_bf16_rel_max']:>9.1e} "
               f"{r['composed_bf16_rel_max']:>10.1e} {r['derived_fp32_rel_max']:>9.1e} {r['composed_fp32_rel_max']:>10.1e} "
-              f"{r['s_rounded_bf16_rel_max']:>8.1e}")
+              f"{r['s_rounded_bf16_rel_max']:>8.1e} {r['body_bf16_s_rel_max']:>8.1e} {r['body_bf16_t_rel_max']:>8.1e}")
 
 
 if __name__ == "__main__":
