@@ -418,3 +418,58 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     plan, res = prefix.run(segs, query)
     assert plan.prefix_hit_tokens == sum(len(s) for s in segs)
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+
+
+def test_cold_prefill_with_summaries_from_run_states(tiny, monkeypatch):
+    """``HYPIC_COLD_SUMMARIES=states``: a cold hypic prefill (segments written, nothing cached, no
+    checkpoint, every written body ending on a 64-token chunk boundary) runs each request as one
+    linear-attention run and composes the bodies' summaries from its states, with no chain scan.
+    Its logits and entries equal those of the default ``scan`` path; bodies that end inside a
+    chunk keep the scan path; an unknown setting is a clear error."""
+    from hypic.engine import pic_context, pic_runner
+
+    spec, model = tiny
+    num_linear = sum(1 for kind in spec.layer_types if kind == "linear_attention")
+    assert num_linear > 0
+    aligned = [random_segment(n, 800 + i) for i, n in enumerate((64, 128, 64))]
+    query = random_segment(5, 4)
+    calls = {"runs": 0, "scan": 0}
+
+    def counted(name, key):
+        real = getattr(pic_context, name)
+        monkeypatch.setattr(pic_context, name, lambda *a, **k: calls.__setitem__(key, calls[key] + 1) or real(*a, **k))
+
+    counted("gated_delta_forward_and_span_summaries", "runs")
+    counted("gated_delta_summarize_then_forward", "scan")
+    written = []
+    real_write = pic_runner.PicRunner._write_entries
+
+    def keep(self, ctx, insert=True):
+        written.append(real_write(self, ctx, insert))
+        return written[-1]
+
+    monkeypatch.setattr(pic_runner.PicRunner, "_write_entries", keep)
+    results = {}
+    unaligned = [random_segment(n, 900 + n) for n in (40, 70, 13)]
+    for setting, segs, want in (("states", aligned, "runs"), ("scan", aligned, "scan"), ("states", unaligned, "scan")):
+        monkeypatch.setenv("HYPIC_COLD_SUMMARIES", setting)
+        calls.update(runs=0, scan=0)
+        _, res = PicHarness(spec, model, config=PICConfig(mode="hypic")).run(segs, query)
+        assert calls == {"runs": num_linear if want == "runs" else 0, "scan": num_linear if want == "scan" else 0}
+        assert _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+        results.setdefault(setting, (res.logits, written[-1]))
+    (logits_a, entries_a), (logits_b, entries_b) = results["states"], results["scan"]
+    assert _max_err(logits_a, logits_b) < ATOL and len(entries_a) == len(entries_b) == 3
+    for a, b in zip(entries_a, entries_b):
+        assert a.key == b.key and set(a.linear) == set(b.linear) and set(a.attention) == set(b.attention)
+        for layer in a.linear:
+            sa, sb = a.linear[layer].summary, b.linear[layer].summary
+            assert _max_err(sa.transition, sb.transition) < 1e-5 and _max_err(sa.state, sb.state) < 1e-5
+            # the layers below differ in rounding only (fp32): their conv inputs, keys and values too
+            assert _max_err(a.linear[layer].conv_tail, b.linear[layer].conv_tail) < 1e-5
+        for layer in a.attention:
+            assert _max_err(a.attention[layer].key, b.attention[layer].key) < 1e-5
+            assert _max_err(a.attention[layer].value, b.attention[layer].value) < 1e-5
+    monkeypatch.setenv("HYPIC_COLD_SUMMARIES", "sometimes")
+    with pytest.raises(ValueError, match="HYPIC_COLD_SUMMARIES"):
+        PicHarness(spec, model, config=PICConfig(mode="hypic")).run(aligned, query)
