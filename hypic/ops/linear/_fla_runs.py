@@ -20,7 +20,6 @@ from hypic.ops.linear._fla_common import (
     _any_fp64,
     _b1,
     _check_fla_inputs,
-    _chunk_indices,
     _on_cpu_reference,
     _state_or_none,
 )
