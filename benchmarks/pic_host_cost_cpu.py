@@ -57,6 +57,15 @@ def timed(owner, name: str, into: list) -> None:
     setattr(owner, name, wrapper)
 
 
+def narrow_model():
+    """The 40-layer Qwen3.5-35B-A3B layout at tiny widths, fp32 on the CPU, one torch thread."""
+    torch.set_num_threads(1)
+    with open(CONFIG) as f:
+        config = json.load(f)
+    config["text_config"].update(NARROW)
+    return build_dummy_model(config, dtype=torch.float32, device="cpu", seed=0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", required=True)
@@ -64,11 +73,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--plan-repeats", type=int, default=20)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    with open(CONFIG) as f:
-        config = json.load(f)
-    config["text_config"].update(NARROW)
-    spec, model = build_dummy_model(config, dtype=torch.float32, device="cpu", seed=0)
+    spec, model = narrow_model()
     work = WorkModel(spec, model)
 
     write_s = []

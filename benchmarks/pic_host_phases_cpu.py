@@ -26,9 +26,8 @@ import hypic
 from hypic.bench.floor import WorkModel
 from hypic.bench.ttft_mode import ModeBench
 from hypic.engine import pic_context, pic_runner
-from hypic.models.loader import build_dummy_model
 from hypic.pic.segments import SegmentedPrompt
-from pic_host_cost_cpu import CONFIG, NARROW, timed
+from pic_host_cost_cpu import narrow_model, timed
 
 
 def main():
@@ -37,11 +36,7 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    with open(CONFIG) as f:
-        config = json.load(f)
-    config["text_config"].update(NARROW)
-    spec, model = build_dummy_model(config, dtype=torch.float32, device="cpu", seed=0)
+    spec, model = narrow_model()
     layout_s, tails_s, caches_s = [], [], []
     timed(pic_runner, "build_layout", layout_s)
     timed(pic_runner.PicRunner, "_decode_caches", caches_s)

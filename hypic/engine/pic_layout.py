@@ -29,7 +29,7 @@ import torch
 
 from hypic.ops.linear._checks import concrete_device
 from hypic.ops.linear._fla_common import CHUNK_SIZE
-from hypic.ops.linear.span_summaries import plan_span_summaries
+from hypic.ops.linear.span_summaries import spans_plannable
 from hypic.ops.linear.summary import summary_addresses
 from hypic.pic.keys import StoreKey
 from hypic.pic.payload import SegmentEntry
@@ -329,7 +329,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     bounds = None
     if (not bodies and writes and all(r is None for r in write_after_rows) and cold_summaries() == "states"):
         ranges = [[cu_spans[s], cu_spans[s + 1]] for s in write_span_ids]
-        if plan_span_summaries(cu_req, ranges, CHUNK_SIZE) is not None:
+        if spans_plannable(cu_req, ranges, CHUNK_SIZE):  # the op builds the plan itself, once
             bounds = torch.tensor(ranges, dtype=torch.int64)
     cpu, dev = _to_device(lists, device)
     layout = PackedLayout(

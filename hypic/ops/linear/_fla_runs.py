@@ -23,7 +23,7 @@ from hypic.ops.linear._fla_common import (
     _on_cpu_reference,
     _state_or_none,
 )
-from hypic.ops.linear.span_summaries import compose_span_summaries, plan_span_summaries, plan_tables
+from hypic.ops.linear.span_summaries import compose_span_summaries, plan_span_summaries, plan_tables, span_cuts
 
 # (cu_seqlens_cpu, spans, device, prepared), most recent first: the layers of one forward share
 # one layout, so its host plan and index tensors are built once per forward
@@ -57,12 +57,10 @@ def _spans_apart(k, v, g, beta, spans: torch.Tensor, num_tokens: int):
     include every span's (the gaps are summarised too, then dropped)."""
     from hypic.ops.linear import fla_paths
 
-    cuts = sorted({0, num_tokens, *spans.flatten().tolist()})
-    index = {p: j for j, p in enumerate(cuts)}
+    cuts, rows = span_cuts(spans.tolist(), num_tokens)
     cu_cpu = torch.tensor(cuts, dtype=torch.int64)
     summary = fla_paths._wy_summarize(k, v, g, beta, cu_cpu.to(k.device), cu_cpu=cu_cpu)
-    rows = torch.tensor([index[int(a)] for a in spans[:, 0].tolist()], device=k.device)
-    return summary.index(rows)
+    return summary.index(torch.tensor(rows, device=k.device))
 
 
 def gated_delta_forward_and_span_summaries(q, k, v, g, beta, *, cu_seqlens, spans, initial_state=None, scale=None,

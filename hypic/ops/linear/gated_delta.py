@@ -14,6 +14,7 @@ import torch
 from . import _family
 from ._checks import check_cu_seqlens_cpu
 from ._dispatch import cuda_fast_path
+from .span_summaries import span_cuts
 from .summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
 
 SPEC = _family.FamilySpec("gated_delta", gate="scalar", delta=True)
@@ -145,10 +146,9 @@ def gated_delta_forward_and_span_summaries(
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, spans=spans, initial_state=initial_state, scale=scale,
                     cu_seqlens_cpu=cu_seqlens_cpu)
     o, final = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
-    cuts = sorted({0, q.shape[0], *spans.flatten().tolist()})
-    index = {p: j for j, p in enumerate(cuts)}
+    cuts, rows = span_cuts(spans.tolist(), q.shape[0])
     summary = _family.summarize(SPEC, k, v, g, beta, torch.tensor(cuts, dtype=torch.int64))
-    return o, final, summary.index(torch.tensor([index[a] for a in spans[:, 0].tolist()], dtype=torch.int64))
+    return o, final, summary.index(torch.tensor(rows, dtype=torch.int64))
 
 
 def gated_delta_summarize_then_forward(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -61,11 +61,38 @@ class SpanSummaryPlan:
         return int(self.rest_piece.size)
 
 
+def _run_of(bounds: List[int], a: int, b: int, chunk_size: int) -> Optional[int]:
+    """The run holding span ``[a, b)``, or None when it crosses a run boundary or ends inside a
+    chunk before its run's end (its end state is then not a state the run keeps)."""
+    run = min(max(bisect.bisect_right(bounds, a) - 1, 0), len(bounds) - 2)
+    if not bounds[run] <= a <= b <= bounds[run + 1]:
+        return None
+    if (b - bounds[run]) % chunk_size and b != bounds[run + 1]:
+        return None
+    return run
+
+
+def spans_plannable(cu_runs: Sequence[int], spans: Sequence[Sequence[int]], chunk_size: int) -> bool:
+    """Whether :func:`plan_span_summaries` has a plan for these spans (host check, no tables)."""
+    bounds = [int(x) for x in cu_runs]
+    if len(bounds) < 2:
+        raise ValueError("need at least one run")
+    return all(_run_of(bounds, int(a), int(b), chunk_size) is not None for a, b in spans)
+
+
+def span_cuts(spans: Sequence[Sequence[int]], num_tokens: int) -> Tuple[List[int], List[int]]:
+    """Boundaries over all ``num_tokens`` tokens that include both ends of every span (in order,
+    disjoint; the gaps between them become spans of their own), and each span's index among the
+    spans they cut: how one summary call over all tokens yields these spans' summaries."""
+    cuts = sorted({0, num_tokens, *(int(p) for ab in spans for p in ab)})
+    index = {p: j for j, p in enumerate(cuts)}
+    return cuts, [index[int(a)] for a, _ in spans]
+
+
 def plan_span_summaries(cu_runs: Sequence[int], spans: Sequence[Sequence[int]],
                         chunk_size: int) -> Optional[SpanSummaryPlan]:
-    """The plan for spans ``[(a, b), ...]`` (token indices) of the runs ``cu_runs``, or None when a
-    span crosses a run boundary or ends inside a chunk before its run's end (its end state is
-    then not a state the run keeps)."""
+    """The plan for spans ``[(a, b), ...]`` (token indices) of the runs ``cu_runs``, or None when
+    :func:`spans_plannable` says no."""
     bounds = [int(x) for x in cu_runs]
     num_runs = len(bounds) - 1
     if num_runs < 1:
@@ -89,10 +116,8 @@ def plan_span_summaries(cu_runs: Sequence[int], spans: Sequence[Sequence[int]],
     cu_heads = [0]
     for i, (a, b) in enumerate(spans):
         a, b = int(a), int(b)
-        run = min(max(bisect.bisect_right(bounds, a) - 1, 0), num_runs - 1)
-        if not bounds[run] <= a <= b <= bounds[run + 1]:
-            return None
-        if (b - bounds[run]) % chunk_size and b != bounds[run + 1]:
+        run = _run_of(bounds, a, b, chunk_size)
+        if run is None:
             return None
         c = min(bounds[run] + -(-(a - bounds[run]) // chunk_size) * chunk_size, b)
         if c > a:
