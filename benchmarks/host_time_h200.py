@@ -10,6 +10,8 @@ requests of:
 * ``enqueue_ms``: host time of the prefill call alone (it has no host-device sync, so this is the
   time the host needs to queue the request's GPU work: when it is close to ``ttft_ms``, the
   request is host-bound);
+* per ``HYPIC_LAYER_GRAPHS`` value (``--layer-graphs``; 1: the linear cores replayed from
+  per-forward graphs, hypic.engine.layer_graphs), each value in turn in one process;
 * per forward-context method (``token_wise`` = CUDA-graph phases with their input copies,
   ``short_conv``, ``linear_attention``, ``attention``), and inside them ``CUDAGraph.replay`` and
   Triton launches (``JITFunction.run`` outermost calls), their summed host ms per request and
@@ -84,6 +86,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--prompts", default="8192,32768")
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--layer-graphs", default="1,0",
+                    help="HYPIC_LAYER_GRAPHS values to run, each in turn per prompt size (an A/B in one process)")
     ap.add_argument("--smoke", action="store_true", help="CPU, the embedded tiny config (checks the script)")
     args = ap.parse_args()
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
@@ -95,7 +99,8 @@ def main():
     work = WorkModel(spec, model)
     install(triton_too=not args.smoke)
     rows = []
-    for prompt_tokens in [int(x) for x in args.prompts.split(",")]:
+    for prompt_tokens, variant in [(int(p), v) for p in args.prompts.split(",") for v in args.layer_graphs.split(",")]:
+        os.environ["HYPIC_LAYER_GRAPHS"] = variant
         n = prompt_tokens // 512
         rng = random.Random(prompt_tokens)
         segs = [tuple(rng.randrange(spec.vocab_size) for _ in range(seg_tokens)) for _ in range(n)]
@@ -114,13 +119,19 @@ def main():
             ttft.append(s.ttft_s * 1e3)
             for k, v in totals.items():
                 per[k].append((v * 1e3, counts[k]))
+        replays = bench.runner._replays
         row = {"prompt_tokens": prompt_tokens, "segments": n, "live_tokens": s.live_tokens,
+               "layer_graphs": variant,
+               "layer_replays": None if replays is None else {
+                   "captures": replays.num_captures, "replays": replays.num_replays,
+                   "failures": replays.failures()},
                "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft),
                "host_ms": {k: statistics.median(x[0] for x in v) for k, v in per.items()},
                "calls": {k: v[-1][1] for k, v in per.items()}}
         rows.append(row)
         bench.close()
-        print(f"\n== all-hit {prompt_tokens} ({n} x 512 + 64): TTFT p50 {row['ttft_p50_ms']:.1f} ms ==")
+        print(f"\n== all-hit {prompt_tokens} ({n} x 512 + 64), HYPIC_LAYER_GRAPHS={variant}: "
+              f"TTFT p50 {row['ttft_p50_ms']:.1f} ms; core graphs {row['layer_replays']} ==")
         print(f"{'host (no profiler)':28s} {'ms/request':>10s} {'calls':>7s} {'us/call':>8s}")
         for k, v in sorted(row["host_ms"].items(), key=lambda kv: -kv[1]):
             c = row["calls"][k]

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import torch
 
 from hypic.engine.context import ForwardContext
+from hypic.engine.layer_graphs import LayerReplays
 from hypic.engine.pic_layout import PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
@@ -63,6 +64,9 @@ class PicContext(ForwardContext):
         self._shift_cos_sin = None
         self._zero_tail: Optional[torch.Tensor] = None
         self._run_sources: Optional[list] = None  # per conv run: (per-layer caches, field) or None
+        # Set by the runner when the linear cores may be replayed from per-forward graphs
+        # (a cached request's few live tokens: hypic.engine.layer_graphs).
+        self.replays: Optional[LayerReplays] = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -93,19 +97,30 @@ class PicContext(ForwardContext):
         return torch.stack(tails).to(x.dtype)
 
     def short_conv(self, layer_idx, x, weight, bias):
+        init = self._run_initial_conv_states(layer_idx, x, weight.shape[1])
+        rec = self.records.setdefault(layer_idx, LinearRecord())
+        if self.replays is None:
+            y, rec.tails = self._conv_core(x, weight, bias, init)
+            return y
+        # x: the row-wise phase's output buffer when those phases are graphs
+        y, tails = self.replays.run("short_conv", self._conv_core, x, weight, bias, init,
+                                    stable=(0,) if self.graphs is not None else ())
+        rec.tails = tails.clone()  # the graph's buffer: the next layer's replay rewrites it
+        return y
+
+    def _conv_core(self, x, weight, bias, init):
+        """The conv over the layout's runs and the tails recorded (a function of its inputs and
+        the layout alone, so a graph of it serves every linear layer of the forward)."""
         lay = self.layout
         width = weight.shape[1]
-        init = self._run_initial_conv_states(layer_idx, x, width)
         y, _ = causal_conv1d(x, weight, bias, cu_seqlens=lay.cu_runs, initial_state=init, activation="silu",
                              cu_seqlens_cpu=lay.cu_runs_cpu, output_final_state=False)
         # Tails: the last W-1 conv inputs before each recorded end (writes, then each request's end).
         init_rows = init.transpose(1, 2).reshape(-1, x.shape[1])
         tails = gather_rows_of_cat(x, init_rows, lay.tail_index).view(-1, width - 1, x.shape[1]).transpose(1, 2)
-        rec = self.records.setdefault(layer_idx, LinearRecord())
         # contiguous: each write's tail is then a dense view, which the batched copy of the
         # store writes takes on its fast path
-        rec.tails = tails.to(_state_dtype(x)).contiguous()
-        return y
+        return y, tails.to(_state_dtype(x)).contiguous()
 
     # -- linear attention -----------------------------------------------------------------------
     def _body_summaries(self, layer_idx: int, device: torch.device, dtype: torch.dtype):
@@ -166,6 +181,23 @@ class PicContext(ForwardContext):
         if not lay.writes:
             # Nothing to record but the final states: the live spans' summaries are never formed
             # (the GPU path fuses the scan with their state pass).
+            if (self.replays is not None and q.is_cuda
+                    and (bodies is None or getattr(bodies, "addresses", None) is not None)):
+                addresses = None if bodies is None else bodies.addresses
+
+                def core(q, k, v, g, beta, addresses, init):
+                    # On CUDA the bodies are read through the address table alone (the table's
+                    # items give only their dtype and shape), so one graph serves every layer,
+                    # the layer's table an input. The CPU reference stacks the items: no graph.
+                    table = None if addresses is None else SummaryTable(bodies.items, addresses)
+                    return gated_delta_chain_forward(
+                        q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source,
+                        bodies=table, initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu)
+
+                o, final = self.replays.run("chain_forward", core, q, k, v, g, beta, addresses, init,
+                                            stable=(0, 1, 2, 3, 4) if self.graphs is not None else ())
+                rec.final_states = final.clone()  # the graph's buffer: the next replay rewrites it
+                return o
             o, rec.final_states = gated_delta_chain_forward(
                 q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
                 initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu)

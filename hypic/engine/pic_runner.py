@@ -21,6 +21,8 @@ from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
+from hypic.engine.layer_graphs import MAX_TOKENS as LAYER_REPLAY_MAX_TOKENS
+from hypic.engine.layer_graphs import CudaGraphBackend, LayerReplays, layer_graphs_enabled
 from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
@@ -58,6 +60,7 @@ class PicRunner:
         self.attention_layers = [i for i, t in enumerate(spec.layer_types) if t != LINEAR_ATTENTION]
         self.skipped_writes = 0  # cold segments not recorded because the store could not hold them
         self.graphs = make_token_graphs(self.device)  # None on CPU or with HYPIC_CUDA_GRAPHS=0
+        self._replays: Optional[LayerReplays] = None  # the last forward's core graphs
 
     # ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -212,9 +215,22 @@ class PicRunner:
         layout = build_layout(layouts, width, self.device)
         ctx = PicContext(self.spec, layout)
         ctx.graphs = self.graphs
+        ctx.replays = self._layer_replays(layout)
         logits = self.model(layout.input_ids, layout.positions, ctx)
         caches = self._decode_caches(ctx) if want_caches else []
         return logits, caches, ctx
+
+    def _layer_replays(self, layout) -> Optional[LayerReplays]:
+        """Per-forward graphs of the linear layers' cores for a forward that writes nothing and
+        has few live tokens (a cached request, host-bound: :mod:`hypic.engine.layer_graphs`), else
+        None. The previous forward's graphs are dropped here, not when that forward returned: by
+        now its replays have run (its logits were read)."""
+        self._replays = None
+        if (self.graphs is None or not layer_graphs_enabled() or layout.writes or layout.linear_one_run_per_request
+                or layout.input_ids.shape[0] > LAYER_REPLAY_MAX_TOKENS):
+            return None
+        self._replays = LayerReplays(CudaGraphBackend(self.device, self.graphs.pool))
+        return self._replays
 
     def _decode_caches(self, ctx: PicContext) -> List[SequenceCache]:
         lay = ctx.layout

@@ -30,11 +30,18 @@ TINY_CONFIG = dict(
 )
 
 
+# five linear layers: the per-forward graphs of the linear cores replay from the third on
+DEEP_LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 2 + ["full_attention"]
+
+
 @torch.no_grad()
-def tiny_model(seed: int = 0, dtype=torch.float32):
+def tiny_model(seed: int = 0, dtype=torch.float32, layer_types: Optional[Sequence[str]] = None):
     """Random weights scaled so activations and logits are far from uniform, and GDN gates that
-    decay like a trained model's (per-token decays mostly in 0.8-0.9995, many heads near 1)."""
-    spec = spec_from_config(TINY_CONFIG)
+    decay like a trained model's (per-token decays mostly in 0.8-0.9995, many heads near 1).
+    ``layer_types`` replaces the default four layers."""
+    config = TINY_CONFIG if layer_types is None else dict(TINY_CONFIG, layer_types=list(layer_types),
+                                                          num_hidden_layers=len(layer_types))
+    spec = spec_from_config(config)
     model = build_empty_model(spec, dtype, "cpu")
     init_dummy_weights(model, seed=seed, std=0.15)
     gen = torch.Generator().manual_seed(seed + 1)

@@ -11,7 +11,7 @@ from hypic.pic.modes import PICConfig
 from hypic.pic.plan import plan_request
 from hypic.pic.segments import SegmentedPrompt
 from hypic.pic.store import SegmentStore
-from tests.engine.pic_helpers import random_segment, tiny_model
+from tests.engine.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -32,8 +32,8 @@ class Harness:
 
 
 def test_cached_request_on_cuda_matches_cpu_with_and_without_graphs():
-    spec, cpu_model = tiny_model(seed=3)
-    _, gpu_model = tiny_model(seed=3)
+    spec, cpu_model = tiny_model(seed=3, layer_types=DEEP_LAYER_TYPES)
+    _, gpu_model = tiny_model(seed=3, layer_types=DEEP_LAYER_TYPES)
     gpu_model = gpu_model.cuda()
     segs = [random_segment(40 + 8 * i, seed=10 + i) for i in range(5)]
     query = random_segment(12, seed=99)
@@ -46,9 +46,19 @@ def test_cached_request_on_cuda_matches_cpu_with_and_without_graphs():
     _, with_graphs = gpu.run(segs, query)
     assert gpu.runner.graphs.num_captures > 0
     assert not gpu.runner.graphs.failures(), gpu.runner.graphs.failures()
+    # the linear layers' cores: layer 1 eager, layer 2 captured, the rest replayed
+    replays = gpu.runner._replays
+    assert replays is not None and not replays.failures(), replays and replays.failures()
+    assert replays.num_captures == 2 and replays.num_replays > 0
     graphs, gpu.runner.graphs = gpu.runner.graphs, None
     _, eager = gpu.run(segs, query)
     gpu.runner.graphs = graphs
+    # the decode caches the replayed layers recorded (cloned out of the graphs' buffers)
+    for layer_a, layer_b in zip(with_graphs.cache.layers, eager.cache.layers):
+        for name in ("recurrent_state", "conv_state"):
+            if hasattr(layer_a, name):
+                x, y = getattr(layer_a, name).float(), getattr(layer_b, name).float()
+                assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, name
     a, b, ref = with_graphs.logits.float().cpu(), eager.logits.float().cpu(), want.logits.float()
     assert (a - b).abs().max() <= 1e-3 * ref.abs().max()
     assert (a - ref).norm() / ref.norm() < 1e-2

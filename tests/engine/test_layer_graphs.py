@@ -1,0 +1,164 @@
+"""Per-forward graphs of the linear layers' cores (hypic.engine.layer_graphs), on the CPU with a
+backend that has a CUDA graph's semantics: a capture records the call on its static inputs, a
+replay runs it again on whatever those inputs hold then and writes the results into the
+capture's output tensors. The CUDA backend itself is tested in tests/engine/test_pic_runner_cuda.py."""
+
+import pytest
+import torch
+
+from hypic.engine import layer_graphs
+from hypic.engine.layer_graphs import LayerReplays
+from hypic.engine.pic_runner import PicRunner
+from hypic.pic.keys import Keyer, KeyNamespace
+from hypic.pic.modes import PICConfig
+from hypic.pic.plan import plan_request
+from hypic.pic.segments import SegmentedPrompt
+from hypic.pic.store import SegmentStore
+from tests.engine.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_model
+
+
+def _flat(out):
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
+
+
+class RecordingBackend:
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.replayed = 0
+
+    def capture(self, fn, inputs):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        out = fn(*inputs)
+        return (fn, inputs, out), out
+
+    def replay(self, graph):
+        fn, inputs, out = graph
+        for o, n in zip(_flat(out), _flat(fn(*inputs))):
+            if o is not None:
+                o.copy_(n)
+        self.replayed += 1
+
+
+def core(x, w, bias):
+    y = x * w if bias is None else x * w + bias
+    return y + 1, y.sum(0)
+
+
+def test_first_call_eager_second_captured_then_replays_with_the_moved_inputs_copied():
+    backend = RecordingBackend()
+    replays = LayerReplays(backend)
+    x = torch.randn(5, 3)  # the same buffer every call, as a row-wise phase's output
+    for i in range(6):
+        x.copy_(torch.randn(5, 3))
+        w = torch.randn(5, 3)  # a new tensor every call, as a layer's weight
+        y, s = replays.run("core", core, x, w, None, stable=(0,))
+        want_y, want_s = core(x, w, None)
+        torch.testing.assert_close(y, want_y)
+        torch.testing.assert_close(s, want_s)
+    assert replays.num_captures == 1 and replays.num_replays == 4 and backend.replayed == 4
+    slot = replays._slots["core"]
+    assert slot.in_place == (True, False, False)
+    assert slot.inputs[0] is x and slot.inputs[1] is not w and slot.inputs[2] is None
+
+
+def test_outputs_are_the_graphs_buffers_rewritten_by_the_next_replay():
+    replays = LayerReplays(RecordingBackend())
+    x = torch.ones(4, 2)
+    for _ in range(3):
+        out, _ = replays.run("core", core, x, torch.full((4, 2), 2.0), None)
+    kept = out.clone()
+    out2, _ = replays.run("core", core, x, torch.full((4, 2), 5.0), None)
+    assert out2 is out  # the same buffer: the caller clones what it keeps
+    torch.testing.assert_close(kept, torch.full((4, 2), 3.0))
+    torch.testing.assert_close(out, torch.full((4, 2), 6.0))
+
+
+def test_calls_that_do_not_fit_the_capture_run_eagerly():
+    replays = LayerReplays(RecordingBackend())
+    x = torch.randn(5, 3)
+    w = torch.randn(5, 3)
+    for _ in range(3):
+        replays.run("core", core, x, w, None, stable=(0, 1))
+    replays_before = replays.num_replays
+    elsewhere = x.clone()  # an input read in place that moved
+    y, _ = replays.run("core", core, elsewhere, w, None, stable=(0, 1))
+    torch.testing.assert_close(y, core(elsewhere, w, None)[0])
+    bias = torch.randn(5, 3)  # None became a tensor
+    y, _ = replays.run("core", core, x, w, bias)
+    torch.testing.assert_close(y, core(x, w, bias)[0])
+    y, _ = replays.run("core", core, x, torch.randn(5, 3).double(), None)  # another dtype
+    assert y.dtype == torch.float64
+    assert replays.num_replays == replays_before
+    replays.run("core", core, x, w, None, stable=(0, 1))  # fits again: replayed
+    assert replays.num_replays == replays_before + 1
+
+
+def test_a_failed_capture_runs_eagerly_and_says_why():
+    replays = LayerReplays(RecordingBackend(fail=True))
+    x = torch.randn(5, 3)
+    for _ in range(4):
+        w = torch.randn(5, 3)
+        y, _ = replays.run("core", core, x, w, None)
+        torch.testing.assert_close(y, core(x, w, None)[0])
+    assert replays.num_captures == 0 and replays.num_replays == 0
+    assert "capturing" in replays.failures()["core"]
+
+
+def test_shapes_that_change_between_the_first_two_calls_are_never_captured():
+    replays = LayerReplays(RecordingBackend())
+    replays.run("core", core, torch.randn(5, 3), torch.randn(5, 3), None)
+    for _ in range(3):
+        x, w = torch.randn(6, 3), torch.randn(6, 3)
+        y, _ = replays.run("core", core, x, w, None)
+        torch.testing.assert_close(y, core(x, w, None)[0])
+    assert replays.num_captures == 0 and "shapes" in replays.failures()["core"]
+
+
+def test_switch_is_validated(monkeypatch):
+    monkeypatch.setenv(layer_graphs.ENV, "2")
+    with pytest.raises(ValueError, match="HYPIC_LAYER_GRAPHS"):
+        layer_graphs.layer_graphs_enabled()
+    monkeypatch.setenv(layer_graphs.ENV, "0")
+    assert not layer_graphs.layer_graphs_enabled()
+
+
+def test_a_cached_request_with_replayed_conv_cores_matches_the_eager_forward(monkeypatch):
+    # Every linear layer after the second replays the first conv core captured: the result must
+    # equal the eager forward's (the core depends on its inputs and the layout alone, and the
+    # tails recorded per layer are copies, not the graph's buffer).
+    spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
+    store = SegmentStore(None, 0, device="cpu")
+    keyer = Keyer(KeyNamespace("replays", "float32"))
+    runner = PicRunner(model, spec, store, torch.device("cpu"), torch.float32)
+    made = []
+
+    def replays_for(layout):
+        if layout.writes or layout.linear_one_run_per_request:
+            return None
+        made.append(LayerReplays(RecordingBackend()))
+        return made[-1]
+
+    segs = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
+    query = random_segment(10, seed=50)
+    policy = PICConfig(mode="hypic", seam=4).resolve()
+
+    def run():
+        plan = plan_request(SegmentedPrompt(tuple(map(tuple, segs)), tuple(query)), policy, store=store,
+                            keyer=keyer)
+        with plan:
+            return plan, runner.prefill([plan])[0]
+
+    segs.reverse()
+    run()  # cold: caches every segment
+    segs.reverse()
+    plan, eager = run()
+    assert plan.cached_tokens > 0
+    monkeypatch.setattr(runner, "_layer_replays", replays_for)
+    _, replayed = run()
+    assert made and made[-1].num_captures >= 1 and made[-1].num_replays >= 1, made[-1].failures()
+    torch.testing.assert_close(replayed.logits, eager.logits)
+    for a, b in zip(replayed.cache.layers, eager.cache.layers):
+        if hasattr(a, "conv_state"):
+            torch.testing.assert_close(a.conv_state, b.conv_state)
+            torch.testing.assert_close(a.recurrent_state, b.recurrent_state)
