@@ -33,7 +33,6 @@ from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
 from hypic.ops.linear.gated_delta import (
     gated_delta_chain_forward,
     gated_delta_forward,
-    gated_delta_forward_and_span_summaries,
     gated_delta_summarize_then_forward,
 )
 from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
@@ -169,13 +168,6 @@ class PicContext(ForwardContext):
             self.records.setdefault(layer_idx, LinearRecord()).final_states = final
             return o
         rec = self.records.setdefault(layer_idx, LinearRecord())
-        if lay.linear_runs_with_summaries:
-            # A cold prefill (HYPIC_COLD_SUMMARIES=states): each request as one run, the written
-            # bodies' summaries composed from its states, in write order; no scan.
-            o, rec.final_states, rec.write_summaries = gated_delta_forward_and_span_summaries(
-                q, k, v, g, beta, cu_seqlens=lay.cu_live_per_request, spans=lay.write_span_bounds_cpu,
-                initial_state=init, cu_seqlens_cpu=lay.cu_live_per_request_cpu)
-            return o
         bodies = self._body_summaries(layer_idx, v.device, _state_dtype(v)) if lay.bodies else None
         source = lay.chain_source if lay.bodies else None
         if not lay.writes:

@@ -19,7 +19,6 @@ one Python-level pass over the batch's cached pieces to gather their tensors).
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -28,31 +27,12 @@ import numpy as np
 import torch
 
 from hypic.ops.linear._checks import concrete_device
-from hypic.ops.linear._fla_common import CHUNK_SIZE
-from hypic.ops.linear.span_summaries import spans_plannable
 from hypic.ops.linear.summary import summary_addresses
 from hypic.pic.keys import StoreKey
 from hypic.pic.payload import SegmentEntry
 
 WRITE_SEGMENT = "segment"
 WRITE_CHECKPOINT = "checkpoint"
-
-COLD_SUMMARIES_ENV = "HYPIC_COLD_SUMMARIES"
-COLD_SUMMARIES = ("scan", "states")
-
-
-def cold_summaries() -> str:
-    """How a forward with segment writes and nothing cached (a cold prefill) gets the written
-    bodies' linear summaries (``HYPIC_COLD_SUMMARIES``): ``scan`` (the default) takes every live
-    span's zero-start summary, scans them for each span's incoming state and runs a state pass
-    per span; ``states`` runs each request as one linear run and composes each body's summary
-    from that run's states (:mod:`hypic.ops.linear.span_summaries`; bodies must end on a 64-token
-    chunk boundary of their request or at its end, else ``scan``). ``states`` is new in session 9
-    and not yet measured on a GPU."""
-    value = os.environ.get(COLD_SUMMARIES_ENV, "scan")
-    if value not in COLD_SUMMARIES:
-        raise ValueError(f"{COLD_SUMMARIES_ENV} must be one of {COLD_SUMMARIES}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -118,12 +98,6 @@ class PackedLayout:
     # No cached body and no write in the batch: each request's live tokens are one run from its
     # prefix state (or zero), so the linear layers need no summaries and no chain scan.
     linear_one_run_per_request: bool
-    # ``cold_summaries() == "states"`` and a plan exists: no cached body, every write a segment (no
-    # checkpoint, whose state would need the scan), each written body ending on a chunk boundary
-    # of its request or at its end. The same one run per request then, the written bodies'
-    # summaries composed from its states; ``write_span_bounds_cpu`` holds their token ranges.
-    linear_runs_with_summaries: bool
-    write_span_bounds_cpu: Optional[torch.Tensor]  # [NW, 2] host int64, with the flag above
     cu_spans: torch.Tensor  # [S+1] live elements
     cu_spans_cpu: torch.Tensor  # host copy: fla reads lengths from it instead of the device
     # chain of every request: live elements and bodies in prompt order
@@ -326,11 +300,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                  chain_record_rows=record_rows, cached_delta=cached_delta, logits_rows=logits_rows)
     if body_addresses is not None:
         lists["body_addresses"] = body_addresses
-    bounds = None
-    if (not bodies and writes and all(r is None for r in write_after_rows) and cold_summaries() == "states"):
-        ranges = [[cu_spans[s], cu_spans[s + 1]] for s in write_span_ids]
-        if spans_plannable(cu_req, ranges, CHUNK_SIZE):  # the op builds the plan itself, once
-            bounds = torch.tensor(ranges, dtype=torch.int64)
     cpu, dev = _to_device(lists, device)
     layout = PackedLayout(
         requests=list(requests),
@@ -340,8 +309,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_live_per_request_cpu=cpu["cu_live_per_request"],
         cu_live_host=cu_req,
         linear_one_run_per_request=not bodies and not writes,
-        linear_runs_with_summaries=bounds is not None,
-        write_span_bounds_cpu=bounds,
         cu_spans=dev["cu_spans"],
         cu_spans_cpu=cpu["cu_spans"],
         cu_chains=dev["cu_chains"],

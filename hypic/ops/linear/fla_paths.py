@@ -38,7 +38,6 @@ from hypic.ops.linear._fla_common import (
     _summary_classes,
 )
 from hypic.ops.linear._fla_chain import gated_delta_chain_forward  # noqa: F401 (looked up by the dispatcher)
-from hypic.ops.linear._fla_runs import gated_delta_forward_and_span_summaries  # noqa: F401 (the same)
 from hypic.ops.linear._fla_summaries import _cp_summaries
 from hypic.ops.linear.short_span import (
     short_span_impl,
@@ -89,9 +88,7 @@ def _wy_intra(k4, v4, gc, beta3, cu, ci):
     return w, u
 
 
-def _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale, keep_h: bool = False):
-    """fla's state pass and output kernel: ``(o, final)``, and with ``keep_h`` the state entering
-    every chunk (``[1, num_chunks, HV, K, V]`` in k's dtype) as a third item."""
+def _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale):
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o
 
@@ -101,7 +98,7 @@ def _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale, keep_h: bool = Fal
     )
     o = chunk_fwd_o(q=q4, k=k4, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu,
                     chunk_size=CHUNK_SIZE, chunk_indices=ci)
-    return (o, final, h) if keep_h else (o, final)
+    return o, final
 
 
 def _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu):

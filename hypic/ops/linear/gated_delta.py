@@ -6,7 +6,6 @@ the caller. GVA: ``HV % H == 0``. T is dense K x K (``DenseSummary``).
 
 from __future__ import annotations
 
-import bisect
 from typing import Callable, Optional, Tuple, Union
 
 import torch
@@ -14,7 +13,6 @@ import torch
 from . import _family
 from ._checks import check_cu_seqlens_cpu
 from ._dispatch import cuda_fast_path
-from .span_summaries import span_cuts
 from .summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
 
 SPEC = _family.FamilySpec("gated_delta", gate="scalar", delta=True)
@@ -103,52 +101,6 @@ def gated_delta_forward_and_summarize(
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
                     cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.forward_and_summarize(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
-
-
-def gated_delta_forward_and_span_summaries(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    cu_seqlens: torch.Tensor,
-    spans: torch.Tensor,
-    initial_state: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
-    cu_seqlens_cpu: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, DenseSummary]:
-    """``gated_delta_forward`` over the runs of ``cu_seqlens`` (from ``initial_state``) and the
-    zero-start summaries of ``spans``, a host int64 ``[N, 2]`` of non-empty token ranges ``[a, b)``
-    in order, not overlapping, each inside one run: a cold PIC prefill's requests and their
-    written segment bodies.
-
-    Returns ``(o, final_state [runs], summary [N])``. The GPU path derives each span's summary
-    from the run's own states where every span ends on a chunk boundary or at its run's end
-    (:mod:`hypic.ops.linear.span_summaries`; S then carries an error of the order of bf16
-    rounding), and summarises the spans apart otherwise."""
-    scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
-    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
-    if not isinstance(spans, torch.Tensor) or spans.device.type != "cpu" or spans.dtype != torch.int64 \
-            or spans.dim() != 2 or spans.shape[1] != 2:
-        raise ValueError("spans must be a CPU int64 tensor [N, 2] of token ranges [a, b)")
-    runs = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()).tolist()
-    previous_end = 0
-    for a, b in spans.tolist():
-        run = bisect.bisect_right(runs, a) - 1
-        if not (0 <= a < b and 0 <= run < len(runs) - 1 and b <= runs[run + 1]):
-            raise ValueError(f"span [{a}, {b}) is not a non-empty range inside one run of cu_seqlens {runs}")
-        if a < previous_end:
-            raise ValueError(f"spans must be in order and not overlap: [{a}, {b}) starts before {previous_end}")
-        previous_end = b
-    fast = cuda_fast_path("gated_delta_forward_and_span_summaries", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, spans=spans, initial_state=initial_state, scale=scale,
-                    cu_seqlens_cpu=cu_seqlens_cpu)
-    o, final = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
-    cuts, rows = span_cuts(spans.tolist(), q.shape[0])
-    summary = _family.summarize(SPEC, k, v, g, beta, torch.tensor(cuts, dtype=torch.int64))
-    return o, final, summary.index(torch.tensor(rows, dtype=torch.int64))
 
 
 def gated_delta_summarize_then_forward(

@@ -416,37 +416,6 @@ def test_summarize_then_forward_equals_separate_calls():
 
 
 @needs_cuda
-@pytest.mark.parametrize("planned", [True, False])
-def test_forward_of_runs_with_span_summaries(planned):
-    """A cold prefill's call: the runs' forward, and summaries of the written bodies composed from
-    the runs' (bf16) chunk states (``planned``), or summarised apart when a body ends inside a
-    chunk; against the separate fla calls and the float64 reference."""
-    from hypic.ops.linear import _fla_runs
-
-    dev = torch.device("cuda")
-    lengths = [197, 133]
-    x = family_inputs("gated_delta", torch.bfloat16, dev, seed=6, lengths=lengths)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    cu_runs_cpu = cu_of(lengths)
-    spans = [[8, 128], [136, 197], [197, 261], [267, 325], [327, 330]] if planned else [[8, 100], [136, 197]]
-    spans = torch.tensor(spans, dtype=torch.int64)
-    assert (_fla_runs._prepared(cu_runs_cpu, spans, dev) is not None) == planned
-    init = torch.randn(2, HV, K, V, device=dev)
-    o, f, s = gated_delta.gated_delta_forward_and_span_summaries(
-        *args, cu_seqlens=cu_runs_cpu.to(dev), spans=spans, initial_state=init, cu_seqlens_cpu=cu_runs_cpu)
-    o_sep, f_sep = fla_paths.gated_delta_forward(*args, cu_seqlens=cu_runs_cpu.to(dev), initial_state=init)
-    assert rel(o, o_sep) < 1e-5 and rel(f, f_sep) < 1e-5
-    x64 = [t.cpu().double() for t in args]
-    _, _, s_ref = gated_delta.gated_delta_forward_and_span_summaries(*x64, cu_seqlens=cu_runs_cpu, spans=spans,
-                                                                     initial_state=init.cpu().double())
-    assert s.state.dtype == torch.float32 and s.transition.shape == s_ref.transition.shape
-    assert rel(s.state, s_ref.state) < TOL[torch.bfloat16] and rel(s.transition, s_ref.transition) < TOL[torch.bfloat16]
-    for i, (a, b) in enumerate(spans.tolist()):  # each against fla's own summary of that span alone
-        one = fla_paths.gated_delta_summarize(*(t[a:b] for t in args[1:]), cu_seqlens=torch.tensor([0, b - a], device=dev))
-        assert rel(s.state[i], one.state[0]) < 1e-2 and rel(s.transition[i], one.transition[0]) < 1e-2
-
-
-@needs_cuda
 def test_public_functions_dispatch_to_fla_paths():
     dev = torch.device("cuda")
     x = family_inputs("gated_delta", torch.bfloat16, dev, seed=5)

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from hypic.ops.linear.gated_delta import (
     gated_delta_decode,
     gated_delta_forward,
-    gated_delta_forward_and_span_summaries,
     gated_delta_summarize,
     gated_delta_summarize_then_forward,
 )
@@ -127,70 +126,3 @@ def test_bad_arguments_raise_value_error():
         with pytest.raises(ValueError):
             call()
             pytest.fail(f"no ValueError for {what}")
-
-
-def _runs_case(seed: int):
-    tok, _ = FAMILY.make(330, seed, torch.float64)
-    args = (tok["q"], tok["k"], tok["v"], tok["g"], tok["beta"])
-    cu_runs = fc.cu([197, 133])
-    # bodies as a cold layout writes them (after a seam): head + rest, head + a rest ending at the
-    # run's end, a rest alone from the second run's start, a head alone, a short head at the end
-    spans = torch.tensor([[8, 128], [136, 197], [197, 261], [267, 325], [327, 330]], dtype=torch.int64)
-    init = torch.randn(2, fc.HV, fc.K, fc.V, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    return args, cu_runs, spans, init
-
-
-def test_forward_of_runs_with_span_summaries():
-    """The runs' forward and each span's zero-start summary (the reference path)."""
-    args, cu_runs, spans, init = _runs_case(5)
-    o, final, summary = gated_delta_forward_and_span_summaries(*args, cu_seqlens=cu_runs, spans=spans,
-                                                               initial_state=init, cu_seqlens_cpu=cu_runs)
-    ref_o, ref_final = gated_delta_forward(*args, cu_seqlens=cu_runs, initial_state=init)
-    assert fc.rel_err(o, ref_o) < 1e-12 and fc.rel_err(final, ref_final) < 1e-12
-    for i, (a, b) in enumerate(spans.tolist()):
-        one = gated_delta_summarize(*(t[a:b] for t in args[1:]), cu_seqlens=torch.tensor([0, b - a]))
-        assert fc.rel_err(summary.transition[i], one.transition[0]) < 1e-12
-        assert fc.rel_err(summary.state[i], one.state[0]) < 1e-12
-    for bad in ([[190, 200]], [[5, 5]], [[-1, 3]], [[8, 128], [100, 150]], [[136, 197], [8, 128]]):
-        with pytest.raises(ValueError, match="inside one run|in order"):
-            gated_delta_forward_and_span_summaries(*args, cu_seqlens=cu_runs, spans=torch.tensor(bad))
-    with pytest.raises(ValueError, match="CPU int64"):
-        gated_delta_forward_and_span_summaries(*args, cu_seqlens=cu_runs, spans=spans.float())
-
-
-def test_span_summaries_composed_from_run_states():
-    """span_summaries' plan and composition, fed by reference pieces: the state entering every
-    chunk of the runs, T of every planned piece, the heads' own summaries. Equal to summarising
-    each span directly; a span ending inside a chunk before its run's end has no plan."""
-    from hypic.ops.linear.span_summaries import compose_span_summaries, plan_span_summaries, plan_tables
-
-    args, cu_runs, spans, init = _runs_case(6)
-    k, v, g, beta = args[1:]
-    chunk = 64
-    plan = plan_span_summaries(cu_runs.tolist(), spans.tolist(), chunk)
-    assert plan is not None and plan.head_of.tolist() == [0, 1, -1, 2, 3]
-    assert plan.rest_piece.tolist()[3:] == [-1, -1]
-    assert plan_span_summaries(cu_runs.tolist(), [[8, 100]], chunk) is None
-    assert plan_span_summaries(cu_runs.tolist(), [[150, 250]], chunk) is None  # crosses runs
-    # the state entering every chunk of each run, numbered over the runs in order
-    states = []
-    for r, (a, b) in enumerate(zip(cu_runs[:-1].tolist(), cu_runs[1:].tolist())):
-        cuts = list(range(a, b, chunk)) + [b]
-        chunks = gated_delta_summarize(k, v, g, beta, cu_seqlens=torch.tensor(sorted({0, *cuts, k.shape[0]})))
-        first = sorted({0, *cuts, k.shape[0]}).index(a)
-        state = init[r]
-        for j in range(len(cuts) - 1):
-            states.append(state)
-            state = chunks.transition[first + j] @ state + chunks.state[first + j]
-    chunk_states = torch.stack(states)
-    _, final = gated_delta_forward(*args, cu_seqlens=cu_runs, initial_state=init)
-    pieces = gated_delta_summarize(k, v, g, beta, cu_seqlens=torch.from_numpy(plan.cu_pieces))
-    idx = torch.from_numpy(plan.head_tokens)
-    heads = gated_delta_summarize(*(t.index_select(0, idx) for t in (k, v, g, beta)),
-                                  cu_seqlens=torch.from_numpy(plan.cu_heads))
-    got = compose_span_summaries(plan_tables(plan, torch.device("cpu")), pieces.transition,
-                                 chunk_states.to(torch.float32), init, final, heads)
-    _, _, want = gated_delta_forward_and_span_summaries(*args, cu_seqlens=cu_runs, spans=spans, initial_state=init)
-    # the chunk states in fp32 (the GPU keeps them in bf16): exact to fp32 rounding
-    assert fc.rel_err(got.transition, want.transition) < 1e-10
-    assert fc.rel_err(got.state, want.state) < 1e-5
