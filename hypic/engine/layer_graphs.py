@@ -44,6 +44,7 @@ def layer_graphs_enabled() -> bool:
         raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
     return value == "1"
 
+
 Signature = Optional[Tuple[int, Tuple[int, ...], Tuple[int, ...], torch.dtype]]
 
 
