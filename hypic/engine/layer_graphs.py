@@ -32,9 +32,6 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 
 ENV = "HYPIC_LAYER_GRAPHS"
-# Above this many live tokens a forward's kernels are long enough that launching them costs
-# little (the row-wise phases' largest bucket, hypic.engine.cuda_graphs.DEFAULT_BUCKETS).
-MAX_TOKENS = 2048
 
 
 def layer_graphs_enabled() -> bool:
@@ -166,4 +163,4 @@ class LayerReplays:
         return output
 
 
-__all__ = ["CudaGraphBackend", "ENV", "LayerReplays", "MAX_TOKENS", "layer_graphs_enabled"]
+__all__ = ["CudaGraphBackend", "ENV", "LayerReplays", "layer_graphs_enabled"]

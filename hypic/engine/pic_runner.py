@@ -21,7 +21,6 @@ from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
-from hypic.engine.layer_graphs import MAX_TOKENS as LAYER_REPLAY_MAX_TOKENS
 from hypic.engine.layer_graphs import CudaGraphBackend, LayerReplays, layer_graphs_enabled
 from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
@@ -221,13 +220,14 @@ class PicRunner:
         return logits, caches, ctx
 
     def _layer_replays(self, layout) -> Optional[LayerReplays]:
-        """Per-forward graphs of the linear layers' cores for a forward that writes nothing and
-        has few live tokens (a cached request, host-bound: :mod:`hypic.engine.layer_graphs`), else
-        None. The previous forward's graphs are dropped here, not when that forward returned: by
-        now its replays have run (its logits were read)."""
+        """Per-forward graphs of the linear layers' cores (:mod:`hypic.engine.layer_graphs`) for a
+        forward that writes nothing and whose live tokens fit the row-wise graphs' largest bucket
+        (a cached request: above it, kernels are long enough that launching them costs little),
+        else None. The previous forward's graphs are dropped here, when the next forward starts,
+        not when their forward returned with its replays possibly still queued."""
         self._replays = None
         if (self.graphs is None or not layer_graphs_enabled() or layout.writes or layout.linear_one_run_per_request
-                or layout.input_ids.shape[0] > LAYER_REPLAY_MAX_TOKENS):
+                or layout.input_ids.shape[0] > self.graphs.buckets[-1]):
             return None
         self._replays = LayerReplays(CudaGraphBackend(self.device, self.graphs.pool))
         return self._replays
