@@ -6,10 +6,12 @@ Expert weights use the fused layout a grouped GEMM consumes directly:
 over its contiguous group of rows - the same data movement a grouped-GEMM kernel does, so a GPU
 path can replace it behind the same signature.
 
-Dispatch: ``moe_experts(..., impl="auto")`` runs the grouped-GEMM path
-(:mod:`hypic.ops.moe_grouped`, no host sync) on CUDA when :func:`grouped_mm_supported` accepts the
-operands (bf16, Hopper, 16-byte aligned strides) and this reference otherwise.
-``impl="reference"`` / ``impl="grouped"`` force a path; the environment variable
+Dispatch: ``moe_experts(..., impl="auto")`` runs, on CUDA, the row-block Triton kernel
+(:mod:`hypic.ops.moe_rows`) when the experts get few rows each (a cached request's few hundred
+live tokens: the GEMMs only stream the weights) and the grouped-GEMM path
+(:mod:`hypic.ops.moe_grouped`) otherwise, each where its support check accepts the operands
+(both run without host syncs); this reference runs everywhere else.
+``impl="reference"`` / ``"grouped"`` / ``"rows"`` force a path; the environment variable
 ``HYPIC_MOE_IMPL`` (same values) overrides ``"auto"`` for A/B measurements without code changes.
 """
 
@@ -22,9 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from hypic.ops.moe_grouped import grouped_mm_supported, moe_experts_grouped
+from hypic.ops.moe_rows import moe_experts_rows, rows_preferred, rows_supported
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_IMPLS = ("auto", "reference", "grouped")
+_IMPLS = ("auto", "reference", "grouped", "rows")
 
 
 def route_topk_softmax(
@@ -63,8 +66,9 @@ def moe_experts(
 
     x ``[T, H]``; gate_up ``[E, 2I, H]``; down ``[E, H, I]``; topk_weights ``[T, k]`` (any float
     dtype); topk_ids ``[T, k]`` integer in ``[0, E)``. Returns ``[T, H]`` in x's dtype.
-    ``impl``: ``"auto"`` (grouped GEMM on CUDA where supported, else the reference),
-    ``"reference"`` or ``"grouped"`` (ValueError if the operands are unsupported).
+    ``impl``: ``"auto"`` (on CUDA the rows kernel for few rows per expert, else the grouped GEMM,
+    where supported; else the reference), ``"reference"``, ``"grouped"`` or ``"rows"``
+    (ValueError if the operands are unsupported).
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
@@ -94,7 +98,20 @@ def moe_experts(
         if impl not in _IMPLS:
             raise ValueError(f"HYPIC_MOE_IMPL must be one of {_IMPLS}, got {impl!r}")
     if impl == "auto":
-        impl = "grouped" if x.is_cuda and grouped_mm_supported(x, gate_up, down) else "reference"
+        if x.is_cuda and rows_preferred(num_tokens * topk_ids.shape[1], num_experts) \
+                and rows_supported(x, gate_up, down):
+            impl = "rows"
+        elif x.is_cuda and grouped_mm_supported(x, gate_up, down):
+            impl = "grouped"
+        else:
+            impl = "reference"
+    if impl == "rows":
+        if not rows_supported(x, gate_up, down):
+            raise ValueError(
+                f"rows MoE path unsupported for x {x.dtype} on {x.device}: needs Triton, CUDA (or "
+                "TRITON_INTERPRET=1 on CPU), fp16/bf16 operands with unit stride along hidden/intermediate"
+            )
+        return moe_experts_rows(x, gate_up, down, topk_weights, topk_ids)
     if impl == "grouped":
         if not grouped_mm_supported(x, gate_up, down):
             raise ValueError(

@@ -1,0 +1,174 @@
+"""Routed experts for few rows per expert: a Triton GEMM over row blocks of one expert each.
+
+Same contract as :func:`hypic.ops.moe.moe_experts` (the reference; call that with
+``impl="rows"`` rather than this directly). A cached request prefills a few hundred live tokens:
+at 576 tokens x top-8 over 256 experts every expert gets ~18 rows, so the expert GEMMs only
+stream the weights (1.6 GB per layer of Qwen3.5-35B-A3B) and their time is HBM time.
+``torch._grouped_mm`` (:mod:`hypic.ops.moe_grouped`) reached 3.0 TB/s there (21.3 ms over 40
+layers, session 9's all-hit 32k profile) against the 4.3 TB/s the H200 measures. Here, as in
+vLLM's and SGLang's fused-MoE kernels:
+
+1. the assignments are sorted by expert (as in the grouped path) and each expert's rows are cut
+   into blocks of ``block_m``; a block table ``(expert, first row, end of the expert's rows)``
+   is built on the device from the sorted ids with a bound on the number of blocks known to the
+   host, ``cdiv(R, block_m) + min(E, R)``, so nothing is read back (unused blocks exit at once);
+2. one launch per GEMM: program (block, column tile) multiplies its block's rows by its tile of
+   the expert's weights; the first GEMM gathers its rows from x by token (no ``[R, H]`` copy)
+   and applies SwiGLU to the fp32 gate and up accumulators (no ``[R, 2I]`` intermediate);
+3. the rows go back to (token, slot) order and are mixed exactly as in the grouped path.
+
+Blocks are padded to ``block_m`` rows (masked loads), so a block costs the same whatever its
+row count: the path is for the weight-bound regime only. :func:`rows_preferred` says when it
+applies (``MAX_ROWS_PER_EXPERT``); large prefills keep the grouped GEMM.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from hypic.ops.moe_grouped import _check_ids_in_range, combine_slots, combine_slots_math
+from hypic.ops.fused import dispatch
+
+# Up to this many assignments per expert on average the rows path runs under impl="auto"
+# (above it the grouped GEMM's large tiles win: the GEMMs stop being weight-bound).
+MAX_ROWS_PER_EXPERT = 64
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """Tile sizes and launch shape of the two GEMMs."""
+
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 16 or value & (value - 1):
+                raise ValueError(f"RowsConfig.{name} must be a power of two >= 16, got {value!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"RowsConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"RowsConfig.num_stages must be in [1, 8], got {self.num_stages!r}")
+
+
+def default_config(num_rows: int, num_experts: int) -> RowsConfig:
+    """Row blocks about as tall as an expert's average row count (16, 32 or 64)."""
+    per_expert = num_rows / max(num_experts, 1)
+    block_m = 16 if per_expert <= 12 else (32 if per_expert <= 28 else 64)
+    return RowsConfig(block_m=block_m)
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def rows_supported(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether :func:`moe_experts_rows` can run these operands: CUDA (or the Triton interpreter
+    on CPU), fp16/bf16, unit stride along each weight's contraction dim. Host-only."""
+    interpreting = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if not (x.is_cuda or (interpreting and x.device.type == "cpu")):
+        return False
+    if x.dtype not in _DTYPES or gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        return False
+    if x.stride(1) != 1 or gate_up.stride(2) != 1 or down.stride(2) != 1:
+        return False
+    return triton_available()
+
+
+def rows_preferred(num_rows: int, num_experts: int) -> bool:
+    """The auto rule: few rows per expert (the weight-streaming regime)."""
+    return num_rows <= MAX_ROWS_PER_EXPERT * num_experts
+
+
+def block_table(sorted_ids: torch.Tensor, num_experts: int, block_m: int):
+    """``(block_expert, block_start, block_end)`` int32 ``[num_blocks]`` for ids sorted by
+    expert: block b holds sorted rows ``[start, min(start + block_m, end))`` of expert
+    ``block_expert[b]``; unused blocks at the end have expert -1. Built on the device, no sync:
+    ``num_blocks = cdiv(R, block_m) + min(E, R)`` bounds the blocks any routing needs."""
+    num_rows = sorted_ids.numel()
+    device = sorted_ids.device
+    experts = torch.arange(num_experts, device=device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    blocks = (counts + block_m - 1) // block_m
+    block_ends = torch.cumsum(blocks, 0)
+    num_blocks = -(-num_rows // block_m) + min(num_experts, num_rows)
+    index = torch.arange(num_blocks, device=device, dtype=block_ends.dtype)
+    owner = torch.searchsorted(block_ends, index, right=True)
+    used = owner < num_experts
+    owner = owner.clamp(max=num_experts - 1)
+    first_block = block_ends[owner] - blocks[owner]
+    start = (ends[owner] - counts[owner]) + (index - first_block) * block_m
+    expert = torch.where(used, owner, torch.full_like(owner, -1))
+    return expert.to(torch.int32), start.to(torch.int32), ends[owner].to(torch.int32)
+
+
+_KERNEL = None
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        from hypic.ops._moe_rows_kernel import moe_rows_gemm_kernel
+
+        _KERNEL = moe_rows_gemm_kernel
+    return _KERNEL
+
+
+def rows_gemm(a: torch.Tensor, a_row_of: Optional[torch.Tensor], w: torch.Tensor, out: torch.Tensor,
+              table, *, swiglu: bool, config: RowsConfig) -> torch.Tensor:
+    """One launch: ``out[r] = a[a_row_of[r]] @ w[e(r)].T`` (SwiGLU of the two halves of
+    ``w[e]`` with ``swiglu``) for every sorted row r the block table covers; ``out``'s other rows
+    are left as they were."""
+    import triton
+
+    block_expert, block_start, block_end = table
+    num_cols = w.shape[1] // 2 if swiglu else w.shape[1]
+    if out.shape[1] != num_cols or a.shape[1] != w.shape[2]:
+        raise ValueError(f"rows_gemm: a {tuple(a.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} do not match")
+    gather = a_row_of is not None
+    grid = (block_expert.numel(), triton.cdiv(num_cols, config.block_n))
+    _kernel()[grid](
+        a, a_row_of if gather else block_start, w, out, block_expert, block_start, block_end,
+        a.stride(0), w.stride(0), w.stride(1), out.stride(0), N=num_cols, KD=w.shape[2], GATHER=gather, SWIGLU=swiglu, BM=config.block_m, BN=config.block_n, BK=config.block_k,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, config: Optional[RowsConfig] = None) -> torch.Tensor:
+    """``sum_j w[t, j] * SwiGLU_{e[t, j]}(x[t])`` through two row-block launches; no host sync.
+    Arguments as :func:`hypic.ops.moe.moe_experts` (validated there). Returns a fresh ``[T, H]``."""
+    num_tokens, hidden = x.shape
+    num_experts, two_inter, _ = gate_up.shape
+    top_k = topk_ids.shape[1]
+    if num_tokens == 0:
+        return x.new_zeros(0, hidden)
+    num_rows = num_tokens * top_k
+    config = default_config(num_rows, num_experts) if config is None else config
+    flat_ids = topk_ids.reshape(-1)
+    _check_ids_in_range(flat_ids, num_experts)
+    sorted_ids, order = torch.sort(flat_ids.long(), stable=True)
+    table = block_table(sorted_ids, num_experts, config.block_m)
+    token_of_row = order // top_k
+    x = x.contiguous()
+    hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
+    rows_gemm(x, token_of_row, gate_up, hidden_rows, table, swiglu=True, config=config)
+    rows_out = torch.empty(num_rows, hidden, device=x.device, dtype=x.dtype)
+    rows_gemm(hidden_rows, None, down, rows_out, table, swiglu=False, config=config)
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(num_rows, device=order.device))
+    return dispatch(combine_slots_math, x, eager=combine_slots)(rows_out, inverse, topk_weights.to(x.dtype))
