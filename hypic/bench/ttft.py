@@ -9,17 +9,21 @@ Cases (each swept over ``--prompt-tokens`` x ``--segment-tokens``):
   cost of building the (T, S) summaries and storing the entries); the standalone row carries
   ``speedup_vs_full_recompute``.
 * ``all_hit``: a pool of ``N`` segments of ``S`` tokens, cached beforehand by one warm-up request
-  in another (shuffled) order; each measured request is another random order of the pool + a fresh
-  64-token question. ``hypic`` then computes the seams + the question live, ``transition`` only the
+  in another (shuffled) order, then one untimed all-hit request (a further order); each measured
+  request is another random order of the pool + a fresh 64-token question. ``hypic`` then computes the seams + the question live, ``transition`` only the
   question; ``prefix_cache`` only hits on shared prefixes (hardly any).
 * ``rag``: the synthetic RAG trace of :mod:`hypic.bench.rag_trace`; warm-up requests until every
   document was seen once (``--warmup-requests`` sampled ones, then requests packing the documents
-  not yet seen), then the same measured requests through each mode.
+  not yet seen) and one more trace request, then the same measured requests through each mode.
 
 Before its measured requests every mode runs the point's warm-up requests untimed (``cold``: one
 extra cold prompt of the same shape, sharing no tokens with the measured ones; ``full_recompute``,
 which keeps nothing, runs only the first warm-up request), so first-call costs at a new shape are
-paid outside the timing by every mode alike.
+paid outside the timing by every mode alike. The last warm-up request is one like the measured
+ones (all_hit, rag): its TTFT is reported apart as ``first_request_ms``. On the H200 (session
+11) the first all-hit request of a new prompt size took 0.3-1 s more than the next ones, with no
+autotuning or recompiling logged (Triton compiling new integer specialisations of its kernels is
+the likely cause): a serving engine pays it once per shape class, not per request.
 
 Every mode gets its own :class:`SegmentStore` (``--store-bytes`` device budget; evictions are
 reported), keyer and :class:`PicRunner`, warmed with the same requests (``prefix_cache`` too, so
@@ -34,7 +38,8 @@ so a run cut short still leaves what it measured. Row keys: the required ``case,
 prompt_tokens`` (the target P), ``segment_tokens, num_requests, ttft_p50_ms, ttft_p90_ms,
 ttft_p99_ms, live_tokens_mean`` (main pass), ``floor_ms`` (mean over requests); and
 ``cold_policy, ttft_mean_ms, ttft_samples_ms`` (every measured request's TTFT, in the order
-they ran: where the tail comes from), ``plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean,
+they ran: where the tail comes from), ``first_request_ms`` (the last warm-up request's TTFT),
+``plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean,
 token_hit_rate`` (reused tokens / prompt tokens), ``hit_rate`` (store acquire hits / look-ups during
 the measured requests; None without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
 floor), ``seam``, ``store_bytes_per_cached_token, store_bytes, store_entries, store_evictions,
@@ -280,9 +285,10 @@ class TtftBench:
                 # every mode alike.
                 todo_warmup = list(warmup) if uses_store else list(warmup[:1])
                 label = f"{case} P={prompt_tokens} S={segment_tokens} {mode}" + ("" if cp == COLD_INLINE else f"/{cp}")
+                first = None
                 with self._progress(len(todo_warmup) + len(measured), label) as bar:
                     for p in todo_warmup:
-                        bench.run(p)
+                        first = bench.run(p)
                         bar.update(1)
                     if uses_store:
                         stats_before = bench.store.stats()
@@ -291,6 +297,7 @@ class TtftBench:
                         samples.append(bench.run(p))
                         bar.update(1)
                 rows.append(self._row(case, mode, cp, prompt_tokens, segment_tokens, samples, bench, stats_before))
+                rows[-1]["first_request_ms"] = None if first is None else first.ttft_s * 1e3
             except Exception:  # noqa: BLE001 - record (OOM included) and carry on with the next mode
                 if self.config.fail_fast:
                     raise
@@ -338,13 +345,15 @@ class TtftBench:
             rng.shuffle(order)
             return SegmentedPrompt(tuple(pool[i] for i in order), _random_tokens(rng, q, vocab))
 
-        warmup = [shuffled()]
+        warmup = [shuffled(), shuffled()]  # caches the pool; then an all-hit request, untimed
         measured = [shuffled() for _ in range(self.config.num_requests)]
         return self._measure("all_hit", prompt_tokens, segment_tokens, warmup, measured)
 
     def case_rag(self, prompt_tokens: int, segment_tokens: int) -> List[Dict]:
         trace = RagTrace(self.config.rag_trace_config(self.spec.vocab_size, prompt_tokens, segment_tokens))
         warmup = [r.prompt for r in trace.warmup_requests(self.config.warmup_requests)]
+        # one more like the measured ones, from its own stream, untimed (first-call costs)
+        warmup.append(trace.requests(1, stream="first")[0].prompt)
         measured = [r.prompt for r in trace.requests(self.config.num_requests)]
         rows = self._measure("rag", prompt_tokens, segment_tokens, warmup, measured)
         for r in rows:

@@ -8,17 +8,17 @@ stream the weights (1.6 GB per layer of Qwen3.5-35B-A3B) and their time is HBM t
 layers, session 9's all-hit 32k profile) against the 4.3 TB/s the H200 measures. Here, as in
 vLLM's and SGLang's fused-MoE kernels:
 
-1. the assignments are sorted by expert (as in the grouped path) and each expert's rows are cut
-   into blocks of ``block_m``; a block table ``(expert, first row, end of the expert's rows)``
-   is built on the device from the sorted ids with a bound on the number of blocks known to the
-   host, ``cdiv(R, block_m) + min(E, R)``, so nothing is read back (unused blocks exit at once);
-2. one launch per GEMM: program (block, column tile) multiplies its block's rows by its tile of
-   the expert's weights; the first GEMM gathers its rows from x by token (no ``[R, H]`` copy)
+1. the assignments are sorted by expert (as in the grouped path) and each expert's end among
+   the sorted rows found by a ``searchsorted`` on the device (nothing is read back);
+2. one launch per GEMM over (expert, column tile): a program streams its tile of the expert's
+   weights once per ``block_m`` rows of that expert (almost always once: the default block is
+   taller than an expert's average row count) and an expert without rows returns at once, so no
+   block table is built; the first GEMM gathers its rows from x by token (no ``[R, H]`` copy)
    and applies SwiGLU to the fp32 gate and up accumulators (no ``[R, 2I]`` intermediate);
 3. the rows go back to (token, slot) order and are mixed exactly as in the grouped path.
 
-Blocks are padded to ``block_m`` rows (masked loads), so a block costs the same whatever its
-row count: the path is for the weight-bound regime only. :func:`rows_preferred` says when it
+Row blocks are padded to ``block_m`` rows (masked loads): the path is for the weight-bound
+regime only. :func:`rows_preferred` says when it
 applies (``MAX_ROWS_PER_EXPERT``); large prefills keep the grouped GEMM.
 """
 
@@ -61,9 +61,10 @@ class RowsConfig:
 
 
 def default_config(num_rows: int, num_experts: int) -> RowsConfig:
-    """Row blocks about as tall as an expert's average row count (16, 32 or 64)."""
+    """Row blocks taller than almost every expert's row count (16, 32 or 64 rows), so each weight
+    tile streams once."""
     per_expert = num_rows / max(num_experts, 1)
-    block_m = 16 if per_expert <= 12 else (32 if per_expert <= 28 else 64)
+    block_m = 16 if per_expert <= 6 else (32 if per_expert <= 18 else 64)
     return RowsConfig(block_m=block_m)
 
 
@@ -93,27 +94,10 @@ def rows_preferred(num_rows: int, num_experts: int) -> bool:
     return num_rows <= MAX_ROWS_PER_EXPERT * num_experts
 
 
-def block_table(sorted_ids: torch.Tensor, num_experts: int, block_m: int):
-    """``(block_expert, block_start, block_end)`` int32 ``[num_blocks]`` for ids sorted by
-    expert: block b holds sorted rows ``[start, min(start + block_m, end))`` of expert
-    ``block_expert[b]``; unused blocks at the end have expert -1. Built on the device, no sync:
-    ``num_blocks = cdiv(R, block_m) + min(E, R)`` bounds the blocks any routing needs."""
-    num_rows = sorted_ids.numel()
-    device = sorted_ids.device
-    experts = torch.arange(num_experts, device=device, dtype=sorted_ids.dtype)
-    ends = torch.searchsorted(sorted_ids, experts, right=True)
-    counts = torch.diff(ends, prepend=ends.new_zeros(1))
-    blocks = (counts + block_m - 1) // block_m
-    block_ends = torch.cumsum(blocks, 0)
-    num_blocks = -(-num_rows // block_m) + min(num_experts, num_rows)
-    index = torch.arange(num_blocks, device=device, dtype=block_ends.dtype)
-    owner = torch.searchsorted(block_ends, index, right=True)
-    used = owner < num_experts
-    owner = owner.clamp(max=num_experts - 1)
-    first_block = block_ends[owner] - blocks[owner]
-    start = (ends[owner] - counts[owner]) + (index - first_block) * block_m
-    expert = torch.where(used, owner, torch.full_like(owner, -1))
-    return expert.to(torch.int32), start.to(torch.int32), ends[owner].to(torch.int32)
+def expert_ends(sorted_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``[E]`` int64: the end of each expert's rows among ids sorted by expert (no sync)."""
+    experts = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    return torch.searchsorted(sorted_ids, experts, right=True)
 
 
 _KERNEL = None
@@ -129,22 +113,22 @@ def _kernel():
 
 
 def rows_gemm(a: torch.Tensor, a_row_of: Optional[torch.Tensor], w: torch.Tensor, out: torch.Tensor,
-              table, *, swiglu: bool, config: RowsConfig) -> torch.Tensor:
+              ends: torch.Tensor, *, swiglu: bool, config: RowsConfig) -> torch.Tensor:
     """One launch: ``out[r] = a[a_row_of[r]] @ w[e(r)].T`` (SwiGLU of the two halves of
-    ``w[e]`` with ``swiglu``) for every sorted row r the block table covers; ``out``'s other rows
-    are left as they were."""
+    ``w[e]`` with ``swiglu``; ``a[r]`` without ``a_row_of``) for every sorted row r, expert e(r)
+    the one whose range ``[ends[e - 1], ends[e])`` holds r."""
     import triton
 
-    block_expert, block_start, block_end = table
     num_cols = w.shape[1] // 2 if swiglu else w.shape[1]
-    if out.shape[1] != num_cols or a.shape[1] != w.shape[2]:
-        raise ValueError(f"rows_gemm: a {tuple(a.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} do not match")
+    if out.shape[1] != num_cols or a.shape[1] != w.shape[2] or ends.numel() != w.shape[0]:
+        raise ValueError(f"rows_gemm: a {tuple(a.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)}, "
+                         f"ends {tuple(ends.shape)} do not match")
     gather = a_row_of is not None
-    grid = (block_expert.numel(), triton.cdiv(num_cols, config.block_n))
+    grid = (w.shape[0], triton.cdiv(num_cols, config.block_n))
     _kernel()[grid](
-        a, a_row_of if gather else block_start, w, out, block_expert, block_start, block_end,
-        a.stride(0), w.stride(0), w.stride(1), out.stride(0), N=num_cols, KD=w.shape[2], GATHER=gather, SWIGLU=swiglu, BM=config.block_m, BN=config.block_n, BK=config.block_k,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        a, a_row_of if gather else ends, w, out, ends, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        N=num_cols, KD=w.shape[2], GATHER=gather, SWIGLU=swiglu, BM=config.block_m, BN=config.block_n,
+        BK=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
 
@@ -163,12 +147,12 @@ def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     flat_ids = topk_ids.reshape(-1)
     _check_ids_in_range(flat_ids, num_experts)
     sorted_ids, order = torch.sort(flat_ids.long(), stable=True)
-    table = block_table(sorted_ids, num_experts, config.block_m)
+    ends = expert_ends(sorted_ids, num_experts)
     token_of_row = order // top_k
     x = x.contiguous()
     hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
-    rows_gemm(x, token_of_row, gate_up, hidden_rows, table, swiglu=True, config=config)
+    rows_gemm(x, token_of_row, gate_up, hidden_rows, ends, swiglu=True, config=config)
     rows_out = torch.empty(num_rows, hidden, device=x.device, dtype=x.dtype)
-    rows_gemm(hidden_rows, None, down, rows_out, table, swiglu=False, config=config)
+    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=config)
     inverse = torch.empty_like(order).scatter_(0, order, torch.arange(num_rows, device=order.device))
     return dispatch(combine_slots_math, x, eager=combine_slots)(rows_out, inverse, topk_weights.to(x.dtype))

@@ -111,6 +111,7 @@ def test_json_schema_all_cases_and_modes(report):
         assert r["floor_ms"] > 0 and r["flops"] > 0 and r["bytes"] > 0
         assert r["floor_ms"] == pytest.approx(max(r["flops"] / 790e12, r["bytes"] / 4.3e12) * 1e3)
         assert r["store_evictions"] == 0
+        assert r["first_request_ms"] > 0  # the last warm-up request, timed apart
     plots = os.listdir(os.path.join(report["_out"], "plots"))
     assert sorted(plots) == ["ttft_all_hit.png", "ttft_cold.png", "ttft_rag.png"]
     assert "summary overhead" in format_table(rows)

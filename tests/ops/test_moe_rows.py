@@ -1,7 +1,6 @@
 """The row-block MoE path (hypic.ops.moe_rows) against the per-expert reference in hypic.ops.moe.
 
-CPU: the block table (every sorted row in exactly one block of its own expert, within the
-host-side bound), the config checks and the dispatch rule; the Triton kernel itself through
+CPU: the expert ends, the config checks and the dispatch rule; the Triton kernel itself through
 ``TRITON_INTERPRET=1`` in a subprocess when Triton is installed (fp16: the interpreter's bf16
 arithmetic is not faithful). CUDA: bf16 against the reference at the 35B-A3B expert shapes, with
 NaN-poisoned output rows.
@@ -15,47 +14,14 @@ import pytest
 import torch
 
 from hypic.ops.moe import moe_experts, route_topk_softmax
-from hypic.ops.moe_rows import RowsConfig, block_table, default_config, rows_preferred, rows_supported
+from hypic.ops.moe_rows import RowsConfig, default_config, expert_ends, rows_preferred, rows_supported
 from tests.interpreter import interpreted_error
 
 
-def _table_rows(sorted_ids, num_experts, block_m):
-    expert, start, end = block_table(sorted_ids, num_experts, block_m)
-    covered = []
-    seen_unused = False
-    for e, s, t in zip(expert.tolist(), start.tolist(), end.tolist()):
-        if e < 0:
-            seen_unused = True
-            continue
-        assert not seen_unused, "unused blocks must come last"
-        rows = list(range(s, min(s + block_m, t)))
-        assert rows, "a used block holds at least one row"
-        assert all(int(sorted_ids[r]) == e for r in rows), "a block holds rows of its expert only"
-        covered += rows
-    return covered, expert.numel()
-
-
-@pytest.mark.parametrize("block_m", [16, 32, 64])
-def test_block_table_covers_every_row_once(block_m):
-    gen = torch.Generator().manual_seed(block_m)
-    for num_experts, num_rows in ((1, 1), (8, 3), (16, 200), (256, 4608), (5, 64)):
-        ids = torch.randint(0, num_experts, (num_rows,), generator=gen)
-        if num_experts > 4:
-            ids[ids == 2] = 3  # an empty expert in the middle
-        sorted_ids = torch.sort(ids).values
-        covered, num_blocks = _table_rows(sorted_ids, num_experts, block_m)
-        assert covered == list(range(num_rows))
-        assert num_blocks == -(-num_rows // block_m) + min(num_experts, num_rows)
-
-
-def test_block_table_worst_case_fills_the_bound():
-    """Every expert with block_m + 1 rows needs two blocks each: the bound is then tight."""
-    num_experts, block_m = 4, 16
-    sorted_ids = torch.arange(num_experts).repeat_interleave(block_m + 1)
-    covered, num_blocks = _table_rows(sorted_ids, num_experts, block_m)
-    assert covered == list(range(sorted_ids.numel()))
-    expert, _, _ = block_table(sorted_ids, num_experts, block_m)
-    assert int((expert >= 0).sum()) == 2 * num_experts <= num_blocks
+def test_expert_ends_count_each_experts_rows():
+    sorted_ids = torch.tensor([0, 0, 2, 2, 2, 4])
+    assert expert_ends(sorted_ids, 6).tolist() == [2, 2, 5, 5, 6, 6]  # empty experts 1, 3, 5
+    assert expert_ends(torch.zeros(0, dtype=torch.int64), 3).tolist() == [0, 0, 0]
 
 
 def test_config_checks_and_defaults():
@@ -69,7 +35,7 @@ def test_config_checks_and_defaults():
         RowsConfig(num_stages=0)
     assert default_config(192 * 8, 256).block_m == 16  # 8k all-hit: 6 rows per expert
     assert default_config(576 * 8, 256).block_m == 32  # 32k all-hit: 18
-    assert default_config(2048 * 8, 256).block_m == 64
+    assert default_config(670 * 8, 256).block_m == 64
     assert rows_preferred(576 * 8, 256) and not rows_preferred(32768 * 8, 256)
 
 
@@ -106,13 +72,13 @@ CASE = textwrap.dedent("""
         dev = [t.to(device) for t in ops]
         ids_d = ids.to(device)
         config = moe_rows.RowsConfig(block_m=block_m, block_n=16, block_k=32)
-        # the two launches alone, into NaN-poisoned rows: every row the table covers is written
+        # the two launches alone, into NaN-poisoned rows: every sorted row is written
         sorted_ids, order = torch.sort(ids_d.reshape(-1), stable=True)
-        table = moe_rows.block_table(sorted_ids, experts, block_m)
+        ends = moe_rows.expert_ends(sorted_ids, experts)
         hidden_rows = torch.full((tokens * top_k, inter), float("nan"), device=device, dtype=dtype)
-        moe_rows.rows_gemm(dev[0], order // top_k, dev[1], hidden_rows, table, swiglu=True, config=config)
+        moe_rows.rows_gemm(dev[0], order // top_k, dev[1], hidden_rows, ends, swiglu=True, config=config)
         rows_out = torch.full((tokens * top_k, hidden), float("nan"), device=device, dtype=dtype)
-        moe_rows.rows_gemm(hidden_rows, None, dev[2], rows_out, table, swiglu=False, config=config)
+        moe_rows.rows_gemm(hidden_rows, None, dev[2], rows_out, ends, swiglu=False, config=config)
         assert not torch.isnan(hidden_rows).any() and not torch.isnan(rows_out).any()
         out = moe_rows.moe_experts_rows(*dev, ids_d, config=config)
         assert out.dtype == dtype and out.shape == ref.shape and not torch.isnan(out).any()
