@@ -73,9 +73,6 @@ def main():
     ap.add_argument("--prompts", default="32768,8192", help="prompt token counts, 512-token segments")
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--moe-impls", default="",
-                    help="comma list of HYPIC_MOE_IMPL values to A/B in this process (a fresh runner, "
-                         "whose graphs capture that MoE path, per value); default: the environment's")
     ap.add_argument("--no-profile", action="store_true", help="timings only (no sync check, profiles)")
     ap.add_argument("--census", action="store_true",
                     help="also count the non-view aten ops of one request by the hypic line that issued them")
@@ -94,10 +91,9 @@ def main():
         if device == "cuda":
             torch.cuda.synchronize()
 
-    impls = [v for v in args.moe_impls.split(",") if v] or [None]
-    for prompt_tokens, moe_impl in [(int(x), m) for x in args.prompts.split(",") for m in impls]:
-        if moe_impl is not None:
-            os.environ["HYPIC_MOE_IMPL"] = moe_impl
+    # An A/B of environment switches (HYPIC_MOE_IMPL, ...) takes one process per value: the
+    # row-wise CUDA graphs are shared per device and captured once, with the first value.
+    for prompt_tokens in [int(x) for x in args.prompts.split(",")]:
         n = prompt_tokens // 512
         rng = random.Random(prompt_tokens)
         segs = [tuple(rng.randrange(spec.vocab_size) for _ in range(seg_tokens)) for _ in range(n)]
@@ -108,7 +104,7 @@ def main():
         first = bench.run(prompt)  # first all-hit (compiles what this shape needs): reported apart
         samples = [bench.run(prompt) for _ in range(args.repeats)]
         ttft = [s.ttft_s * 1e3 for s in samples]
-        row = {"prompt_tokens": prompt_tokens, "moe_impl": moe_impl, "segments": n,
+        row = {"prompt_tokens": prompt_tokens, "moe_impl": os.environ.get("HYPIC_MOE_IMPL"), "segments": n,
                "live_tokens": samples[-1].live_tokens, "first_allhit_ms": first.ttft_s * 1e3,
                "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft),
                "plan_p50_ms": statistics.median(s.plan_s * 1e3 for s in samples)}

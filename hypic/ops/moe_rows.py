@@ -64,7 +64,7 @@ def default_config(num_rows: int, num_experts: int) -> RowsConfig:
     """Row blocks taller than almost every expert's row count (16, 32 or 64 rows), so each weight
     tile streams once."""
     per_expert = num_rows / max(num_experts, 1)
-    block_m = 16 if per_expert <= 6 else (32 if per_expert <= 18 else 64)
+    block_m = 16 if per_expert <= 6 else (32 if per_expert <= 24 else 64)
     return RowsConfig(block_m=block_m)
 
 

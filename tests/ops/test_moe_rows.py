@@ -35,7 +35,8 @@ def test_config_checks_and_defaults():
         RowsConfig(num_stages=0)
     assert default_config(192 * 8, 256).block_m == 16  # 8k all-hit: 6 rows per expert
     assert default_config(576 * 8, 256).block_m == 32  # 32k all-hit: 18
-    assert default_config(670 * 8, 256).block_m == 64
+    assert default_config(670 * 8, 256).block_m == 32  # 32k rag: 21
+    assert default_config(1024 * 8, 256).block_m == 64
     assert rows_preferred(576 * 8, 256) and not rows_preferred(32768 * 8, 256)
 
 
