@@ -426,12 +426,16 @@ def test_public_functions_dispatch_to_fla_paths():
 
 
 @needs_cuda
+@pytest.mark.parametrize("impl", ["fla", "short"])
 @pytest.mark.parametrize("with_init", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_causal_conv1d_fla_matches_reference(with_init, dtype):
-    """fla's Triton conv (the CUDA path of hypic.ops.conv.causal_conv1d) against the reference on
-    CPU: output and final state, spans shorter than W-1 included, NaN-poisoned caches around."""
+def test_causal_conv1d_fla_matches_reference(with_init, dtype, impl, monkeypatch):
+    """The CUDA paths of hypic.ops.conv.causal_conv1d (fla's Triton conv, hypic.ops.conv_short)
+    against the reference on CPU: output and final state, spans shorter than W-1 included,
+    NaN-poisoned caches around."""
     from hypic.ops import conv
+
+    monkeypatch.setenv("HYPIC_CONV_IMPL", impl)
 
     gen = torch.Generator().manual_seed(3 + with_init)
     lengths = [1, 2, 70, 3, 129, 64]

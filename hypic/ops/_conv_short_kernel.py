@@ -1,0 +1,68 @@
+"""The Triton kernel of :mod:`hypic.ops.conv_short` (imported lazily, so a CPU-only machine never
+imports Triton). Module-level so that it resolves both compiled and under ``TRITON_INTERPRET=1``."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def short_conv_kernel(
+    x,            # [T, D] packed inputs of every sequence
+    weight,       # [D, W] taps (tap j reads the input W-1-j steps back)
+    bias,         # [D] (read only with HAS_BIAS)
+    state,        # [N, D, W-1] the W-1 inputs before each sequence (read only with HAS_STATE)
+    cu_seqlens,   # [N + 1] int64 sequence bounds
+    y,            # [T, D] out
+    num_tokens,
+    num_seqs,
+    stride_x,
+    stride_y,
+    D: tl.constexpr,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    SILU: tl.constexpr,
+    BT: tl.constexpr,
+    BD: tl.constexpr,
+    LOG_N: tl.constexpr,  # N's bit length: enough halvings of [0, N - 1]
+):
+    """One (BT tokens, BD channels) tile: each token finds its sequence by a binary search over
+    ``cu_seqlens`` (no per-token tables), then sums its W taps in fp32; taps before the sequence
+    start read its state. Memory-bound: x is read once from HBM (the taps' re-reads hit L1/L2)."""
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    t = pid_t * BT + tl.arange(0, BT)
+    d = pid_d * BD + tl.arange(0, BD)
+    m_t = t < num_tokens
+    m_d = d < D
+    # sequence of each token: the largest s with cu_seqlens[s] <= t (the one holding t, empty
+    # sequences skipped), found in LOG_N halvings of [0, N - 1]
+    lo = tl.zeros([BT], dtype=tl.int64)
+    hi = tl.zeros([BT], dtype=tl.int64) + (num_seqs - 1)
+    for _ in tl.static_range(LOG_N):
+        mid = (lo + hi + 1) // 2
+        go = tl.load(cu_seqlens + mid, mask=m_t, other=0) <= t
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid - 1)
+    seq = lo
+    local = t - tl.load(cu_seqlens + seq, mask=m_t, other=0)
+    m_td = m_t[:, None] & m_d[None, :]
+    acc = tl.zeros([BT, BD], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias + d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    for j in tl.static_range(W):
+        back: tl.constexpr = W - 1 - j
+        inside = local >= back
+        b_x = tl.load(x + (t - back).to(tl.int64)[:, None] * stride_x + d[None, :],
+                      mask=m_td & inside[:, None], other=0.0).to(tl.float32)
+        if HAS_STATE:
+            if back > 0:
+                col = (W - 1) + local - back  # in [0, W-1) where the tap lies before the start
+                b_s = tl.load(state + (seq[:, None] * D + d[None, :]) * (W - 1) + col[:, None],
+                              mask=m_td & (~inside)[:, None], other=0.0).to(tl.float32)
+                b_x += b_s
+        w_j = tl.load(weight + d * W + j, mask=m_d, other=0.0).to(tl.float32)
+        acc += w_j[None, :] * b_x
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    tl.store(y + t.to(tl.int64)[:, None] * stride_y + d[None, :], acc.to(y.dtype.element_ty), mask=m_td)

@@ -1,0 +1,57 @@
+"""Varlen short causal conv in one Triton launch, for many short sequences.
+
+Same contract as :func:`hypic.ops.conv.causal_conv1d` (the reference; on CUDA the dispatcher in
+:mod:`hypic.ops.linear.fla_paths` picks this or fla's kernel, ``HYPIC_CONV_IMPL``). A cached
+request's linear layers convolve its seams and question: 65 sequences of 8-64 tokens at the
+all-hit 32k shape. fla's ``causal_conv1d_fwd`` took 96-150 us per layer there (sessions 9 and
+11 profiles) for 576 x 8192 bf16 inputs that take ~4 us to read; it also needs the states padded
+to its ``[N, D, W]`` layout. Here each program takes a tile of tokens x channels, finds each
+token's sequence by a binary search over ``cu_seqlens`` (no per-token tables to build) and
+reads taps before a sequence's start from its ``[N, D, W-1]`` state directly, in the state's own
+dtype. The final states are the reference's (:func:`hypic.ops.conv.conv_final_state`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+BLOCK_T, BLOCK_D = 32, 128
+_KERNEL = None
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        from hypic.ops._conv_short_kernel import short_conv_kernel
+
+        _KERNEL = short_conv_kernel
+    return _KERNEL
+
+
+def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, cu_seqlens: torch.Tensor,
+               initial_state: Optional[torch.Tensor] = None, activation: Optional[str] = "silu",
+               output_final_state: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``causal_conv1d`` through :func:`short_conv_kernel` (inputs validated by the caller)."""
+    import triton
+
+    from hypic.ops.conv import conv_final_state
+
+    num_tokens, dim = x.shape
+    width = weight.shape[1]
+    num_seqs = cu_seqlens.numel() - 1
+    y = torch.empty_like(x)
+    if num_tokens > 0:
+        x = x if x.stride(1) == 1 else x.contiguous()
+        cu = cu_seqlens.to(device=x.device, dtype=torch.int64)
+        state = None if initial_state is None else initial_state.contiguous()
+        grid = (triton.cdiv(num_tokens, BLOCK_T), triton.cdiv(dim, BLOCK_D))
+        _kernel()[grid](
+            x, weight.contiguous(), bias if bias is not None else x, state if state is not None else x, cu, y,
+            num_tokens, num_seqs, x.stride(0), y.stride(0), D=dim, W=width, HAS_BIAS=bias is not None,
+            HAS_STATE=state is not None, SILU=activation == "silu", BT=BLOCK_T, BD=BLOCK_D,
+            LOG_N=max(1, num_seqs.bit_length()), num_warps=4,
+        )
+    final = conv_final_state(x, initial_state, cu_seqlens, width - 1) if output_final_state else None
+    return y, final

@@ -1,0 +1,77 @@
+"""The one-launch short conv (hypic.ops.conv_short) against the reference in hypic.ops.conv.
+
+CPU: the dispatch rule (``HYPIC_CONV_IMPL``); the Triton kernel through ``TRITON_INTERPRET=1`` in a
+subprocess when Triton is installed. CUDA: bf16 at the engine's all-hit shape and with long runs.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from tests.interpreter import interpreted_error
+
+CASE = textwrap.dedent("""
+    import torch
+    from hypic.ops.conv import causal_conv1d
+    from hypic.ops.conv_short import short_conv
+
+    def case(dtype, device, lengths, dim, width=4, with_state=True, with_bias=True, activation="silu", seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        cu = torch.tensor([0] + lengths).cumsum(0)
+        x = torch.randn(int(cu[-1]), dim, generator=gen).to(dtype)
+        weight = torch.randn(dim, width, generator=gen).to(dtype)
+        bias = torch.randn(dim, generator=gen).to(dtype) if with_bias else None
+        state = torch.randn(len(lengths), dim, width - 1, generator=gen).to(dtype) if with_state else None
+        d64 = lambda t: None if t is None else t.double()  # noqa: E731
+        ref, ref_final = causal_conv1d(x.double(), weight.double(), d64(bias), cu_seqlens=cu,
+                                       initial_state=d64(state), activation=activation)
+        dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+        y, final = short_conv(dev(x), dev(weight), dev(bias), cu_seqlens=dev(cu), initial_state=dev(state),
+                              activation=activation)
+        assert y.dtype == dtype and y.shape == ref.shape and not torch.isnan(y).any()
+        assert torch.equal(final.cpu().double(), ref_final)  # the inputs' own values, moved
+        return float((y.cpu().double() - ref).norm() / ref.norm())
+""")
+
+
+def test_conv_impl_rule(monkeypatch):
+    from hypic.ops.linear import fla_paths
+
+    monkeypatch.delenv("HYPIC_CONV_IMPL", raising=False)
+    assert fla_paths.conv_impl(576, 65) == "short"  # all-hit 32k: seams and question
+    assert fla_paths.conv_impl(32832, 65) == "fla"  # cold 32k
+    monkeypatch.setenv("HYPIC_CONV_IMPL", "fla")
+    assert fla_paths.conv_impl(576, 65) == "fla"
+    monkeypatch.setenv("HYPIC_CONV_IMPL", "short")
+    assert fla_paths.conv_impl(32832, 65) == "short"
+    monkeypatch.setenv("HYPIC_CONV_IMPL", "fast")
+    with pytest.raises(ValueError, match="HYPIC_CONV_IMPL"):
+        fla_paths.conv_impl(576, 65)
+
+
+def test_short_conv_interpreted():
+    script = CASE + textwrap.dedent("""
+        worst = 0.0
+        # runs shorter than the history, empty runs (first, middle, last), one run over two
+        # token tiles, channels not a multiple of the tile; with and without state and bias
+        lengths = [0, 1, 2, 8, 0, 40, 3, 0]
+        worst = max(worst, case(torch.float32, "cpu", lengths, 136))
+        worst = max(worst, case(torch.float32, "cpu", lengths, 40, with_state=False, with_bias=False,
+                                activation=None, seed=1))
+        worst = max(worst, case(torch.float32, "cpu", [70], 24, width=2, seed=2))
+        worst = max(worst, case(torch.float16, "cpu", [5, 9, 17], 64, seed=3))
+        print(worst)
+    """)
+    assert interpreted_error(script) < 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.parametrize("lengths", [[8] * 64 + [64], [512] * 8 + [64], [1, 0, 2, 3] * 5])
+def test_short_conv_cuda_bf16(lengths):
+    namespace = {}
+    exec(CASE, namespace)
+    err = namespace["case"](torch.bfloat16, "cuda", lengths, 8192, seed=len(lengths))
+    assert err < 1e-2, err
