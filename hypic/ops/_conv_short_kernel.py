@@ -51,7 +51,7 @@ def short_conv_kernel(
     if HAS_BIAS:
         acc += tl.load(bias + d, mask=m_d, other=0.0).to(tl.float32)[None, :]
     for j in tl.static_range(W):
-        back: tl.constexpr = W - 1 - j
+        back = W - 1 - j  # a constant: j is unrolled
         inside = local >= back
         b_x = tl.load(x + (t - back).to(tl.int64)[:, None] * stride_x + d[None, :],
                       mask=m_td & inside[:, None], other=0.0).to(tl.float32)
