@@ -205,12 +205,7 @@ class TtftBench:
             torch.cuda.empty_cache()
 
     def device_warmup(self) -> None:
-        """Small untimed requests through every mode (lazy initialisation, kernel compiles): two
-        segments, the same two reversed (all-hit for the segment modes), then the first order
-        again with another question, so ``prefix_cache`` also resumes from a checkpoint once. On
-        the H200 (session 11, without the third request) the only measured ``prefix_cache``
-        requests with a prefix hit, the first to resume, took 4.7 s (8k) and 2.0 s (32k) against
-        0.19 and 0.76 s for the others: first-call costs of the resume path."""
+        """One small untimed request through every mode (lazy initialisation, kernel compiles)."""
         rng = random.Random(f"device-warmup-{self.config.seed}")
         seg = min(self.config.segment_tokens)
         vocab = self.spec.vocab_size
@@ -221,7 +216,6 @@ class TtftBench:
             try:
                 bench.run(prompt)
                 bench.run(SegmentedPrompt(tuple(reversed(prompt.segments)), prompt.query))
-                bench.run(SegmentedPrompt(prompt.segments, _random_tokens(rng, 16, vocab)))
             finally:
                 bench.close()
         self._free()
