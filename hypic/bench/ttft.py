@@ -21,9 +21,9 @@ extra cold prompt of the same shape, sharing no tokens with the measured ones; `
 which keeps nothing, runs only the first warm-up request), so first-call costs at a new shape are
 paid outside the timing by every mode alike. The last warm-up request is one like the measured
 ones (all_hit, rag): its TTFT is reported apart as ``first_request_ms``. On the H200 (session
-11) the first all-hit request of a new prompt size took 0.3-1 s more than the next ones, with no
-autotuning or recompiling logged (Triton compiling new integer specialisations of its kernels is
-the likely cause): a serving engine pays it once per shape class, not per request.
+11) the first all-hit request of a new prompt size in a process took 0.3-1.2 s more than the next
+ones, also when no Triton autotuning or dynamo recompile was logged during it (the cause is not
+pinned down); the later requests of that size did not pay it again.
 
 Every mode gets its own :class:`SegmentStore` (``--store-bytes`` device budget; evictions are
 reported), keyer and :class:`PicRunner`, warmed with the same requests (``prefix_cache`` too, so
