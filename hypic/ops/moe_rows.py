@@ -18,7 +18,13 @@ vLLM's and SGLang's fused-MoE kernels:
 3. the rows go back to (token, slot) order and are mixed exactly as in the grouped path.
 
 Row blocks are padded to ``block_m`` rows (masked loads): the path is for the weight-bound
-regime only. :func:`rows_preferred` says when it
+regime only.
+
+Measured on the H200 (session 11): the GEMMs alone at 576 tokens 0.29 ms (gate_up, 3.7 TB/s of
+weights) and 0.16 ms (down, 3.3 TB/s) with the default tiles, the best of a sweep
+(benchmarks/moe_rows_h200.py); in the all-hit 32k request's profile the 80 launches take
+17.9-18.1 ms of GPU time, where session 9's profile had 21.3 ms of grouped GEMMs. The request's
+TTFT A/B (one process per path) did not resolve the difference: runs of one path spread by 5 ms. :func:`rows_preferred` says when it
 applies (``MAX_ROWS_PER_EXPERT``); large prefills keep the grouped GEMM.
 """
 
@@ -33,9 +39,11 @@ import torch
 from hypic.ops.moe_grouped import _check_ids_in_range, combine_slots, combine_slots_math
 from hypic.ops.fused import dispatch
 
-# Up to this many assignments per expert on average the rows path runs under impl="auto"
-# (above it the grouped GEMM's large tiles win: the GEMMs stop being weight-bound).
-MAX_ROWS_PER_EXPERT = 64
+# Up to this many assignments per expert on average the rows path runs under impl="auto". Whole
+# MoE calls as CUDA graph replays on the H200 (benchmarks/moe_rows_h200.py, session 11 call 2;
+# 256 experts, top-8): rows 0.45-0.66 ms against grouped 0.62-0.78 ms from 64 to 1024 tokens (up
+# to 32 rows per expert), but 0.86 against 0.79 ms at 2048 tokens (64 per expert).
+MAX_ROWS_PER_EXPERT = 32
 _DTYPES = (torch.bfloat16, torch.float16)
 
 

@@ -37,7 +37,8 @@ def test_config_checks_and_defaults():
     assert default_config(576 * 8, 256).block_m == 32  # 32k all-hit: 18
     assert default_config(670 * 8, 256).block_m == 32  # 32k rag: 21
     assert default_config(1024 * 8, 256).block_m == 64
-    assert rows_preferred(576 * 8, 256) and not rows_preferred(32768 * 8, 256)
+    assert rows_preferred(576 * 8, 256) and rows_preferred(1024 * 8, 256)
+    assert not rows_preferred(2048 * 8, 256) and not rows_preferred(32768 * 8, 256)
 
 
 def test_rows_path_refused_on_cpu_without_the_interpreter(monkeypatch):
