@@ -9,6 +9,11 @@ to its ``[N, D, W]`` layout. Here each program takes a tile of tokens x channels
 token's sequence by a binary search over ``cu_seqlens`` (no per-token tables to build) and
 reads taps before a sequence's start from its ``[N, D, W-1]`` state directly, in the state's own
 dtype. The final states are the reference's (:func:`hypic.ops.conv.conv_final_state`).
+
+Measured on the H200 (session 11, call 6): in the all-hit 32k request's profile the 30 launches
+take 0.95 ms of GPU time (31.6 us each). Long runs (a cold prefill) keep fla's kernel: the two
+were not compared there, so the auto rule (:func:`hypic.ops.linear.fla_paths.conv_impl`) sends
+runs averaging over 64 tokens to fla.
 """
 
 from __future__ import annotations
