@@ -145,7 +145,8 @@ def write_json(path: str, report: Dict) -> None:
 
 def merge_reports(reports: Sequence[Dict]) -> Dict:
     """One report from several runs (e.g. one per device call): results concatenated in order, a
-    later run's row replacing an earlier one with the same (case, mode, cold_policy, P, S)."""
+    later run's row replacing an earlier one with the same (case, mode, cold_policy, P, S); the
+    skipped points of every run, less those another run measured."""
     if not reports:
         raise ValueError("merge: no reports given")
     for key in ("device", "model"):
@@ -159,6 +160,11 @@ def merge_reports(reports: Sequence[Dict]) -> Dict:
                   row["segment_tokens"])] = row
     out = dict(reports[-1])
     out["results"] = list(rows.values())
-    out["skipped"] = [s for r in reports for s in r.get("skipped", [])]
-    out["config"] = [r.get("config") for r in reports]
+    # a point skipped by one run and measured by another is not skipped
+    measured = {(row["case"], row["prompt_tokens"], row["segment_tokens"]) for row in out["results"]}
+    out["skipped"] = [s for r in reports for s in r.get("skipped", [])
+                      if (s["case"], s["prompt_tokens"], s["segment_tokens"]) not in measured]
+    # a merged report's configs are a list already: kept flat, one per run
+    out["config"] = [c for r in reports
+                     for c in (r["config"] if isinstance(r.get("config"), list) else [r.get("config")])]
     return out

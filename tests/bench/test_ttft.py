@@ -188,6 +188,8 @@ def test_merge_reports(report, tmp_path):
     replaced = dict(b["results"][0], ttft_p50_ms=123.0)
     extra = dict(b["results"][1], prompt_tokens=2 * P)
     b["results"] = [replaced, extra]
+    a["skipped"] = [{"case": extra["case"], "prompt_tokens": 2 * P, "segment_tokens": S, "reason": "budget"},
+                    {"case": "cold", "prompt_tokens": 4 * P, "segment_tokens": S, "reason": "budget"}]
     paths = []
     for name, rep in (("a.json", a), ("b.json", b)):
         (tmp_path / name).write_text(json.dumps(rep))
@@ -195,7 +197,10 @@ def test_merge_reports(report, tmp_path):
     out = str(tmp_path / "merged.json")
     assert main(["bench", "ttft", "--merge-json", *paths, "--json", out]) == 0
     with open(out) as f:
-        merged = json.load(f)["results"]
+        merged_report = json.load(f)
+    merged = merged_report["results"]
+    # b measured the point a skipped: only a's other skipped point stays
+    assert [sk["prompt_tokens"] for sk in merged_report["skipped"]] == [4 * P]
     assert len(merged) == len(a["results"]) + 1
     assert [r for r in merged if r["ttft_p50_ms"] == 123.0] == [replaced]
     assert extra in merged
