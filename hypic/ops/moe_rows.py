@@ -5,8 +5,8 @@ Same contract as :func:`hypic.ops.moe.moe_experts` (the reference; call that wit
 at 576 tokens x top-8 over 256 experts every expert gets ~18 rows, so the expert GEMMs only
 stream the weights (1.6 GB per layer of Qwen3.5-35B-A3B) and their time is HBM time.
 ``torch._grouped_mm`` (:mod:`hypic.ops.moe_grouped`) reached 3.0 TB/s there (21.3 ms over 40
-layers, session 9's all-hit 32k profile) against the 4.3 TB/s the H200 measures. Here, as in
-vLLM's and SGLang's fused-MoE kernels:
+layers, session 9's all-hit 32k profile) against the 4.3 TB/s the H200 measures. Here, in the spirit of
+vLLM's and SGLang's fused-MoE kernels but without their padded block table:
 
 1. the assignments are sorted by expert (as in the grouped path) and each expert's end among
    the sorted rows found by a ``searchsorted`` on the device (nothing is read back);
@@ -18,14 +18,14 @@ vLLM's and SGLang's fused-MoE kernels:
 3. the rows go back to (token, slot) order and are mixed exactly as in the grouped path.
 
 Row blocks are padded to ``block_m`` rows (masked loads): the path is for the weight-bound
-regime only.
+regime only. :func:`rows_preferred` says when it applies (``MAX_ROWS_PER_EXPERT``); large
+prefills keep the grouped GEMM.
 
 Measured on the H200 (session 11): the GEMMs alone at 576 tokens 0.29 ms (gate_up, 3.7 TB/s of
 weights) and 0.16 ms (down, 3.3 TB/s) with the default tiles, the best of a sweep
 (benchmarks/moe_rows_h200.py); in the all-hit 32k request's profile the 80 launches take
 17.9-18.1 ms of GPU time, where session 9's profile had 21.3 ms of grouped GEMMs. The request's
-TTFT A/B (one process per path) did not resolve the difference: runs of one path spread by 5 ms. :func:`rows_preferred` says when it
-applies (``MAX_ROWS_PER_EXPERT``); large prefills keep the grouped GEMM.
+TTFT A/B (one process per path) did not resolve the difference: runs of one path spread by 5 ms.
 """
 
 from __future__ import annotations
