@@ -5,8 +5,8 @@ Same contract as :func:`hypic.ops.moe.moe_experts` (the reference; call that wit
 at 576 tokens x top-8 over 256 experts every expert gets ~18 rows, so the expert GEMMs only
 stream the weights (1.6 GB per layer of Qwen3.5-35B-A3B) and their time is HBM time.
 ``torch._grouped_mm`` (:mod:`hypic.ops.moe_grouped`) reached 3.0 TB/s there (21.3 ms over 40
-layers, session 9's all-hit 32k profile) against the 4.3 TB/s the H200 measures. Here, in the spirit of
-vLLM's and SGLang's fused-MoE kernels but without their padded block table:
+layers, session 9's all-hit 32k profile) against the 4.3 TB/s the H200 measures. Here, in the
+spirit of vLLM's and SGLang's fused-MoE kernels but without their padded block table:
 
 1. the assignments are sorted by expert (as in the grouped path) and each expert's end among
    the sorted rows found by a ``searchsorted`` on the device (nothing is read back);
