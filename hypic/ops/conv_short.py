@@ -1,7 +1,7 @@
 """Varlen short causal conv in one Triton launch, for many short sequences.
 
 Same contract as :func:`hypic.ops.conv.causal_conv1d` (the reference; on CUDA the dispatcher in
-:mod:`hypic.ops.linear.fla_paths` picks this or fla's kernel, ``HYPIC_CONV_IMPL``). A cached
+:mod:`hypic.ops.linear._fla_conv` picks this or fla's kernel, ``HYPIC_CONV_IMPL``). A cached
 request's linear layers convolve its seams and question: 65 sequences of 8-64 tokens at the
 all-hit 32k shape. fla's ``causal_conv1d_fwd`` took 96-150 us per layer there (sessions 9 and
 11 profiles) for 576 x 8192 bf16 inputs that take ~4 us to read; it also needs the states padded
@@ -12,7 +12,7 @@ dtype. The final states are the reference's (:func:`hypic.ops.conv.conv_final_st
 
 Measured on the H200 (session 11, call 6): in the all-hit 32k request's profile the 30 launches
 take 0.95 ms of GPU time (31.6 us each). Long runs (a cold prefill) keep fla's kernel: the two
-were not compared there, so the auto rule (:func:`hypic.ops.linear.fla_paths.conv_impl`) sends
+were not compared there, so the auto rule (:func:`hypic.ops.linear._fla_conv.conv_impl`) sends
 runs averaging over 64 tokens to fla.
 """
 

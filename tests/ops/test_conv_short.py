@@ -38,7 +38,7 @@ CASE = textwrap.dedent("""
 
 
 def test_conv_impl_rule(monkeypatch):
-    from hypic.ops.linear import fla_paths
+    from hypic.ops.linear import fla_paths  # conv_impl re-exported there
 
     monkeypatch.delenv("HYPIC_CONV_IMPL", raising=False)
     assert fla_paths.conv_impl(576, 65) == "short"  # all-hit 32k: seams and question
