@@ -5,7 +5,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# The token and run counts change with every request: not specialised (== 1, % 16), so requests
+# of new sizes reuse the compiled kernel instead of compiling a variant on their first call.
+@triton.jit(do_not_specialize=["num_tokens", "num_seqs"])
 def short_conv_kernel(
     x,            # [T, D] packed inputs of every sequence
     weight,       # [D, W] taps (tap j reads the input W-1-j steps back)
@@ -24,7 +26,7 @@ def short_conv_kernel(
     SILU: tl.constexpr,
     BT: tl.constexpr,
     BD: tl.constexpr,
-    LOG_N: tl.constexpr,  # N's bit length: enough halvings of [0, N - 1]
+    LOG_N: tl.constexpr,  # halvings of [0, N - 1]: at least N's bit length
 ):
     """One (BT tokens, BD channels) tile: each token finds its sequence by a binary search over
     ``cu_seqlens`` (no per-token tables), then sums its W taps in fp32; taps before the sequence
