@@ -10,8 +10,9 @@ Cases (each swept over ``--prompt-tokens`` x ``--segment-tokens``):
   ``speedup_vs_full_recompute``.
 * ``all_hit``: a pool of ``N`` segments of ``S`` tokens, cached beforehand by one warm-up request
   in another (shuffled) order, then one untimed all-hit request (a further order); each measured
-  request is another random order of the pool + a fresh 64-token question. ``hypic`` then computes the seams + the question live, ``transition`` only the
-  question; ``prefix_cache`` only hits on shared prefixes (hardly any).
+  request is another random order of the pool + a fresh 64-token question. ``hypic`` then
+  computes the seams + the question live, ``transition`` only the question; ``prefix_cache`` only
+  hits on shared prefixes (hardly any).
 * ``rag``: the synthetic RAG trace of :mod:`hypic.bench.rag_trace`; warm-up requests until every
   document was seen once (``--warmup-requests`` sampled ones, then requests packing the documents
   not yet seen) and one more trace request, then the same measured requests through each mode.
@@ -39,8 +40,7 @@ prompt_tokens`` (the target P), ``segment_tokens, num_requests, ttft_p50_ms, ttf
 ttft_p99_ms, live_tokens_mean`` (main pass), ``floor_ms`` (mean over requests); and
 ``cold_policy, ttft_mean_ms, ttft_samples_ms`` (every measured request's TTFT, in the order
 they ran: where the tail comes from), ``first_request_ms`` (the last warm-up request's TTFT),
-``plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean,
-token_hit_rate`` (reused tokens / prompt tokens), ``hit_rate`` (store acquire hits / look-ups during
+``plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean, token_hit_rate`` (reused tokens / prompt tokens), ``hit_rate`` (store acquire hits / look-ups during
 the measured requests; None without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
 floor), ``seam``, ``store_bytes_per_cached_token, store_bytes, store_entries, store_evictions,
 store_drops, store_budget_bytes, store_skipped_writes``; ``summary_overhead`` and ``speedup_vs_full_recompute`` on cold
