@@ -40,8 +40,9 @@ prompt_tokens`` (the target P), ``segment_tokens, num_requests, ttft_p50_ms, ttf
 ttft_p99_ms, live_tokens_mean`` (main pass), ``floor_ms`` (mean over requests); and
 ``cold_policy, ttft_mean_ms, ttft_samples_ms`` (every measured request's TTFT, in the order
 they ran: where the tail comes from), ``first_request_ms`` (the last warm-up request's TTFT),
-``plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean, token_hit_rate`` (reused tokens / prompt tokens), ``hit_rate`` (store acquire hits / look-ups during
-the measured requests; None without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
+``plan_p50_ms, prompt_tokens_mean, standalone_tokens_mean, token_hit_rate`` (reused tokens /
+prompt tokens), ``hit_rate`` (store acquire hits / look-ups during the measured requests; None
+without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
 floor), ``seam``, ``store_bytes_per_cached_token, store_bytes, store_entries, store_evictions,
 store_drops, store_budget_bytes, store_skipped_writes``; ``summary_overhead`` and ``speedup_vs_full_recompute`` on cold
 rows; ``corpus_documents, warmup_requests`` on rag rows; ``error`` (a traceback; timings None) when
