@@ -98,20 +98,38 @@ def moe_experts_grouped(
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
-    flat_ids = topk_ids.reshape(-1)
-    _check_ids_in_range(flat_ids, num_experts)
-    sorted_ids, order = torch.sort(flat_ids.long(), stable=True)
-    # offs[e] = end of expert e's row group (cumulative count); empty experts repeat the offset.
-    experts = torch.arange(num_experts, device=x.device, dtype=sorted_ids.dtype)
-    offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
-    token_of_row = order // top_k
-    rows_x = x.index_select(0, token_of_row)  # [T*k, H], grouped by expert
+    order, ends = sort_rows_by_expert(topk_ids, num_experts)
+    offs = ends.to(torch.int32)  # offs[e] = end of expert e's row group; empty experts repeat it
+    rows_x = x.index_select(0, order // top_k)  # [T*k, H], grouped by expert
     gate_up_rows = torch._grouped_mm(rows_x, gate_up.transpose(1, 2), offs=offs)  # [T*k, 2I]
     gate, up = gate_up_rows.chunk(2, dim=-1)
     hidden_rows = swiglu(gate, up)  # [T*k, I], contiguous
     rows_out = torch._grouped_mm(hidden_rows, down.transpose(1, 2), offs=offs)  # [T*k, H]
-    # Back to (token, slot) order: row r of the sorted list is assignment order[r], so assignment
-    # a sits at row inverse[a].
+    return mix_sorted_rows(rows_out, order, topk_weights, x)
+
+
+def expert_ends(sorted_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``[E]`` int64: the end of each expert's rows among ids sorted by expert (cumulative counts;
+    an empty expert repeats the previous end). On the device, no sync."""
+    experts = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    return torch.searchsorted(sorted_ids, experts, right=True)
+
+
+def sort_rows_by_expert(topk_ids: torch.Tensor, num_experts: int):
+    """``(order, ends)``: the ``T*k`` (token, slot) assignments sorted by expert (stable; sorted
+    row r is assignment ``order[r]``, token ``order[r] // k``) and :func:`expert_ends`. Ids
+    outside ``[0, E)`` are rejected without a host sync."""
+    flat_ids = topk_ids.reshape(-1)
+    _check_ids_in_range(flat_ids, num_experts)
+    sorted_ids, order = torch.sort(flat_ids.long(), stable=True)
+    return order, expert_ends(sorted_ids, num_experts)
+
+
+def mix_sorted_rows(rows_out: torch.Tensor, order: torch.Tensor, topk_weights: torch.Tensor,
+                    x: torch.Tensor) -> torch.Tensor:
+    """``[T, H]`` in x's dtype: the expert outputs of the sorted rows back in (token, slot) order,
+    mixed by the top-k weights (:func:`combine_slots_math`, compiled on CUDA when x is large)."""
+    # row r of the sorted list is assignment order[r], so assignment a sits at row inverse[a]
     inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
     mix = topk_weights.to(x.dtype)
     return dispatch(combine_slots_math, x, eager=combine_slots)(rows_out, inverse, mix)

@@ -30,14 +30,13 @@ TTFT A/B (one process per path) did not resolve the difference: runs of one path
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from hypic.ops.moe_grouped import _check_ids_in_range, combine_slots, combine_slots_math
-from hypic.ops.fused import dispatch
+from hypic.ops.attention_split import _interpreting
+from hypic.ops.moe_grouped import expert_ends, mix_sorted_rows, sort_rows_by_expert  # noqa: F401 (expert_ends re-exported)
 
 # Up to this many assignments per expert on average the rows path runs under impl="auto". Whole
 # MoE calls as CUDA graph replays on the H200 (benchmarks/moe_rows_h200.py, session 11 call 2;
@@ -76,36 +75,19 @@ def default_config(num_rows: int, num_experts: int) -> RowsConfig:
     return RowsConfig(block_m=block_m)
 
 
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def rows_supported(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     """Whether :func:`moe_experts_rows` can run these operands: CUDA (or the Triton interpreter
     on CPU), fp16/bf16, unit stride along each weight's contraction dim. Host-only."""
-    interpreting = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    if not (x.is_cuda or (interpreting and x.device.type == "cpu")):
+    if not (x.is_cuda or _interpreting()):
         return False
     if x.dtype not in _DTYPES or gate_up.dtype != x.dtype or down.dtype != x.dtype:
         return False
-    if x.stride(1) != 1 or gate_up.stride(2) != 1 or down.stride(2) != 1:
-        return False
-    return triton_available()
+    return x.stride(1) == 1 and gate_up.stride(2) == 1 and down.stride(2) == 1
 
 
 def rows_preferred(num_rows: int, num_experts: int) -> bool:
     """The auto rule: few rows per expert (the weight-streaming regime)."""
     return num_rows <= MAX_ROWS_PER_EXPERT * num_experts
-
-
-def expert_ends(sorted_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """``[E]`` int64: the end of each expert's rows among ids sorted by expert (no sync)."""
-    experts = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
-    return torch.searchsorted(sorted_ids, experts, right=True)
 
 
 _KERNEL = None
@@ -152,15 +134,9 @@ def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
         return x.new_zeros(0, hidden)
     num_rows = num_tokens * top_k
     config = default_config(num_rows, num_experts) if config is None else config
-    flat_ids = topk_ids.reshape(-1)
-    _check_ids_in_range(flat_ids, num_experts)
-    sorted_ids, order = torch.sort(flat_ids.long(), stable=True)
-    ends = expert_ends(sorted_ids, num_experts)
-    token_of_row = order // top_k
-    x = x.contiguous()
+    order, ends = sort_rows_by_expert(topk_ids, num_experts)
     hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
-    rows_gemm(x, token_of_row, gate_up, hidden_rows, ends, swiglu=True, config=config)
+    rows_gemm(x, order // top_k, gate_up, hidden_rows, ends, swiglu=True, config=config)
     rows_out = torch.empty(num_rows, hidden, device=x.device, dtype=x.dtype)
     rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=config)
-    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(num_rows, device=order.device))
-    return dispatch(combine_slots_math, x, eager=combine_slots)(rows_out, inverse, topk_weights.to(x.dtype))
+    return mix_sorted_rows(rows_out, order, topk_weights, x)
