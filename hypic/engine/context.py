@@ -134,6 +134,22 @@ class AttentionLayerCache:
         self._positions[self.length : need] = positions
         self.length = need
 
+    @classmethod
+    def adopt(cls, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> "AttentionLayerCache":
+        """A cache holding ``keys``, ``values`` and ``positions`` themselves, not copies: a prefill
+        whose K/V record belongs to one sequence hands it over instead of copying tens of MB per
+        layer before its first token. Its capacity is its length, so the first decode append
+        grows it into a buffer of its own (the given tensors are never written)."""
+        if keys.dim() != 3 or values.shape != keys.shape or values.dtype != keys.dtype:
+            raise ValueError(f"keys/values must be matching [n, heads, head_dim] tensors, got "
+                             f"{tuple(keys.shape)} {keys.dtype} / {tuple(values.shape)} {values.dtype}")
+        if positions.shape != keys.shape[:1]:
+            raise ValueError(f"positions must be [{keys.shape[0]}], got {tuple(positions.shape)}")
+        out = cls.__new__(cls)
+        out._keys, out._values, out._positions = keys, values, positions
+        out.length = keys.shape[0]
+        return out
+
     def clone(self) -> "AttentionLayerCache":
         out = AttentionLayerCache.__new__(AttentionLayerCache)
         out._keys, out._values, out._positions = self.keys.clone(), self.values.clone(), self.positions.clone()

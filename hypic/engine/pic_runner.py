@@ -244,6 +244,8 @@ class PicRunner:
                 if kind == LINEAR_ATTENTION:
                     cache = DecodeLinearCache(_own_row(rec.final_states, b), _own_row(rec.tails, lay.final_tail_slots[b]))
                     cache.num_tokens = num_tokens
+                elif len(lay.requests) == 1:  # the record is this sequence's alone: no copy
+                    cache = DecodeAttentionCache.adopt(rec.keys, rec.values, lay.positions_k)
                 else:
                     cache = DecodeAttentionCache(self.spec.num_key_value_heads, self.spec.head_dim,
                                                  rec.keys.dtype, rec.keys.device)

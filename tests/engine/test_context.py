@@ -40,6 +40,25 @@ def test_attention_cache_grows_and_clone_is_independent():
         att.append(torch.zeros(1, 3, 4), torch.zeros(1, 3, 4), torch.tensor([0]))
 
 
+def test_adopted_attention_cache_holds_the_tensors_and_grows_away_from_them():
+    keys, values = torch.randn(5, 2, 4), torch.randn(5, 2, 4)
+    positions = torch.arange(5)
+    att = AttentionLayerCache.adopt(keys, values, positions)
+    same = lambda a, b: a.data_ptr() == b.data_ptr() and a.shape == b.shape  # noqa: E731 - no copy made
+    assert same(att.keys, keys) and same(att.values, values) and same(att.positions, positions)
+    assert att.num_tokens == 5
+    kept = keys.clone(), values.clone(), positions.clone()
+    att.append(torch.ones(1, 2, 4), torch.ones(1, 2, 4), torch.tensor([9]))
+    assert att.length == 6 and att.positions.tolist() == [0, 1, 2, 3, 4, 9]
+    assert torch.equal(att.keys[:5], kept[0]) and torch.equal(att.keys[5], torch.ones(2, 4))
+    # the adopted tensors themselves were never written
+    assert torch.equal(keys, kept[0]) and torch.equal(values, kept[1]) and torch.equal(positions, kept[2])
+    with pytest.raises(ValueError, match="keys/values"):
+        AttentionLayerCache.adopt(keys, values[:4], positions)
+    with pytest.raises(ValueError, match="positions"):
+        AttentionLayerCache.adopt(keys, values, positions[:4])
+
+
 def test_positions_and_logits_rows():
     caches = [SequenceCache.allocate(SPEC, "cpu") for _ in range(2)]
     ctx = PlainContext(SPEC, caches, [3, 2])
