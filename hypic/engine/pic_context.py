@@ -10,8 +10,9 @@ body's stored tail, the prefix checkpoint, or zeros).
 
 Per full-attention layer: each request's keys are its prefix checkpoints' K, its live K and its
 cached bodies' K (re-rotated by the shift between where the body was cached and where it now
-sits, unless the mode keeps it as cached), gathered once into a packed varlen key set; live
-queries attend by absolute position.
+sits, unless the mode keeps it as cached), gathered once into a packed varlen key set (one pass
+over K and one over V on CUDA: :mod:`hypic.ops.kv_gather`); live queries attend by absolute
+position.
 
 What the runner needs afterwards (final states, conv tails, K/V, summaries of written elements)
 is recorded per layer in :attr:`PicContext.records`.
@@ -30,13 +31,13 @@ from hypic.engine.pic_layout import PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
+from hypic.ops.kv_gather import gather_kv
 from hypic.ops.linear.gated_delta import (
     gated_delta_chain_forward,
     gated_delta_forward,
     gated_delta_summarize_then_forward,
 )
 from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
-from hypic.ops.rope import apply_rotary
 
 
 class LinearRecord:
@@ -231,15 +232,20 @@ class PicContext(ForwardContext):
     def attention(self, layer_idx, q, k, v, scale, rotary):
         lay = self.layout
         if lay.cached_pieces:
-            ck = torch.cat([_on(e.attention[layer_idx].key, k.device, k.dtype) for e in lay.cached_pieces])
-            cv = torch.cat([_on(e.attention[layer_idx].value, v.device, v.dtype) for e in lay.cached_pieces])
+            cos = sin = None
             if lay.any_rerotate:
-                # RoPE composes: R(p + d) = R(d) R(p), so rotating cached K by its shift d moves it.
-                if self._shift_cos_sin is None:  # the same shifts in every attention layer
-                    self._shift_cos_sin = rotary.cos_sin(lay.cached_delta)
-                ck = apply_rotary(ck, *self._shift_cos_sin)
-            keys = torch.cat([k, ck]).index_select(0, lay.key_index)
-            values = torch.cat([v, cv]).index_select(0, lay.key_index)
+                # RoPE composes: R(p + d) = R(d) R(p), so rotating cached K by its piece's shift d
+                # moves it. One [P, rotary_dim] table, the same in every attention layer.
+                if self._shift_cos_sin is None:
+                    self._shift_cos_sin = rotary.cos_sin(lay.cached_shift)
+                cos, sin = self._shift_cos_sin
+            # One pass on CUDA: the pieces are read where the store holds them (through the
+            # layout's address table), rotated on the way and written packed (hypic/ops/kv_gather.py);
+            # the per-piece sequences below are only iterated by the reference.
+            keys, values = gather_kv(
+                k, v, _LayerPieces(lay.cached_pieces, layer_idx, "key"),
+                _LayerPieces(lay.cached_pieces, layer_idx, "value"), lay.cu_cached, lay.key_index,
+                shift_cos=cos, shift_sin=sin, table=lay.piece_table(layer_idx))
         else:
             keys = k.index_select(0, lay.key_index)
             values = v.index_select(0, lay.key_index)
@@ -256,6 +262,25 @@ class PicContext(ForwardContext):
 
     def select_logits_rows(self, hidden):
         return hidden.index_select(0, self.layout.logits_rows)
+
+
+class _LayerPieces(Sequence):
+    """One attention layer's K (``field="key"``) or V of a layout's cached pieces, looked up on
+    access: the K/V gather's kernel never touches them, so no per-piece Python loop runs per
+    layer on that path."""
+
+    def __init__(self, pieces, layer_idx: int, field: str) -> None:
+        self._pieces = pieces
+        self._layer = layer_idx
+        self._field = field
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return getattr(self._pieces[i].attention[self._layer], self._field)
 
 
 class _LayerSummaries(Sequence):

@@ -13,12 +13,15 @@ plus, for ``prefix_cache``, the checkpoints of the reused prefix (their K/V, and
 linear and conv states as the starting point).
 
 :func:`build_layout` turns the requests of a batch into index tensors, computed once per batch on
-the host; every layer then works with batched tensor ops only (no Python loop per head; per layer,
-one Python-level pass over the batch's cached pieces to gather their tensors).
+the host; every layer then works with batched tensor ops only (no Python loop per head). The
+cached pieces' K/V and linear summaries are read in place through per-layer address tables built
+here; only where a piece cannot be read so (another device or dtype, not contiguous) does a layer
+loop over the pieces to concatenate them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -26,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from hypic.ops.kv_gather import PieceFormat, PieceTable, piece_format
 from hypic.ops.linear._checks import concrete_device
 from hypic.ops.linear.summary import summary_addresses
 from hypic.pic.keys import StoreKey
@@ -143,11 +147,25 @@ class PackedLayout:
     max_live_per_request: int
     max_keys_per_request: int
     cached_pieces: List[SegmentEntry]  # entries whose K/V rows follow the live rows, in order
-    cached_delta: torch.Tensor  # [C] RoPE shift of each cached row (0 = keep)
+    cu_cached: torch.Tensor  # [P+1] piece p is cached rows [cu_cached[p], cu_cached[p+1])
+    cached_shift: torch.Tensor  # [P] RoPE shift of each piece's rows, in positions (0 = keep)
     any_rerotate: bool
+    # [L, 2, P'] int64 on the device: per layer, the data pointers of each piece's K and V where
+    # the store holds them (the K/V gather reads them in place; P' = P rounded up to even, zeros
+    # after), every piece of `kv_format`; None when some piece cannot be read so (then the
+    # gather concatenates them).
+    kv_addresses: Optional[torch.Tensor]
+    kv_format: Optional[PieceFormat]
     logits_rows: torch.Tensor  # [B'] packed row of each request's last token (need_logits only)
     write_key_rows: List[Tuple[int, int]]  # per write: its rows [a, b) in the packed keys
     final_tail_slots: List[int]  # per request: index of its final conv state among the tails
+
+    def piece_table(self, layer_idx: int) -> Optional[PieceTable]:
+        """The cached pieces of attention layer ``layer_idx`` as the K/V gather reads them in
+        place, or None (no address table, or a layer past it)."""
+        if self.kv_addresses is None or self.kv_format is None or layer_idx >= self.kv_addresses.shape[0]:
+            return None
+        return PieceTable(self.kv_addresses[layer_idx], self.kv_format)
 
 
 def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: torch.device) -> PackedLayout:
@@ -173,7 +191,8 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     pos_k = _IntRuns()
     cu_keys = [0]
     cached_pieces: List[SegmentEntry] = []
-    cached_delta = _IntRuns()
+    cu_cached = [0]
+    cached_shift: List[int] = []
     logits_rows: List[int] = []
     final_tail_for_request: List[int] = []
 
@@ -194,8 +213,9 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
             cached_pieces.append(ckpt)
             key_index.add_range(total_live + cached_count, n)
             pos_k.add_range(p0, n)
-            cached_delta.add_repeat(0, n)
+            cached_shift.append(0)
             cached_count += n
+            cu_cached.append(cached_count)
             p0 += n
         prev_live = False
         run_local = 0
@@ -244,8 +264,9 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                 key_index.add_range(total_live + cached_count, n)
                 pos_k.add_range(e.start, n)
                 shift = e.segment_start - e.entry.origin_position if req.rerotate_keys else 0
-                cached_delta.add_repeat(shift, n)
+                cached_shift.append(shift)
                 cached_count += n
+                cu_cached.append(cached_count)
                 prev_live = False
             else:
                 raise ValueError(f"request {b}: unknown element type {type(e).__name__}")
@@ -290,6 +311,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                 num_record_rows += 1
             write_after_rows.append(record_rows[chain_pos + 1])
     body_addresses = None if any(drop_t) else _body_addresses([e.entry for _, e in bodies], device)
+    kv_addresses, kv_format = _kv_addresses(cached_pieces, device)
     write_span_ids = [span for _, span, _ in writes]
 
     lists = dict(input_ids=ids, positions=pos, cu_live_per_request=cu_req, cu_spans=cu_spans,
@@ -297,9 +319,12 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                  tail_index=tail_index, write_spans=write_span_ids,
                  key_index=key_index, positions_k=pos_k, cu_keys=cu_keys,
                  chain_source=[i if kind == "live" else -i - 1 for kind, i in chain_src],
-                 chain_record_rows=record_rows, cached_delta=cached_delta, logits_rows=logits_rows)
+                 chain_record_rows=record_rows, cu_cached=cu_cached, cached_shift=cached_shift,
+                 logits_rows=logits_rows)
     if body_addresses is not None:
         lists["body_addresses"] = body_addresses
+    if kv_addresses is not None:
+        lists["kv_addresses"] = kv_addresses
     cpu, dev = _to_device(lists, device)
     layout = PackedLayout(
         requests=list(requests),
@@ -336,8 +361,11 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         max_live_per_request=max(b - a for a, b in zip(cu_req[:-1], cu_req[1:])),
         max_keys_per_request=max(b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])),
         cached_pieces=cached_pieces,
-        cached_delta=dev["cached_delta"],
-        any_rerotate=cached_delta.any_nonzero(),
+        cu_cached=dev["cu_cached"],
+        cached_shift=dev["cached_shift"],
+        any_rerotate=any(cached_shift),
+        kv_addresses=None if kv_addresses is None else dev["kv_addresses"].view(kv_addresses.shape),
+        kv_format=kv_format,
         logits_rows=dev["logits_rows"],
         write_key_rows=write_key_rows,
         final_tail_slots=final_tail_for_request,
@@ -386,8 +414,64 @@ def _body_addresses(entries: Sequence[SegmentEntry], device: torch.device) -> Op
 _ALIGN_INT64 = 2  # 16 bytes
 
 
+# Per store entry: ``(device, [L, 2] K and V data pointers per attention layer (zeros where a
+# layer has none), the format of every layer's K/V)``, or the table None when some layer's
+# cannot be read in place. Computed once per entry instead of per request.
+_ENTRY_KV: "weakref.WeakKeyDictionary[SegmentEntry, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _entry_kv(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
+    cached = _ENTRY_KV.get(entry)
+    if cached is not None and cached[0] == device:
+        return cached[1], cached[2]
+    table: Optional[np.ndarray] = None
+    fmt: Optional[PieceFormat] = None
+    if entry.attention:
+        table = np.zeros((max(entry.attention) + 1, 2), dtype=np.int64)
+        formats = []
+        for layer, payload in entry.attention.items():
+            formats.append(piece_format(getattr(payload, "key", None), getattr(payload, "value", None), device))
+            if formats[-1] is None:
+                break
+            table[layer] = (payload.key.data_ptr(), payload.value.data_ptr())
+        fmt = _common_format(formats)
+        table = None if fmt is None else table
+    _ENTRY_KV[entry] = (device, table, fmt)
+    return table, fmt
+
+
+def _common_format(formats: Sequence[Optional[PieceFormat]]) -> Optional[PieceFormat]:
+    """The format all of ``formats`` share, with the least alignment among them; None when one
+    is None or they differ otherwise."""
+    if not formats or any(f is None for f in formats):
+        return None
+    align = min(f.align_bytes for f in formats)
+    common = {dataclasses.replace(f, align_bytes=align) for f in formats}
+    return common.pop() if len(common) == 1 else None
+
+
+def _kv_addresses(entries: Sequence[SegmentEntry], device: torch.device
+                  ) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
+    """``([L, 2, P'] data pointers of every piece's K and V, their common format)``, or
+    ``(None, None)`` (no piece, or one the K/V gather cannot read in place)."""
+    if not entries:
+        return None, None
+    device = concrete_device(device)
+    found = [_entry_kv(e, device) for e in entries]
+    tables = [t for t, _ in found]
+    if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
+        return None, None
+    fmt = _common_format([f for _, f in found])
+    if fmt is None:
+        return None, None
+    stacked = np.stack(tables, axis=-1)  # [L, 2, P]
+    pad = -stacked.shape[-1] % _ALIGN_INT64  # each layer's table 16-byte aligned (see _to_device)
+    table = np.ascontiguousarray(np.pad(stacked, ((0, 0), (0, 0), (0, pad))))
+    return table, fmt
+
+
 class _IntRuns:
-    """An int64 index list built from ranges, repeats and token lists, held as numpy pieces.
+    """An int64 index list built from ranges and token lists, held as numpy pieces.
 
     A 32k-token all-hit prompt's key index has ~33k entries but only ~130 ranges: building them
     as numpy pieces instead of Python ints (``list.extend(range(...))``, then ``torch.tensor`` of
@@ -401,17 +485,10 @@ class _IntRuns:
         self._pieces.append(np.arange(start, start + n, dtype=np.int64))
         self._len += n
 
-    def add_repeat(self, value: int, n: int) -> None:
-        self._pieces.append(np.full(n, value, dtype=np.int64))
-        self._len += n
-
     def extend(self, values: Sequence[int]) -> None:
         piece = np.asarray(values, dtype=np.int64).reshape(-1)
         self._pieces.append(piece)
         self._len += piece.size
-
-    def any_nonzero(self) -> bool:
-        return any(bool(p.any()) for p in self._pieces)
 
     def __len__(self) -> int:
         return self._len

@@ -1,4 +1,5 @@
-"""Tests of hypic/engine/pic_layout.py: the scan's recorded rows and the bodies' address table."""
+"""Tests of hypic/engine/pic_layout.py: the scan's recorded rows, the bodies' address table and the
+cached pieces' K/V table."""
 
 import torch
 
@@ -13,7 +14,7 @@ from hypic.engine.pic_layout import (
 )
 from hypic.ops.linear.summary import DenseSummary
 from hypic.pic.keys import Keyer, KeyNamespace
-from hypic.pic.payload import LinearLayerCache, SegmentEntry
+from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, SegmentEntry
 
 KEYER = Keyer(KeyNamespace("layout-test", "float32"))
 HV, K, V = 2, 4, 4
@@ -98,3 +99,66 @@ def test_write_span_range_only_for_writes_in_order():
     holes = build_layout([req2], conv_width=4, device=torch.device("cpu"))
     assert holes.write_spans.tolist() == [0, 2] and holes.write_span_range is None
     assert build_layout([RequestLayout((LiveElement((1,), 0),))], 4, torch.device("cpu")).write_span_range is None
+
+
+def kv_entry(tokens, origin, dtype=torch.float32, layers=(1, 3), offset_elems=0):
+    """A body entry with K/V [n, 2, 8] (V [n, 2, 4]) per attention layer; ``offset_elems`` puts K
+    that many elements into its buffer."""
+    key = KEYER.segment_key(tokens, 1)
+    n = len(tokens) - 1
+    att = {}
+    for layer in layers:
+        flat = torch.randn(offset_elems + n * 16, dtype=dtype)
+        att[layer] = AttentionLayerCache(flat[offset_elems:].view(n, 2, 8), torch.randn(n, 2, 4, dtype=dtype))
+    return SegmentEntry(key=key, attention=att, origin_position=origin)
+
+
+def kv_request(*entries):
+    elems, pos = [], 0
+    for e in entries:
+        n = e.num_body_tokens
+        elems += [LiveElement((1,), pos), BodyElement(e, pos + 1, n, pos)]
+        pos += n + 1
+    elems.append(LiveElement((2, 2), pos))
+    return RequestLayout(tuple(elems))
+
+
+def test_kv_table_of_the_cached_pieces():
+    a, b, c = kv_entry((5, 6, 7, 8), origin=0), kv_entry((9, 10, 11), origin=4), kv_entry((3, 4, 5), origin=7)
+    lay = build_layout([kv_request(a, b), kv_request(c)], 4, torch.device("cpu"))
+    # pieces in order: a (3 rows, cached at 0, now at 0: no shift), b (2, 4 -> 4), c (2, 7 -> 0)
+    assert lay.cu_cached.tolist() == [0, 3, 5, 7]
+    assert lay.cached_shift.tolist() == [0, 0, -7] and lay.any_rerotate
+    assert lay.kv_addresses.shape == (4, 2, 4)  # layers 0..3, pieces padded to an even count
+    for j, e in enumerate((a, b, c)):
+        for layer in (1, 3):
+            att = e.attention[layer]
+            assert lay.kv_addresses[layer, :, j].tolist() == [att.key.data_ptr(), att.value.data_ptr()]
+    assert lay.kv_addresses[0].eq(0).all() and lay.kv_addresses[:, :, 3].eq(0).all()
+    fmt = lay.kv_format
+    assert (fmt.dtype, fmt.num_heads, fmt.key_dim, fmt.value_dim) == (torch.float32, 2, 8, 4)
+    table = lay.piece_table(3)
+    assert table.fmt == fmt and table.addresses.data_ptr() == lay.kv_addresses[3].data_ptr()
+    assert table.addresses.data_ptr() % 16 == 0 and lay.cu_cached.data_ptr() % 16 == 0
+    assert lay.piece_table(4) is None  # past the table
+    # the least alignment of any piece
+    odd = kv_entry((1, 2, 3), origin=0, offset_elems=1)
+    assert build_layout([kv_request(a, odd)], 4, torch.device("cpu")).kv_format.align_bytes == 4
+
+
+def test_no_kv_table_when_a_piece_must_be_copied():
+    a = kv_entry((5, 6, 7, 8), origin=0)
+    cases = [
+        kv_entry((9, 10, 11), origin=4, dtype=torch.float64),  # no kernel dtype
+        kv_entry((9, 10, 11), origin=4, dtype=torch.float16),  # pieces of two dtypes
+        kv_entry((9, 10, 11), origin=4, layers=(1,)),  # another set of layers
+    ]
+    for other in cases:
+        lay = build_layout([kv_request(a, other)], 4, torch.device("cpu"))
+        assert lay.kv_addresses is None and lay.kv_format is None and lay.piece_table(1) is None
+    mixed = SegmentEntry(key=KEYER.segment_key((9, 10, 11), 1), origin_position=4, attention={
+        1: AttentionLayerCache(torch.zeros(2, 2, 8), torch.zeros(2, 2, 4)),
+        3: AttentionLayerCache(torch.zeros(2, 8, 2).transpose(1, 2), torch.zeros(2, 2, 4))})  # not contiguous
+    assert build_layout([kv_request(a, mixed)], 4, torch.device("cpu")).kv_addresses is None
+    plain = build_layout([RequestLayout((LiveElement((1, 2), 0),))], 4, torch.device("cpu"))
+    assert plain.kv_addresses is None and plain.cu_cached.tolist() == [0] and not plain.any_rerotate
