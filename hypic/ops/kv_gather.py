@@ -38,13 +38,13 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from hypic.ops.attention_split import _interpreting
-from hypic.ops.linear._checks import FLOAT_DTYPES, check_tensor
+from hypic.ops.linear._checks import FLOAT_DTYPES, check_tensor, concrete_device
 from hypic.ops.rope import apply_rotary
 
 KV_GATHER_ENV = "HYPIC_KV_GATHER"
 KV_GATHER_IMPLS = ("auto", "triton", "torch")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BLOCK_ROWS = 16  # output rows per program: 16 x 256 dims of one head, 8 KiB of bf16 K and of V
+BLOCK_ROWS = 8  # output rows per program; 8 x 4 warps measured fastest on the H200 (0.061 ms/layer, 16 rows 0.078)
 NUM_WARPS = 4
 MAX_UNIT_BYTES = 16  # widest vector load
 # Binary-search steps over the pieces: one constant for up to 65,536 pieces, so the kernel
@@ -92,11 +92,12 @@ def alignment_bytes(address: int) -> int:
 
 
 def piece_format(key: object, value: object, device: torch.device) -> Optional[PieceFormat]:
-    """The format of one cached piece if the kernel can read it in place on ``device`` (a
-    concrete device, e.g. ``cuda:0``): 3-D contiguous key and value tensors there, of one kernel
+    """The format of one cached piece if the kernel can read it in place on ``device`` (``cuda``
+    without an index: the current one): 3-D contiguous key and value tensors there, of one kernel
     dtype and head count, element-aligned; else None. Host-only."""
     if not (isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)):
         return None
+    device = concrete_device(device)
     if key.dim() != 3 or value.dim() != 3 or key.shape[:2] != value.shape[:2]:
         return None
     if key.device != device or value.device != device or key.dtype != value.dtype:
