@@ -211,9 +211,10 @@ def test_triton_scan_kernel_under_interpreter():
         for summ in (DenseSummary(torch.randn(m, hv, kd, kd) / kd ** 0.5, s),
                      DiagonalSummary(-torch.rand(m, hv, kd), s), ScalarSummary(-torch.rand(m, hv), s)):
             for ini in (None, init):
-                a, b = scan_chain_triton(summ, cu, ini, precision="ieee")
-                ra, rb = scan_chain(summ, cu, ini)
-                worst = max(worst, ((a - ra).norm() / ra.norm()).item(), ((b - rb).norm() / rb.norm()).item())
+                for precision in ("ieee", "tf32x3"):  # tf32x3: the kernel's split products
+                    a, b = scan_chain_triton(summ, cu, ini, precision=precision)
+                    ra, rb = scan_chain(summ, cu, ini)
+                    worst = max(worst, ((a - ra).norm() / ra.norm()).item(), ((b - rb).norm() / rb.norm()).item())
             # the chain drawn from two sets of summaries through a source table
             first, second = summ.index(torch.tensor([4, 0, 2])), summ.index(torch.tensor([5, 1, 3]))
             source = torch.tensor([1, -2, 2, -3, 0, -1])  # = spans 0..5 of summ
