@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/_timing.py
 from _timing import event_times_ms  # noqa: E402
 
-from hypic.engine.pic_context import _LayerPieces  # noqa: E402
+from hypic.engine.pic_context import _LazyItems  # noqa: E402
 from hypic.engine.pic_layout import BodyElement, LiveElement, RequestLayout, build_layout  # noqa: E402
 from hypic.ops import kv_gather  # noqa: E402
 from hypic.ops.rope import RotaryEmbedding, apply_rotary  # noqa: E402
@@ -147,8 +147,8 @@ def main():
         return old_sequence(layout, layer, k, v, row_cos_sin)
 
     # the engine's lazy per-layer views of the pieces (the kernel path never iterates them)
-    keys_of = _LayerPieces(layout.cached_pieces, layer, "key")
-    values_of = _LayerPieces(layout.cached_pieces, layer, "value")
+    keys_of = _LazyItems(layout.cached_pieces, lambda e: e.attention[layer].key)
+    values_of = _LazyItems(layout.cached_pieces, lambda e: e.attention[layer].value)
 
     def new(impl="triton"):
         return kv_gather.gather_kv(k, v, keys_of, values_of, layout.cu_cached, layout.key_index,

@@ -24,6 +24,7 @@ import torch
 
 from hypic.ops.moe import moe_experts, route_topk_softmax
 from hypic.ops import moe_rows
+from hypic.ops.moe_grouped import expert_ends
 
 from _timing import event_times_ms  # benchmarks/, the script's folder
 
@@ -72,7 +73,7 @@ def main():
         wbytes, used = weight_bytes(ids)
         hidden_rows = torch.empty(rows, INTER, device=dev, dtype=torch.bfloat16)
         rows_out = torch.empty(rows, HIDDEN, device=dev, dtype=torch.bfloat16)
-        ends = moe_rows.expert_ends(sorted_ids, EXPERTS)
+        ends = expert_ends(sorted_ids, EXPERTS)
         for bm, bn, bk, stages, warps in itertools.product((16, 32, 64), (64, 128), (64, 128), (3, 4), (4,)):
             cfg = moe_rows.RowsConfig(block_m=bm, block_n=bn, block_k=bk, num_stages=stages, num_warps=warps)
             row = {"tokens": tokens, "config": cfg.__dict__}

@@ -37,6 +37,7 @@ from hypic.ops.linear.gated_delta import (
     gated_delta_forward,
     gated_delta_summarize_then_forward,
 )
+from hypic.ops.linear._checks import on_device
 from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
 
 
@@ -131,7 +132,9 @@ class PicContext(ForwardContext):
         one concatenation per field, converting a body only when it must."""
         lay = self.layout
         if lay.body_addresses is not None:
-            return SummaryTable(_LayerSummaries(lay.bodies, layer_idx), lay.body_addresses[layer_idx])
+            # the GPU scan touches only the first item (its dtype and shape)
+            summaries = _LazyItems(lay.bodies, lambda body: body[1].entry.linear[layer_idx].summary)
+            return SummaryTable(summaries, lay.body_addresses[layer_idx])
         eye = None
         transitions, states = [], []
         for idx, (_, body) in enumerate(lay.bodies):
@@ -142,8 +145,8 @@ class PicContext(ForwardContext):
                     eye = torch.eye(key_dim, dtype=dtype, device=device).expand(1, num_heads, key_dim, key_dim)
                 transitions.append(eye)
             else:
-                transitions.append(_on(summ.transition, device, dtype))
-            states.append(_on(summ.state, device, dtype))
+                transitions.append(on_device(summ.transition, device, dtype))
+            states.append(on_device(summ.state, device, dtype))
         return DenseSummary(torch.cat(transitions), torch.cat(states))
 
     def _initial_states(self, layer_idx: int, v: torch.Tensor) -> Optional[torch.Tensor]:
@@ -156,7 +159,7 @@ class PicContext(ForwardContext):
         dtype = _state_dtype(v)
         zero = torch.zeros(num_heads, key_dim, value_dim, dtype=dtype, device=v.device)
         states = [req.prefix[-1].linear[layer_idx].state if req.prefix else zero for req in lay.requests]
-        return torch.stack([_on(s, v.device, dtype) for s in states])
+        return torch.stack([on_device(s, v.device, dtype) for s in states])
 
     def linear_attention(self, layer_idx, q, k, v, g, beta):
         lay = self.layout
@@ -243,9 +246,9 @@ class PicContext(ForwardContext):
             # layout's address table), rotated on the way and written packed (hypic/ops/kv_gather.py);
             # the per-piece sequences below are only iterated by the reference.
             keys, values = gather_kv(
-                k, v, _LayerPieces(lay.cached_pieces, layer_idx, "key"),
-                _LayerPieces(lay.cached_pieces, layer_idx, "value"), lay.cu_cached, lay.key_index,
-                shift_cos=cos, shift_sin=sin, table=lay.piece_table(layer_idx))
+                k, v, _LazyItems(lay.cached_pieces, lambda e: e.attention[layer_idx].key),
+                _LazyItems(lay.cached_pieces, lambda e: e.attention[layer_idx].value), lay.cu_cached,
+                lay.key_index, shift_cos=cos, shift_sin=sin, table=lay.piece_table(layer_idx))
         else:
             keys = k.index_select(0, lay.key_index)
             values = v.index_select(0, lay.key_index)
@@ -264,49 +267,22 @@ class PicContext(ForwardContext):
         return hidden.index_select(0, self.layout.logits_rows)
 
 
-class _LayerPieces(Sequence):
-    """One attention layer's K (``field="key"``) or V of a layout's cached pieces, looked up on
-    access: the K/V gather's kernel never touches them, so no per-piece Python loop runs per
-    layer on that path."""
+class _LazyItems(Sequence):
+    """``[get(item) for item in items]``, each looked up on access: one layer's K, V or summaries
+    of a layout's cached entries. The GPU kernels read the entries through the layout's address
+    tables and touch at most the first item, so no per-entry Python loop runs per layer."""
 
-    def __init__(self, pieces, layer_idx: int, field: str) -> None:
-        self._pieces = pieces
-        self._layer = layer_idx
-        self._field = field
+    def __init__(self, items, get) -> None:
+        self._items = items
+        self._get = get
 
     def __len__(self) -> int:
-        return len(self._pieces)
+        return len(self._items)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return getattr(self._pieces[i].attention[self._layer], self._field)
-
-
-class _LayerSummaries(Sequence):
-    """One layer's summaries of a layout's bodies, looked up on access: the GPU scan reads the
-    bodies through the layout's address table and touches only the first item, so no per-body
-    Python loop runs per layer."""
-
-    def __init__(self, bodies, layer_idx: int) -> None:
-        self._bodies = bodies
-        self._layer = layer_idx
-
-    def __len__(self) -> int:
-        return len(self._bodies)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return self._bodies[i][1].entry.linear[self._layer].summary
-
-
-def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` on ``device`` in ``dtype``; no tensor op at all when it already is (the common case of
-    a device-resident store: skipping the no-op ``.to`` saves a dispatch per segment per layer)."""
-    if t.device == device and t.dtype == dtype:
-        return t
-    return t.to(device=device, dtype=dtype)
+        return self._get(self._items[i])
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:

@@ -373,71 +373,72 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     return layout
 
 
-# Per store entry (entries are immutable and own their tensors): the (T, S) data pointers of its
-# linear layers' summaries, [L, 2] (zeros where a layer has none), or None when some summary
-# cannot be read in place. Computed once per entry instead of per request and layer.
-_ENTRY_ADDRESSES: "weakref.WeakKeyDictionary[SegmentEntry, Tuple[torch.device, Optional[np.ndarray]]]" = \
-    weakref.WeakKeyDictionary()
+# Per store entry (entries are immutable and own their tensors), what the GPU kernels need to read
+# it in place: computed once per entry and device instead of per request and layer.
+_ENTRY_ADDRESSES: "weakref.WeakKeyDictionary[SegmentEntry, tuple]" = weakref.WeakKeyDictionary()
+_ENTRY_KV: "weakref.WeakKeyDictionary[SegmentEntry, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _per_entry(cache: "weakref.WeakKeyDictionary", entry: SegmentEntry, device: torch.device, compute):
+    hit = cache.get(entry)
+    if hit is not None and hit[0] == device:
+        return hit[1]
+    value = compute(entry, device)
+    cache[entry] = (device, value)
+    return value
 
 
 def _entry_addresses(entry: SegmentEntry, device: torch.device) -> Optional[np.ndarray]:
-    cached = _ENTRY_ADDRESSES.get(entry)
-    if cached is not None and cached[0] == device:
-        return cached[1]
-    table: Optional[np.ndarray] = None
-    if entry.linear:
-        table = np.zeros((max(entry.linear) + 1, 2), dtype=np.int64)
-        for layer, payload in entry.linear.items():
-            pair = summary_addresses(payload.summary, device) if hasattr(payload, "summary") else None
-            if pair is None:
-                table = None
-                break
-            table[layer] = pair
-    _ENTRY_ADDRESSES[entry] = (device, table)
+    """The (T, S) data pointers of the entry's linear layers' summaries, [L, 2] (zeros where a
+    layer has none), or None when some summary cannot be read in place."""
+    if not entry.linear:
+        return None
+    table = np.zeros((max(entry.linear) + 1, 2), dtype=np.int64)
+    for layer, payload in entry.linear.items():
+        pair = summary_addresses(payload.summary, device) if hasattr(payload, "summary") else None
+        if pair is None:
+            return None
+        table[layer] = pair
     return table
 
 
-def _body_addresses(entries: Sequence[SegmentEntry], device: torch.device) -> Optional[np.ndarray]:
-    """``[L, 2, NB]`` data pointers of every body's summaries, or None (no body, or one whose
-    summaries must be copied before a scan can read them)."""
-    if not entries:
-        return None
-    device = concrete_device(device)
-    tables = [_entry_addresses(e, device) for e in entries]
+def _entry_kv(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
+    """The K and V data pointers of the entry's attention layers, [L, 2] (zeros where a layer has
+    none), and the format they share; ``(None, None)`` when some layer's cannot be read in place."""
+    if not entry.attention:
+        return None, None
+    table = np.zeros((max(entry.attention) + 1, 2), dtype=np.int64)
+    formats = []
+    for layer, payload in entry.attention.items():
+        formats.append(piece_format(getattr(payload, "key", None), getattr(payload, "value", None), device))
+        if formats[-1] is None:
+            return None, None
+        table[layer] = (payload.key.data_ptr(), payload.value.data_ptr())
+    fmt = _common_format(formats)
+    return (None, None) if fmt is None else (table, fmt)
+
+
+def _stacked(tables: Sequence[Optional[np.ndarray]]) -> Optional[np.ndarray]:
+    """``[L, 2, N']`` of N per-entry ``[L, 2]`` tables, N' = N rounded up to an even count (zeros
+    after) so that each layer's table is 16-byte aligned (see _to_device); None when one is None
+    or their shapes differ."""
     if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
         return None
-    stacked = np.stack(tables, axis=-1)  # [L, 2, NB]
-    pad = -stacked.shape[-1] % _ALIGN_INT64  # each layer's table 16-byte aligned (see _to_device)
+    stacked = np.stack(tables, axis=-1)
+    pad = -stacked.shape[-1] % _ALIGN_INT64
     return np.ascontiguousarray(np.pad(stacked, ((0, 0), (0, 0), (0, pad))))
 
 
 _ALIGN_INT64 = 2  # 16 bytes
 
 
-# Per store entry: ``(device, [L, 2] K and V data pointers per attention layer (zeros where a
-# layer has none), the format of every layer's K/V)``, or the table None when some layer's
-# cannot be read in place. Computed once per entry instead of per request.
-_ENTRY_KV: "weakref.WeakKeyDictionary[SegmentEntry, tuple]" = weakref.WeakKeyDictionary()
-
-
-def _entry_kv(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
-    cached = _ENTRY_KV.get(entry)
-    if cached is not None and cached[0] == device:
-        return cached[1], cached[2]
-    table: Optional[np.ndarray] = None
-    fmt: Optional[PieceFormat] = None
-    if entry.attention:
-        table = np.zeros((max(entry.attention) + 1, 2), dtype=np.int64)
-        formats = []
-        for layer, payload in entry.attention.items():
-            formats.append(piece_format(getattr(payload, "key", None), getattr(payload, "value", None), device))
-            if formats[-1] is None:
-                break
-            table[layer] = (payload.key.data_ptr(), payload.value.data_ptr())
-        fmt = _common_format(formats)
-        table = None if fmt is None else table
-    _ENTRY_KV[entry] = (device, table, fmt)
-    return table, fmt
+def _body_addresses(entries: Sequence[SegmentEntry], device: torch.device) -> Optional[np.ndarray]:
+    """``[L, 2, NB']`` data pointers of every body's summaries, or None (no body, or one whose
+    summaries must be copied before a scan can read them)."""
+    if not entries:
+        return None
+    device = concrete_device(device)
+    return _stacked([_per_entry(_ENTRY_ADDRESSES, e, device, _entry_addresses) for e in entries])
 
 
 def _common_format(formats: Sequence[Optional[PieceFormat]]) -> Optional[PieceFormat]:
@@ -457,17 +458,10 @@ def _kv_addresses(entries: Sequence[SegmentEntry], device: torch.device
     if not entries:
         return None, None
     device = concrete_device(device)
-    found = [_entry_kv(e, device) for e in entries]
-    tables = [t for t, _ in found]
-    if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
-        return None, None
+    found = [_per_entry(_ENTRY_KV, e, device, _entry_kv) for e in entries]
     fmt = _common_format([f for _, f in found])
-    if fmt is None:
-        return None, None
-    stacked = np.stack(tables, axis=-1)  # [L, 2, P]
-    pad = -stacked.shape[-1] % _ALIGN_INT64  # each layer's table 16-byte aligned (see _to_device)
-    table = np.ascontiguousarray(np.pad(stacked, ((0, 0), (0, 0), (0, pad))))
-    return table, fmt
+    table = None if fmt is None else _stacked([t for t, _ in found])
+    return (None, None) if table is None else (table, fmt)
 
 
 class _IntRuns:

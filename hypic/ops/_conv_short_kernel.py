@@ -4,6 +4,8 @@ imports Triton). Module-level so that it resolves both compiled and under ``TRIT
 import triton
 import triton.language as tl
 
+from hypic.ops._triton_search import run_of
+
 
 # The token and run counts change with every request: not specialised (== 1, % 16), so requests
 # of new sizes reuse the compiled kernel instead of compiling a variant on their first call.
@@ -37,16 +39,7 @@ def short_conv_kernel(
     d = pid_d * BD + tl.arange(0, BD)
     m_t = t < num_tokens
     m_d = d < D
-    # sequence of each token: the largest s with cu_seqlens[s] <= t (the one holding t, empty
-    # sequences skipped), found in LOG_N halvings of [0, N - 1]
-    lo = tl.zeros([BT], dtype=tl.int64)
-    hi = tl.zeros([BT], dtype=tl.int64) + (num_seqs - 1)
-    for _ in tl.static_range(LOG_N):
-        mid = (lo + hi + 1) // 2
-        go = tl.load(cu_seqlens + mid, mask=m_t, other=0) <= t
-        lo = tl.where(go, mid, lo)
-        hi = tl.where(go, hi, mid - 1)
-    seq = lo
+    seq = run_of(cu_seqlens, t, num_seqs, m_t, LOG_N)  # the sequence holding each token
     local = t - tl.load(cu_seqlens + seq, mask=m_t, other=0)
     m_td = m_t[:, None] & m_d[None, :]
     acc = tl.zeros([BT, BD], dtype=tl.float32)

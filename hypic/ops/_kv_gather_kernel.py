@@ -4,6 +4,8 @@ imports Triton). Module-level so that it resolves both compiled and under ``TRIT
 import triton
 import triton.language as tl
 
+from hypic.ops._triton_search import run_of
+
 
 @triton.jit
 def _piece_offsets(addresses, piece, cached, base_bytes, row_in_piece, head,
@@ -68,15 +70,7 @@ def kv_gather_kernel(
     live = m_r & (src < num_live)
     cached = m_r & (src >= num_live)
     c = src - num_live
-    # piece of each cached row: the largest p with cu_cached[p] <= c (empty pieces skipped)
-    lo = tl.zeros([BR], dtype=tl.int64)
-    hi = tl.zeros([BR], dtype=tl.int64) + (num_pieces - 1)
-    for _ in tl.static_range(LOG_N):
-        mid = (lo + hi + 1) // 2
-        go = tl.load(cu_cached + mid, mask=cached, other=0) <= c
-        lo = tl.where(go, mid, lo)
-        hi = tl.where(go, hi, mid - 1)
-    piece = lo
+    piece = run_of(cu_cached, c, num_pieces, cached, LOG_N)  # the piece holding each cached row
     row_in_piece = c - tl.load(cu_cached + piece, mask=cached, other=0)
     r64 = r.to(tl.int64)
 

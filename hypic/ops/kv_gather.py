@@ -38,7 +38,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from hypic.ops.attention_split import _interpreting
-from hypic.ops.linear._checks import FLOAT_DTYPES, check_tensor, concrete_device
+from hypic.ops.linear._checks import FLOAT_DTYPES, check_tensor, concrete_device, on_device
 from hypic.ops.rope import apply_rotary
 
 KV_GATHER_ENV = "HYPIC_KV_GATHER"
@@ -177,8 +177,8 @@ def gather_kv_reference(
     CPU path and the kernel's reference."""
     if len(cached_keys) == 0:
         return k.index_select(0, key_index), v.index_select(0, key_index)
-    ck = torch.cat([_on(t, k.device, k.dtype) for t in cached_keys])
-    cv = torch.cat([_on(t, v.device, v.dtype) for t in cached_values])
+    ck = torch.cat([on_device(t, k.device, k.dtype) for t in cached_keys])
+    cv = torch.cat([on_device(t, v.device, v.dtype) for t in cached_values])
     if shift_cos is not None:
         # RoPE composes: R(p + d) = R(d) R(p), so rotating cached K by its piece's shift d moves it.
         # Each row takes its piece's cos/sin (output_size given: no wait for the device).
@@ -306,13 +306,6 @@ def _kernel_refusal(k, v, table: Optional[PieceTable], shift_cos, num_pieces: in
     if shift_cos is not None and shift_cos.dtype != torch.float32:
         return f"shift_cos is {shift_cos.dtype} (the kernel rotates with fp32 tables, as the reference does)"
     return None
-
-
-def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` on ``device`` in ``dtype``, with no tensor op when it already is."""
-    if t.device == device and t.dtype == dtype:
-        return t
-    return t.to(device=device, dtype=dtype)
 
 
 __all__ = ["PieceFormat", "PieceTable", "alignment_bytes", "gather_kv", "gather_kv_reference", "gather_kv_triton",

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 
 from hypic.ops.attention_split import _interpreting
-from hypic.ops.moe_grouped import expert_ends, mix_sorted_rows, sort_rows_by_expert  # noqa: F401 (expert_ends re-exported)
+from hypic.ops.moe_grouped import mix_sorted_rows, sort_rows_by_expert
 
 # Up to this many assignments per expert on average the rows path runs under impl="auto". Whole
 # MoE calls as CUDA graph replays on the H200 (benchmarks/moe_rows_h200.py, session 11 call 2;

@@ -1,7 +1,8 @@
-"""The PIC runner with the one-launch short conv (hypic.ops.conv_short) in every linear layer, on
-the CPU through ``TRITON_INTERPRET=1`` (a subprocess; skipped without Triton): a cold and a cached
-request agree with the runner on the reference conv. The CUDA runner test covers the same path on
-the GPU; this one runs wherever Triton is installed."""
+"""The PIC runner with hypic's Triton kernels in every layer, on the CPU through
+``TRITON_INTERPRET=1`` (a subprocess; skipped without Triton): the one-launch short conv
+(hypic.ops.conv_short) in every linear layer and the one-pass K/V gather (hypic.ops.kv_gather)
+in every attention layer of a cached request, against the runner on the reference ops. The CUDA
+runner test covers the same paths on the GPU; this one runs wherever Triton is installed."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from hypic.ops.moe import moe_experts, route_topk_softmax
-from hypic.ops.moe_rows import RowsConfig, default_config, expert_ends, rows_preferred, rows_supported
+from hypic.ops.moe_grouped import expert_ends
+from hypic.ops.moe_rows import RowsConfig, default_config, rows_preferred, rows_supported
 from tests.interpreter import interpreted_error
 
 
@@ -56,6 +57,7 @@ CASE = textwrap.dedent("""
     import torch
     from hypic.ops.moe import moe_experts, route_topk_softmax
     from hypic.ops import moe_rows
+    from hypic.ops.moe_grouped import expert_ends
 
     def case(dtype, device, tokens, experts, top_k, hidden, inter, block_m, used=None, seed=0):
         gen = torch.Generator().manual_seed(seed)
@@ -76,7 +78,7 @@ CASE = textwrap.dedent("""
         config = moe_rows.RowsConfig(block_m=block_m, block_n=16, block_k=32)
         # the two launches alone, into NaN-poisoned rows: every sorted row is written
         sorted_ids, order = torch.sort(ids_d.reshape(-1), stable=True)
-        ends = moe_rows.expert_ends(sorted_ids, experts)
+        ends = expert_ends(sorted_ids, experts)
         hidden_rows = torch.full((tokens * top_k, inter), float("nan"), device=device, dtype=dtype)
         moe_rows.rows_gemm(dev[0], order // top_k, dev[1], hidden_rows, ends, swiglu=True, config=config)
         rows_out = torch.full((tokens * top_k, hidden), float("nan"), device=device, dtype=dtype)

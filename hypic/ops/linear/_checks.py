@@ -62,6 +62,14 @@ def concrete_device(device) -> torch.device:
     return device
 
 
+def on_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` on ``device`` in ``dtype``; no tensor op at all when it already is (the common case of
+    a device-resident store: skipping the no-op ``.to`` saves a dispatch per segment per layer)."""
+    if t.device == device and t.dtype == dtype:
+        return t
+    return t.to(device=device, dtype=dtype)
+
+
 def check_head_ratio(num_value_heads: int, num_key_heads: int, what: str = "key") -> int:
     """GVA: value head j reads key head j // (HV // H); HV must be a multiple of H."""
     if num_key_heads <= 0 or num_value_heads % num_key_heads != 0:
