@@ -10,6 +10,12 @@ syncs, hypic.bench.ttft_mode.ModeBench); the host-device syncs of one request
     PYTHONPATH=.   python3 benchmarks/allhit_ab_h200.py --tag new --out OUT
 
 Writes OUT/allhit_ab_TAG.json and OUT/allhit_ab_TAG_profile.txt. ``--smoke``: CPU, tiny config.
+
+``--timeline``: per request of ``--repeats`` more, without a profiler (CUPTI slows launches), the
+host clock and a CUDA event at the request's start, after planning, after the layout build and
+around every decoder layer; the medians say, per layer, when the host queued it and when the GPU
+ran it, so where the GPU waited for the host (``gpu_wait_ms``: its idle time between the
+previous layer's end and this layer's start) and how far ahead the host was.
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-profile", action="store_true", help="timings only (no sync check, profiles)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per-layer host and GPU clocks of --repeats more requests (no profiler)")
     ap.add_argument("--census", action="store_true",
                     help="also count the non-view aten ops of one request by the hypic line that issued them")
     args = ap.parse_args()
@@ -108,6 +116,10 @@ def main():
                "live_tokens": samples[-1].live_tokens, "first_allhit_ms": first.ttft_s * 1e3,
                "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft),
                "plan_p50_ms": statistics.median(s.plan_s * 1e3 for s in samples)}
+        if args.timeline:
+            row["timeline"] = timeline(bench, prompt, model, args.repeats)
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, timeline ==\n" + timeline_text(row["timeline"]))
+            print(texts[-1], flush=True)
         if device == "cuda" and not args.no_profile:
             sync()
             with warnings.catch_warnings(record=True) as caught:
@@ -161,6 +173,96 @@ def main():
         json.dump(res, f, indent=1)
     with open(os.path.join(args.out, f"allhit_ab_{args.tag}_profile.txt"), "w") as f:
         f.write("\n\n".join(texts))
+
+
+def timeline(bench, prompt, model, repeats: int) -> dict:
+    """Medians over ``repeats`` requests of the host clock and GPU event times (ms from the
+    request's start) at each mark: ``plan``, ``layout`` (host only), ``L<i>`` / ``L<i>end``
+    around decoder layer i, ``return`` (the prefill call returned). GPU times come from events
+    recorded at those points, relative to one recorded when the request starts on an idle GPU."""
+    import time
+
+    from hypic.engine import pic_runner
+
+    marks = []  # (name, host seconds, event or None)
+
+    on_gpu = bench.device.type == "cuda"
+
+    def mark(name, event=True):
+        ev = None
+        if event and on_gpu:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        marks.append((name, time.perf_counter(), ev))
+
+    layers = model.model.layers
+    hooks = []
+    for i, layer in enumerate(layers):
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: mark(f"L{i}")))
+        hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: mark(f"L{i}end")))
+    real_build, real_prefill, real_plan = pic_runner.build_layout, bench.runner.prefill, bench.plan
+
+    def build_layout(*a, **k):
+        out = real_build(*a, **k)
+        mark("layout", event=False)
+        return out
+
+    def plan(*a, **k):
+        out = real_plan(*a, **k)
+        mark("plan", event=False)
+        return out
+
+    def prefill(*a, **k):
+        out = real_prefill(*a, **k)
+        mark("return")
+        return out
+
+    pic_runner.build_layout, bench.runner.prefill, bench.plan = build_layout, prefill, plan
+    runs = []
+    try:
+        for _ in range(repeats):
+            marks.clear()
+            if on_gpu:
+                torch.cuda.synchronize()
+            mark("start")
+            sample = bench.run(prompt)
+            t0, e0 = marks[0][1], marks[0][2]
+            runs.append({"ttft_ms": sample.ttft_s * 1e3,
+                         **{name: ((t - t0) * 1e3, None if ev is None else e0.elapsed_time(ev))
+                            for name, t, ev in marks}})
+    finally:
+        del bench.runner.prefill, bench.plan  # the instance attributes: the class methods again
+        pic_runner.build_layout = real_build
+        for h in hooks:
+            h.remove()
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    names = [name for name, _, _ in marks]
+    out = {"ttft_ms": med([r["ttft_ms"] for r in runs]), "marks": []}
+    prev_end = 0.0
+    for name in names:
+        host = med([r[name][0] for r in runs])
+        gpu = med([r[name][1] for r in runs if r[name][1] is not None])
+        item = {"mark": name, "host_ms": host, "gpu_ms": gpu}
+        if gpu is not None and name.startswith("L") and not name.endswith("end"):
+            item["gpu_wait_ms"] = max(0.0, gpu - prev_end)
+        if gpu is not None and name.endswith("end"):
+            prev_end = gpu
+        out["marks"].append(item)
+    waits = [m.get("gpu_wait_ms", 0.0) for m in out["marks"]]
+    out["gpu_wait_total_ms"] = sum(waits)
+    out["gpu_first_layer_ms"] = next((m["gpu_ms"] for m in out["marks"] if m["mark"] == "L0"), None)
+    return out
+
+
+def timeline_text(tl: dict) -> str:
+    lines = [f"ttft p50 {tl['ttft_ms']:.2f} ms; GPU idle before layer 0 {tl['gpu_first_layer_ms']} ms, "
+             f"waiting between layers {tl['gpu_wait_total_ms']:.2f} ms",
+             f"{'mark':>8} {'host ms':>8} {'gpu ms':>8} {'gpu-host':>8} {'gpu wait':>8}"]
+    for m in tl["marks"]:
+        gpu = "" if m["gpu_ms"] is None else f"{m['gpu_ms']:8.2f} {m['gpu_ms'] - m['host_ms']:8.2f}"
+        wait = f" {m['gpu_wait_ms']:8.2f}" if "gpu_wait_ms" in m else ""
+        lines.append(f"{m['mark']:>8} {m['host_ms']:8.2f} {gpu:>17}{wait}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ value heads, 16 key heads, K = V = 128; N cached bodies, each preceded by its 8-
 * ``fused`` (session 8): ``gated_delta_chain_forward``, whose scan applies the live spans from
   their WY factors and writes the output kernel's inputs on the way.
 
-Also the two scans alone (the fused one with its dots in ``tf32x3`` and ``tf32``). Outputs are
+Also the two scans alone (the fused one with its dots in ``tf32x3``, ``bf16x3`` and ``tf32``), and
+the fused layer with the scan in ``bf16x3`` (``HYPIC_SCAN_PRECISION``). Outputs are
 compared with each other and the final states with a float64 scan of the same summaries.
 
     python3 benchmarks/chain_forward_h200.py --out OUT   # -> OUT/chain_forward.json
@@ -37,11 +38,14 @@ def main():
     with open(os.path.join(args.out, "chain_forward.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"{'bodies':>6} {'separate ms':>12} {'fused ms':>9} {'scan+pass ms':>13} {'wy scan ms':>11} "
-          f"{'wy tf32 ms':>11} {'o rel':>8} {'final rel':>9}")
+          f"{'wy tf32 ms':>11} {'wy bf16x3':>10} {'fused bf16x3':>12} {'o rel':>8} {'final rel':>9} "
+          f"{'err tf32x3':>10} {'err bf16x3':>10} {'err tf32':>9}")
     for r in rows:
         print(f"{r['bodies']:>6} {r['separate_ms']:>12.3f} {r['fused_ms']:>9.3f} {r['old_scan_ms']:>13.3f} "
-              f"{r['wy_scan_ms']:>11.3f} {r['wy_scan_tf32_ms']:>11.3f} {r['o_rel_diff']:>8.1e} "
-              f"{r['final_rel_diff']:>9.1e}")
+              f"{r['wy_scan_ms']:>11.3f} {r['wy_scan_tf32_ms']:>11.3f} {r['wy_scan_bf16x3_ms']:>10.3f} "
+              f"{r['fused_bf16x3_ms']:>12.3f} {r['o_rel_diff']:>8.1e} {r['final_rel_diff']:>9.1e} "
+              f"{r['final_rel_err_fused']:>10.1e} {r['final_rel_err_fused_bf16x3']:>10.1e} "
+              f"{r['final_rel_err_fused_tf32']:>9.1e}")
 
 
 def run(nb: int, repeats: int) -> dict:
@@ -115,10 +119,23 @@ def run(nb: int, repeats: int) -> dict:
                                source.cpu(), cu_chains.cpu())
     rel = lambda a, b: float((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm())  # noqa: E731
     f_tf32 = wy_scan("tf32")()[2]
+    f_bf16x3 = wy_scan("bf16x3")()[2]
+
+    def fused_bf16x3():
+        os.environ["HYPIC_SCAN_PRECISION"] = "bf16x3"
+        try:
+            return fused()
+        finally:
+            del os.environ["HYPIC_SCAN_PRECISION"]
+
+    o_c, f_c = fused_bf16x3()
     med = lambda fn: statistics.median(event_times_ms(fn, repeats=repeats))  # noqa: E731
     row = {"bodies": nb, "live_tokens": t, "heads": hv, "key_dim": kd, "value_dim": vd,
            "separate_ms": med(separate), "fused_ms": med(fused), "old_scan_ms": med(old_scan),
            "wy_scan_ms": med(wy_scan("tf32x3")), "wy_scan_tf32_ms": med(wy_scan("tf32")),
+           "wy_scan_bf16x3_ms": med(wy_scan("bf16x3")), "fused_bf16x3_ms": med(fused_bf16x3),
+           "o_rel_diff_bf16x3": rel(o_c, o_a), "final_rel_err_fused_bf16x3_layer": rel(f_c, f_ref),
+           "final_rel_err_fused_bf16x3": rel(f_bf16x3, f_ref),
            "o_rel_diff": rel(o_b, o_a), "final_rel_diff": rel(f_b, f_a),
            "final_rel_err_separate": rel(f_a, f_ref), "final_rel_err_fused": rel(f_b, f_ref),
            "final_rel_err_fused_tf32": rel(f_tf32, f_ref)}

@@ -33,13 +33,62 @@ def span_offsets(table, source, i, i_h, num_table, t_base, s_base,
 
 
 @triton.jit
+def split_bf16(x):
+    """fp32 ``x`` as ``hi + lo``, both bf16 (16 significant bits between them)."""
+    hi = x.to(tl.bfloat16)
+    return hi, (x - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def bf16_dot(a, b, acc, SPLIT: tl.constexpr):
+    """``acc + a @ b`` for bf16 tiles, in fp32. ``SPLIT`` 2 is the same maths for Triton's
+    interpreter, whose bf16 ``tl.dot`` returns garbage (Triton 3.6): the operands go to fp32,
+    where their products are exact, as in the MMA."""
+    if SPLIT == 2:
+        return acc + tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, out_dtype=tl.float32)
+
+
+@triton.jit
+def fp32_dot(a, b, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """``a @ b`` of fp32 tiles: Triton's ``PRECISION`` (tf32x3 / ieee / tf32) when ``SPLIT`` is
+    0; with ``SPLIT`` 1 (bf16x3; 2 under the interpreter) both operands split into bf16 high and
+    low parts and the three products that matter summed, small ones first, in fp32. A bf16 MMA
+    takes 16 of K per instruction where TF32 takes 8, so bf16x3 issues half of tf32x3's MMAs;
+    the dropped ``lo @ lo`` term and the split leave a relative error near 2^-16 per product
+    (tf32x3: near 2^-21; one-pass TF32: 2^-11)."""
+    if SPLIT == 0:
+        return tl.dot(a, b, input_precision=PRECISION)
+    else:
+        a_hi, a_lo = split_bf16(a)
+        b_hi, b_lo = split_bf16(b)
+        out = bf16_dot(a_lo, b_hi, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), SPLIT)
+        out = bf16_dot(a_hi, b_lo, out, SPLIT)
+        return bf16_dot(a_hi, b_hi, out, SPLIT)
+
+
+@triton.jit
+def bf16_fp32_dot(a, b, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """``a @ b`` with ``a`` exact in bf16 (loaded from bf16) and ``b`` fp32: under bf16x3 only
+    ``b`` is split, two products; otherwise :func:`fp32_dot` on ``a`` in fp32."""
+    if SPLIT == 0:
+        return tl.dot(a.to(tl.float32), b, input_precision=PRECISION)
+    else:
+        b_hi, b_lo = split_bf16(b)
+        a16 = a.to(tl.bfloat16)
+        out = bf16_dot(a16, b_lo, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), SPLIT)
+        return bf16_dot(a16, b_hi, out, SPLIT)
+
+
+@triton.jit
 def scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
-              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr):
+              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
     """``T_i @ state + S_i`` with T_i, S_i at the given offsets."""
     b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
     if MODE == 0:
         b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
-        b_h = tl.dot(b_t, b_h, input_precision=PRECISION) + b_s
+        b_h = fp32_dot(b_t, b_h, PRECISION, SPLIT) + b_s
     elif MODE == 1:
         b_ld = tl.load(trans + t_off + o_k, mask=m_k, other=0.0)
         b_h = tl.exp(b_ld)[:, None] * b_h + b_s
@@ -63,7 +112,7 @@ def record_step(record, incoming, b_h, i, i_h, kv_off, m_kv,
 @triton.jit
 def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-            USE_G: tl.constexpr, PRECISION: tl.constexpr):
+            USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
     """Live span ``s`` (at most one chunk) applied from its WY factors, its outputs' inputs written
     on the way: the entering state rounded to ``h_chunks``' dtype in the span's chunk row (what
     fla's output kernel reads), ``v_new = u - W h`` for its tokens, and the state after it,
@@ -88,9 +137,13 @@ def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k,
         rows = bos + j + o_s
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+        b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        if w.dtype.element_ty == tl.bfloat16:
+            b_wh = bf16_fp32_dot(b_w, b_h, PRECISION, SPLIT)
+        else:
+            b_wh = fp32_dot(b_w.to(tl.float32), b_h, PRECISION, SPLIT)
         p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
-        b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - tl.dot(b_w, b_h, input_precision=PRECISION)
+        b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
         tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
         b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk,
                       other=0.0).to(tl.float32)
@@ -108,7 +161,7 @@ def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k,
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
                   b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                  MODE: tl.constexpr, PRECISION: tl.constexpr, HAS_SOURCE: tl.constexpr,
+                  MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_SOURCE: tl.constexpr,
                   HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr):
     """Chain element i applied to ``b_h``. With ``HAS_WY`` the live elements (``source[i] >= 0``,
     or every element without a source) are spans of the WY factors (:func:`wy_step`) and no
@@ -120,12 +173,12 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
             live = i
         if live >= 0:
             b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
-                          kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION)
+                          kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
         else:
-            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION)
+            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT)
     else:
         record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
-        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION)
+        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT)
     return b_h
 
 
@@ -162,6 +215,7 @@ def scan_chain_kernel(
     MODE: tl.constexpr,
     HAS_INIT: tl.constexpr,
     PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,  # 0: Triton's PRECISION; 1: dense products in bf16x3 (2: interpreted)
     WHILE_LOOP: tl.constexpr,
     HAS_SOURCE: tl.constexpr,
     HAS_RECORD: tl.constexpr,
@@ -204,7 +258,7 @@ def scan_chain_kernel(
                                           HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
             b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                 source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
+                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
             t_off, s_off = t_next, s_next
             i += 1
     else:
@@ -213,7 +267,7 @@ def scan_chain_kernel(
                                           HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
             b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                 source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                BS, MODE, PRECISION, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
+                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
             t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

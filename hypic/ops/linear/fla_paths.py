@@ -554,7 +554,7 @@ def scan_chain(summaries, cu_chains, initial_states=None, *, record_rows=None, n
 
         incoming, final = scan_chain_torch(summaries, cu_chains, initial_states)
         return _recorded(incoming, record_rows, num_records), final
-    return scan_chain_triton(summaries, cu_chains, initial_states, precision="tf32x3", record_rows=record_rows,
+    return scan_chain_triton(summaries, cu_chains, initial_states, record_rows=record_rows,
                              num_records=num_records)
 
 
@@ -567,5 +567,5 @@ def scan_chain_from(first, second, source, cu_chains, initial_states=None, *, re
     if first.state.dtype == torch.float64 or second.dtype == torch.float64 or _any_fp64(initial_states):
         return scan_chain(gather_chain(first, second, source), cu_chains, initial_states, record_rows=record_rows,
                           num_records=num_records)
-    return scan_chain_triton(first, cu_chains, initial_states, precision="tf32x3", second=second, source=source,
+    return scan_chain_triton(first, cu_chains, initial_states, second=second, source=source,
                              record_rows=record_rows, num_records=num_records)

@@ -28,9 +28,20 @@ import torch
 MODE_DENSE = 0
 MODE_DIAGONAL = 1
 MODE_SCALAR = 2
-DOT_PRECISIONS = ("tf32x3", "ieee", "tf32")  # tf32: one pass, for measurements (not used by default)
+DOT_PRECISIONS = ("tf32x3", "bf16x3", "ieee", "tf32")  # tf32: one pass, for measurements (not used by default)
+PRECISION_ENV = "HYPIC_SCAN_PRECISION"
 
 _KERNEL = None
+
+
+def scan_precision(precision: Optional[str] = None) -> str:
+    """``precision``, or when None ``HYPIC_SCAN_PRECISION`` (default tf32x3), validated."""
+    where = "precision"
+    if precision is None:
+        precision, where = os.environ.get(PRECISION_ENV, "tf32x3"), PRECISION_ENV
+    if precision not in DOT_PRECISIONS:
+        raise ValueError(f"{where} must be one of {DOT_PRECISIONS}, got {precision!r}")
+    return precision
 
 
 def _interpreting() -> bool:
@@ -118,7 +129,7 @@ def scan_chain_triton(
     summaries,
     cu_chains: torch.Tensor,
     initial_states: Optional[torch.Tensor] = None,
-    precision: str = "tf32x3",
+    precision: Optional[str] = None,
     second=None,
     source: Optional[torch.Tensor] = None,
     record_rows: Optional[torch.Tensor] = None,
@@ -131,8 +142,7 @@ def scan_chain_triton(
     ``second`` is a summary or a :class:`~hypic.ops.linear.summary.SummaryTable` read in place
     through its addresses. ``incoming`` is ``[M]``, or ``[num_records]`` with ``record_rows``
     (span i's incoming state in row ``record_rows[i]``, -1: not written)."""
-    if precision not in DOT_PRECISIONS:
-        raise ValueError(f"precision must be one of {DOT_PRECISIONS}, got {precision!r}")
+    precision = scan_precision(precision)
     mode, trans = _mode_and_transition(summaries)
     state = summaries.state
     if state.dim() != 4:
@@ -204,7 +214,8 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         trans, state, init, incoming, final, cu, table, source, record, k, w, u, g, cu_spans, span_chunk, v_new,
         h_chunks, num_table, trans.data_ptr(), state.data_ptr(),
         H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BS=16,
-        MODE=mode, HAS_INIT=has_init, PRECISION=precision, WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
+        MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if precision == "bf16x3" else precision,
+        SPLIT=0 if precision != "bf16x3" else (2 if _interpreting() else 1), WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
         HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, T_UNIT=units[0], S_UNIT=units[1], **extra,
     )
 
@@ -221,7 +232,7 @@ def scan_chain_wy_triton(
     initial_states: Optional[torch.Tensor] = None,
     second=None,
     source: Optional[torch.Tensor] = None,
-    precision: str = "tf32x3",
+    precision: Optional[str] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chain scan with live spans given by their WY factors instead of summaries, fused with
     their one-chunk state pass (CUDA, delta-rule families). Returns ``(v_new [T, HV, V] in u's
@@ -235,8 +246,7 @@ def scan_chain_wy_triton(
     (H divides HV), ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]`` chunk-local cumulative log2
     gate or None (DeltaNet): fla's WY step outputs. Tokens no live span covers keep an
     unspecified ``v_new``."""
-    if precision not in DOT_PRECISIONS:
-        raise ValueError(f"precision must be one of {DOT_PRECISIONS}, got {precision!r}")
+    precision = scan_precision(precision)
     num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
     device = w.device
     final = torch.empty(cu_chains.numel() - 1, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)

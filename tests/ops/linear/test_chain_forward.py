@@ -166,15 +166,19 @@ KERNEL_CASE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("gated,table", [(True, True), (False, False)])
-def test_fused_kernel_matches_reference_under_interpreter(gated, table):
+@pytest.mark.parametrize("gated,table,precision", [(True, True, "tf32x3"), (False, False, "tf32x3"),
+                                                   (True, True, "bf16x3")])
+def test_fused_kernel_matches_reference_under_interpreter(monkeypatch, gated, table, precision):
+    monkeypatch.setenv("HYPIC_SCAN_PRECISION", precision)  # the subprocess inherits it
     script = KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}, table={table}))\n"
     assert interpreted_error(script) < 2e-3
 
 
 @pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
-@pytest.mark.parametrize("gated,table", [(True, True), (True, False), (False, True)])
-def test_fused_kernel_matches_reference_on_cuda(gated, table):
+@pytest.mark.parametrize("gated,table,precision", [(True, True, "tf32x3"), (True, False, "tf32x3"),
+                                                   (False, True, "tf32x3"), (True, True, "bf16x3")])
+def test_fused_kernel_matches_reference_on_cuda(monkeypatch, gated, table, precision):
+    monkeypatch.setenv("HYPIC_SCAN_PRECISION", precision)
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
     assert namespace["case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128, table=table) < 1e-2

@@ -235,6 +235,39 @@ def test_triton_scan_kernel_under_interpreter():
     assert interpreted_error(script) < 1e-5
 
 
+def test_triton_scan_bf16x3_under_interpreter():
+    """bf16x3 dense products: both operands split into bf16 high and low parts. One bf16 pass
+    would leave ~2^-9 (2e-3) per product; the split must bring a 6-step chain near 2^-16."""
+    script = textwrap.dedent("""
+        import torch
+        from hypic.ops.linear.summary import DenseSummary, scan_chain
+        from hypic.ops.linear.triton_scan import scan_chain_triton
+        torch.manual_seed(0)
+        m, hv, kd, vd = 6, 2, 32, 24
+        cu = torch.tensor([0, 2, 2, 6])
+        summ = DenseSummary(torch.randn(m, hv, kd, kd) / kd ** 0.5, torch.randn(m, hv, kd, vd))
+        init = torch.randn(3, hv, kd, vd)
+        a, b = scan_chain_triton(summ, cu, init, precision="bf16x3")
+        ra, rb = scan_chain(DenseSummary(summ.transition.double(), summ.state.double()), cu, init.double())
+        print(max(((a.double() - ra).norm() / ra.norm()).item(), ((b.double() - rb).norm() / rb.norm()).item()))
+    """)
+    assert interpreted_error(script) < 1e-4
+
+
+def test_scan_precision_switch(monkeypatch):
+    from hypic.ops.linear.triton_scan import PRECISION_ENV, scan_precision
+
+    monkeypatch.delenv(PRECISION_ENV, raising=False)
+    assert scan_precision() == "tf32x3" and scan_precision("ieee") == "ieee"
+    monkeypatch.setenv(PRECISION_ENV, "bf16x3")
+    assert scan_precision() == "bf16x3"
+    monkeypatch.setenv(PRECISION_ENV, "fp8")
+    with pytest.raises(ValueError, match=PRECISION_ENV):
+        scan_precision()
+    with pytest.raises(ValueError, match="precision must be one of"):
+        scan_precision("half")
+
+
 # ------------------------------------------------------------------------------------------
 # CUDA: fla paths against the float64 CPU reference
 # ------------------------------------------------------------------------------------------
