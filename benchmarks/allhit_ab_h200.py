@@ -235,9 +235,13 @@ def timeline(bench, prompt, model, repeats: int) -> dict:
         pic_runner.build_layout = real_build
         for h in hooks:
             h.remove()
+    replays = bench.runner._replays  # the last forward's core graphs (None: ran eagerly)
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     names = [name for name, _, _ in marks]
-    out = {"ttft_ms": med([r["ttft_ms"] for r in runs]), "marks": []}
+    out = {"ttft_ms": med([r["ttft_ms"] for r in runs]), "marks": [],
+           "core_graphs": None if replays is None else {
+               "captures": replays.num_captures, "replays": replays.num_replays, "failures": replays.failures(),
+               "first_call_failures": replays.first_call_failures()}}
     prev_end = 0.0
     for name in names:
         host = med([r[name][0] for r in runs])
@@ -256,7 +260,7 @@ def timeline(bench, prompt, model, repeats: int) -> dict:
 
 def timeline_text(tl: dict) -> str:
     lines = [f"ttft p50 {tl['ttft_ms']:.2f} ms; GPU idle before layer 0 {tl['gpu_first_layer_ms']} ms, "
-             f"waiting between layers {tl['gpu_wait_total_ms']:.2f} ms",
+             f"waiting between layers {tl['gpu_wait_total_ms']:.2f} ms; core graphs {tl['core_graphs']}",
              f"{'mark':>8} {'host ms':>8} {'gpu ms':>8} {'gpu-host':>8} {'gpu wait':>8}"]
     for m in tl["marks"]:
         gpu = "" if m["gpu_ms"] is None else f"{m['gpu_ms']:8.2f} {m['gpu_ms'] - m['host_ms']:8.2f}"

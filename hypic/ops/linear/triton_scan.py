@@ -6,9 +6,18 @@ V-block): the V columns of the state evolve independently (T acts on the K axis)
 communicate and the whole scan is one launch whatever the number of chains, spans and heads.
 
 T comes in three structures (``MODE``): dense ``[K, K]`` (delta-rule families), diagonal ``[K]``
-log decays (GLA) and scalar log decay (simple GLA, Mamba2). Everything is fp32; the dense product
-uses ``tf32x3`` (three TF32 MMAs, fp32-level accuracy; the default), ``ieee`` or ``tf32`` (one
-MMA; for measurements).
+log decays (GLA) and scalar log decay (simple GLA, Mamba2). Everything is stored and accumulated
+in fp32; the dense product uses ``bf16x3`` (the default: both operands split into bf16 high and
+low parts, three bf16 MMAs), ``tf32x3`` (three TF32 MMAs), ``ieee`` or ``tf32`` (one MMA; for
+measurements), chosen by ``HYPIC_SCAN_PRECISION`` or the ``precision`` argument.
+
+Why bf16x3 (session 13, H200, ``benchmarks/scan_step_h200.py`` and ``chain_forward_h200.py``):
+the step is bound by its chain of MMAs, and a bf16 MMA covers 16 of K where TF32 covers 8, so
+bf16x3 issues half of tf32x3's MMAs: a dense step took 3.73 us against 5.46, one linear layer's
+fused scan at the all-hit 32k shape 0.571 ms against 0.713. Its error after 64 steps against
+float64 was 1.7e-5 (tf32x3: 8.2e-6; one-pass TF32: 1.6e-2), and the layer's final state stayed
+4.2e-4 from float64 with either (the WY factors' bf16 inputs dominate); fla's own chunked
+prefill rounds the state to bf16 (2^-9) at every chunk.
 
 :func:`scan_chain_wy_triton` fuses the scan with the one-chunk state pass of live spans given by
 their WY factors (a cached request's seams and question), for fla's output kernel.
@@ -35,10 +44,10 @@ _KERNEL = None
 
 
 def scan_precision(precision: Optional[str] = None) -> str:
-    """``precision``, or when None ``HYPIC_SCAN_PRECISION`` (default tf32x3), validated."""
+    """``precision``, or when None ``HYPIC_SCAN_PRECISION`` (default bf16x3), validated."""
     where = "precision"
     if precision is None:
-        precision, where = os.environ.get(PRECISION_ENV, "tf32x3"), PRECISION_ENV
+        precision, where = os.environ.get(PRECISION_ENV, "bf16x3"), PRECISION_ENV
     if precision not in DOT_PRECISIONS:
         raise ValueError(f"{where} must be one of {DOT_PRECISIONS}, got {precision!r}")
     return precision

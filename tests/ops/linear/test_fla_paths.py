@@ -258,9 +258,9 @@ def test_scan_precision_switch(monkeypatch):
     from hypic.ops.linear.triton_scan import PRECISION_ENV, scan_precision
 
     monkeypatch.delenv(PRECISION_ENV, raising=False)
-    assert scan_precision() == "tf32x3" and scan_precision("ieee") == "ieee"
-    monkeypatch.setenv(PRECISION_ENV, "bf16x3")
-    assert scan_precision() == "bf16x3"
+    assert scan_precision() == "bf16x3" and scan_precision("ieee") == "ieee"
+    monkeypatch.setenv(PRECISION_ENV, "tf32x3")
+    assert scan_precision() == "tf32x3"
     monkeypatch.setenv(PRECISION_ENV, "fp8")
     with pytest.raises(ValueError, match=PRECISION_ENV):
         scan_precision()
