@@ -240,8 +240,7 @@ def timeline(bench, prompt, model, repeats: int) -> dict:
     names = [name for name, _, _ in marks]
     out = {"ttft_ms": med([r["ttft_ms"] for r in runs]), "marks": [],
            "core_graphs": None if replays is None else {
-               "captures": replays.num_captures, "replays": replays.num_replays, "failures": replays.failures(),
-               "first_call_failures": replays.first_call_failures()}}
+               "captures": replays.num_captures, "replays": replays.num_replays, "failures": replays.failures()}}
     prev_end = 0.0
     for name in names:
         host = med([r[name][0] for r in runs])

@@ -10,14 +10,10 @@ already graphs (:mod:`hypic.engine.cuda_graphs`), but the cores read the request
 Within one forward, though, every linear layer runs its core on the same layout with the same
 shapes: only a few inputs move (the layer's conv weight, its conv tails and cached-body address
 table), and the others are the row-wise phases' static output buffers, at the same address in
-every layer. So the first call of a core is captured into a graph and replayed, and every later
-call copies the inputs that moved into the graph's static copies and replays: one launch and a
-few copies instead of the core's Python, checks and launches. A first call that cannot be
-captured (it compiles or autotunes for shapes not seen before, which synchronises) runs eagerly,
-and the second call is captured instead. Capturing the first call rather than the second saves
-a whole eager core per forward: on the H200, the first two linear layers of an all-hit request
-took 3.5 and 3.3 ms of GPU time against 1.8 for every later one, the GPU waiting on the host's
-eager launches and then on the capture (session 13, ``allhit_ab_h200.py --timeline``).
+every layer. So the first call of a core runs eagerly (it compiles and autotunes what the shapes
+need), the second is captured into a graph and replayed, and every later call copies the inputs
+that moved into the graph's static copies and replays: one launch and a few copies instead of
+the core's Python, checks and launches.
 
 The graph is valid for one forward's layout only: a :class:`LayerReplays` belongs to one
 forward (the runner keeps the last one until the next forward, so no graph is destroyed while a
@@ -92,11 +88,10 @@ class CudaGraphBackend:
 
 
 class _Slot:
-    __slots__ = ("first", "graph", "inputs", "in_place", "output", "failed", "first_failure")
+    __slots__ = ("first", "graph", "inputs", "in_place", "output", "failed")
 
     def __init__(self) -> None:
-        self.first: Optional[Tuple[Signature, ...]] = None  # the eager call's inputs, if one ran
-        self.first_failure: Optional[str] = None  # why the first call's capture failed
+        self.first: Optional[Tuple[Signature, ...]] = None  # the first (eager) call's inputs
         self.graph = None
         self.inputs: Tuple[Optional[torch.Tensor], ...] = ()  # what the graph reads
         self.in_place: Tuple[bool, ...] = ()  # read where the caller's tensor lives (no copy)
@@ -107,14 +102,12 @@ class _Slot:
 class LayerReplays:
     """Per-forward graphs of cores ``fn(*inputs)`` (tensors or None) run once per layer.
 
-    ``run(name, fn, *inputs, stable=...)``: call 1 captured then replayed, later calls
-    replayed; when call 1's capture fails, call 1 runs eagerly and call 2 is captured. An input
-    listed in ``stable`` (positions the caller guarantees at one address in every layer, e.g. a
-    row-wise phase's static output buffer) is read in place (captured at call 2: only when its
-    address, shape and strides were the same in calls 1 and 2); any other is copied into a
-    static copy before each replay. A replay whose in-place input is not where the capture read
-    it runs eagerly instead. (A fresh tensor may land at the address its predecessor was freed
-    from, so an address seen twice alone does not make an input stable.) ``fn`` must be a function of its inputs alone for this forward (what it reads
+    ``run(name, fn, *inputs, stable=...)``: call 1 eager, call 2 captured then replayed, later
+    calls replayed. An input listed in ``stable`` (positions the caller expects at one address in
+    every layer, e.g. a row-wise phase's static output buffer) whose address, shape and strides
+    were the same in calls 1 and 2 is read in place; any other is copied into a static copy
+    before each replay. (A fresh tensor may land at the address its predecessor was freed from,
+    so an address seen twice alone does not make an input stable.) ``fn`` must be a function of its inputs alone for this forward (what it reads
     otherwise, e.g. the layout's index tensors, must stay as it is until the forward ends)."""
 
     def __init__(self, backend) -> None:
@@ -127,10 +120,6 @@ class LayerReplays:
         """Why each core that runs eagerly could not be captured."""
         return {name: slot.failed for name, slot in self._slots.items() if slot.failed}
 
-    def first_call_failures(self) -> Dict[str, str]:
-        """Why the first call of a core could not be captured (it ran eagerly; call 2 was tried)."""
-        return {name: slot.first_failure for name, slot in self._slots.items() if slot.first_failure}
-
     def run(self, name: str, fn: Callable, *inputs: Optional[torch.Tensor], stable: Tuple[int, ...] = ()):
         slot = self._slots.get(name)
         if slot is None:
@@ -138,24 +127,11 @@ class LayerReplays:
         if slot.failed is not None:
             return fn(*inputs)
         signature = tuple(_signature(t) for t in inputs)
+        if slot.first is None:
+            slot.first = signature
+            return fn(*inputs)
         if slot.graph is None:
-            if slot.first is None and slot.first_failure is None:
-                in_place = tuple(t is not None and i in stable for i, t in enumerate(inputs))
-                out = self._capture(slot, fn, inputs, in_place)
-                if slot.graph is None:  # ran eagerly: capture the next call instead
-                    slot.first, slot.first_failure, slot.failed = signature, slot.failed, None
-                return out
-            if slot.first is None:
-                slot.first = signature
-                return fn(*inputs)
-            if len(signature) != len(slot.first) or any(
-                    (a is None) != (b is None) or (a is not None and a[1:] != b[1:])
-                    for a, b in zip(signature, slot.first)):
-                slot.failed = "the inputs' shapes changed between the first two calls"
-                return fn(*inputs)
-            in_place = tuple(t is not None and i in stable and a == b
-                             for i, (t, a, b) in enumerate(zip(inputs, signature, slot.first)))
-            return self._capture(slot, fn, inputs, in_place)
+            return self._capture(slot, fn, inputs, signature, stable)
         if len(inputs) != len(slot.inputs):
             return fn(*inputs)
         for t, static, in_place in zip(inputs, slot.inputs, slot.in_place):
@@ -168,9 +144,14 @@ class LayerReplays:
         self.num_replays += 1
         return slot.output
 
-    def _capture(self, slot: _Slot, fn: Callable, inputs, in_place: Tuple[bool, ...]):
-        """Capture ``fn`` on ``inputs`` (those not ``in_place`` cloned into static copies) and
-        run it once; on failure set ``slot.failed`` and run it eagerly."""
+    def _capture(self, slot: _Slot, fn: Callable, inputs, signature, stable):
+        if len(signature) != len(slot.first) or any(
+                (a is None) != (b is None) or (a is not None and a[1:] != b[1:])
+                for a, b in zip(signature, slot.first)):
+            slot.failed = "the inputs' shapes changed between the first two calls"
+            return fn(*inputs)
+        in_place = tuple(t is not None and i in stable and a == b
+                         for i, (t, a, b) in enumerate(zip(inputs, signature, slot.first)))
         static = tuple(t if (t is None or keep) else t.clone() for t, keep in zip(inputs, in_place))
         try:
             graph, output = self.backend.capture(fn, static)
