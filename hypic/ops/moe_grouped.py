@@ -121,8 +121,20 @@ def sort_rows_by_expert(topk_ids: torch.Tensor, num_experts: int):
     outside ``[0, E)`` are rejected without a host sync."""
     flat_ids = topk_ids.reshape(-1)
     _check_ids_in_range(flat_ids, num_experts)
-    sorted_ids, order = torch.sort(flat_ids.long(), stable=True)
+    sorted_ids, order = torch.sort(flat_ids.to(sort_key_dtype(num_experts)), stable=True)
     return order, expert_ends(sorted_ids, num_experts)
+
+
+def sort_key_dtype(num_experts: int) -> torch.dtype:
+    """The narrowest integer dtype holding every expert id: CUDA's radix sort makes one pass per
+    8 key bits, so uint8 keys (up to 256 experts) sort in one pass where int64 keys took eight
+    (the all-hit 32k request's 40 sorts were 320 radix-sort launches, 1.74 ms on the H200,
+    session 12). The ids are checked to lie in ``[0, E)`` first, so the cast is exact."""
+    if num_experts <= 256:
+        return torch.uint8
+    if num_experts <= 2 ** 15:
+        return torch.int16
+    return torch.int32 if num_experts <= 2 ** 31 else torch.int64
 
 
 def mix_sorted_rows(rows_out: torch.Tensor, order: torch.Tensor, topk_weights: torch.Tensor,

@@ -186,3 +186,19 @@ def test_compiled_combine_matches_the_eager_combine(dtype, tol):
     for got in (eager, fused, combine_slots_math(rows, inverse, mix)):
         assert got.dtype == dtype and got.shape == (num_tokens, HIDDEN)
         assert float((got.double() - loop).norm() / loop.norm()) < tol
+
+
+@pytest.mark.parametrize("experts,dtype", [(6, torch.uint8), (256, torch.uint8), (257, torch.int16),
+                                           (2 ** 15, torch.int16), (2 ** 15 + 1, torch.int32)])
+def test_sort_rows_by_expert_on_narrow_keys_matches_an_int64_sort(experts, dtype):
+    from hypic.ops.moe_grouped import expert_ends, sort_key_dtype, sort_rows_by_expert
+
+    assert sort_key_dtype(experts) == dtype
+    gen = torch.Generator().manual_seed(experts)
+    ids = torch.randint(0, experts, (300, 8), generator=gen)
+    ids[:5] = experts - 1  # the largest id must survive the narrow cast
+    order, ends = sort_rows_by_expert(ids, experts)
+    want_sorted, want_order = torch.sort(ids.reshape(-1), stable=True)
+    assert torch.equal(order, want_order)
+    assert torch.equal(ends, expert_ends(want_sorted, experts))
+    assert ends.dtype == torch.int64 and int(ends[-1]) == ids.numel()
