@@ -20,8 +20,9 @@ is recorded per layer in :attr:`PicContext.records`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -64,7 +65,10 @@ class PicContext(ForwardContext):
         self.records: Dict[int, object] = {}
         self._shift_cos_sin = None
         self._zero_tail: Optional[torch.Tensor] = None
-        self._run_sources: Optional[list] = None  # per conv run: (per-layer caches, field) or None
+        self._run_sources: Optional[list] = None  # per conv run: (entry, field) or None
+        # linear layer -> its runs' initial conv states [R, D, W-1], every layer's made by one
+        # stack at the first (_batched_run_tails); empty when they are stacked per layer
+        self._batched_tails: Optional[Dict[int, torch.Tensor]] = None
         # Set by the runner when the linear cores may be replayed from per-forward graphs
         # (a cached request's few live tokens: hypic.engine.layer_graphs).
         self.replays: Optional[LayerReplays] = None
@@ -80,20 +84,26 @@ class PicContext(ForwardContext):
         if zero is None or zero.shape != (x.shape[1], width - 1) or zero.device != x.device:
             # one zero tail for every layer of the forward (it is only read)
             zero = self._zero_tail = torch.zeros(x.shape[1], width - 1, dtype=_state_dtype(x), device=x.device)
+            self._batched_tails = None
         if self._run_sources is None:
-            # Per run, once per forward: the per-layer caches its tail comes from and the field
-            # (every linear layer walks the same runs; the lookups through the layout cost more
-            # host time than the stack below).
+            # Per run, once per forward: the entry its tail comes from and the field (every linear
+            # layer walks the same runs; the lookups through the layout cost more host time than
+            # the stack below).
             sources = []
             for kind, idx in lay.run_init:
                 if kind == "body":
-                    sources.append((lay.bodies[idx][1].entry.linear, "conv_tail"))
+                    sources.append((lay.bodies[idx][1].entry, "conv_tail"))
                 elif kind == "prefix":
-                    sources.append((lay.requests[idx].prefix[-1].linear, "conv_state"))
+                    sources.append((lay.requests[idx].prefix[-1], "conv_state"))
                 else:
                     sources.append(None)
             self._run_sources = sources
-        tails = [zero if src is None else getattr(src[0][layer_idx], src[1]) for src in self._run_sources]
+        if self._batched_tails is None:
+            self._batched_tails = _batched_run_tails(self._run_sources, self.spec.linear_layer_ids, zero) or {}
+        batched = self._batched_tails.get(layer_idx)
+        if batched is not None:
+            return batched.to(x.dtype)
+        tails = [zero if src is None else getattr(src[0].linear[layer_idx], src[1]) for src in self._run_sources]
         # One batched copy per layer rather than one small copy per run.
         return torch.stack(tails).to(x.dtype)
 
@@ -283,6 +293,62 @@ class _LazyItems(Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return self._get(self._items[i])
+
+
+# Above this the runs' initial conv states are stacked per layer instead (the batched tensor holds
+# every linear layer's at once: 30 layers x 65 runs x 8192 channels x 3 fp32 is 192 MiB).
+MAX_BATCHED_TAIL_BYTES = 256 << 20
+
+# Per store entry: its linear layers' conv tails (or checkpoint conv states) as one [NL, D, W-1]
+# tensor, where the runner wrote them as the rows of one buffer (remember_tail_rows). Taking such
+# a view at read time would cost a tensor op per entry per forward.
+_ENTRY_TAILS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def remember_tail_rows(entry, field: str, layer_ids: Sequence[int], rows: Sequence[torch.Tensor],
+                       buffer: torch.Tensor) -> None:
+    """Note that ``entry``'s ``field`` of each of ``layer_ids`` (``rows``, in that order) are the
+    rows of ``buffer``, so that a forward stacks the entry's tails of every layer at once."""
+    if (buffer.dim() < 1 or buffer.shape[0] != len(rows) or not buffer.is_contiguous() or not rows
+            or tuple(buffer.shape[1:]) != tuple(rows[0].shape)):
+        return
+    step = rows[0].numel() * rows[0].element_size()
+    if any(t.data_ptr() != buffer.data_ptr() + i * step for i, t in enumerate(rows)):
+        return
+    _ENTRY_TAILS[entry] = ((field, tuple(layer_ids)), buffer)
+
+
+def _batched_run_tails(sources, layer_ids: Sequence[int], zero: torch.Tensor) -> Optional[Dict[int, torch.Tensor]]:
+    """linear layer -> ``[R, D, W-1]`` initial conv state of each run (``sources``: per run
+    ``(entry, field)`` or None for zeros), every layer's from one stack: the host then pays one
+    stack of R tensors per forward instead of one per linear layer, each of which touched every
+    run's entry (~25 us per layer on a warm CPU, 150+ us with the caches cold after a layer's
+    kernels). None when that does not apply as is (an entry whose tails are not one buffer's rows
+    or of another shape, dtype or device, over :data:`MAX_BATCHED_TAIL_BYTES`): each layer then
+    stacks its own, as before."""
+    if not layer_ids or not sources:
+        return None
+    num_bytes = len(layer_ids) * len(sources) * zero.numel() * zero.element_size()
+    if num_bytes > MAX_BATCHED_TAIL_BYTES:
+        return None
+    want = tuple(layer_ids)
+    zeros = None
+    per_run = []
+    for src in sources:
+        if src is None:
+            if zeros is None:
+                zeros = zero.expand(len(layer_ids), *zero.shape)
+            per_run.append(zeros)
+            continue
+        hit = _ENTRY_TAILS.get(src[0])
+        if hit is None or hit[0] != (src[1], want):
+            return None
+        tails = hit[1]
+        if tails.shape[1:] != zero.shape or tails.dtype != zero.dtype or tails.device != zero.device:
+            return None
+        per_run.append(tails)
+    stacked = torch.stack(per_run, dim=1)  # [NL, R, D, W-1]: each layer's rows contiguous
+    return dict(zip(layer_ids, stacked.unbind(0)))
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:

@@ -22,6 +22,7 @@ loop over the pieces to concatenate them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -172,23 +173,25 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     if not requests:
         raise ValueError("a PIC forward needs at least one request")
     w1 = conv_width - 1
-    ids = _IntRuns()
-    pos = _IntRuns()
+    # Index lists that are runs of consecutive ints are kept as (start, length) pairs and expanded
+    # once at the end (_Ranges): a Python loop per element, none per token.
+    live_tokens: List[Tuple[int, ...]] = []  # token ids of each live element
+    pos = _Ranges()
     cu_req = [0]
     cu_spans = [0]
     cu_chains = [0]
-    chain_src: List[Tuple[str, int]] = []  # ("live", s) | ("body", b)
+    chain_source: List[int] = []  # live span s -> s, body b -> -b - 1
     span_chain_pos: List[int] = []
     bodies: List[Tuple[int, BodyElement]] = []
     drop_t: List[bool] = []
-    runs: List[Tuple[int, int]] = []  # (first live token, num tokens)
+    runs: List[List[int]] = []  # [first live token, num tokens]
     run_init: List[Tuple[str, int]] = []
     tail_ends: List[Tuple[int, int]] = []  # (run index, run-local end) of each recorded tail
     writes: List[Tuple[int, int, Write]] = []
     write_chain_pos: List[int] = []
     write_key_rows: List[Tuple[int, int]] = []
-    key_index = _IntRuns()
-    pos_k = _IntRuns()
+    key_index = _Ranges()
+    pos_k = _Ranges()
     cu_keys = [0]
     cached_pieces: List[SegmentEntry] = []
     cu_cached = [0]
@@ -201,6 +204,8 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     for r in requests:
         total_live += sum(e.num_tokens for e in r.elements if isinstance(e, LiveElement))
     cached_count = 0
+    num_live = 0  # live tokens so far
+    num_keys = 0  # keys so far
 
     for b, req in enumerate(requests):
         if not req.elements or not isinstance(req.elements[-1], LiveElement):
@@ -211,91 +216,85 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         for ckpt in req.prefix:
             n = ckpt.num_tokens
             cached_pieces.append(ckpt)
-            key_index.add_range(total_live + cached_count, n)
-            pos_k.add_range(p0, n)
+            key_index.add(total_live + cached_count, n)
+            pos_k.add(p0, n)
             cached_shift.append(0)
             cached_count += n
             cu_cached.append(cached_count)
+            num_keys += n
             p0 += n
         prev_live = False
         run_local = 0
         for e in req.elements:
             if e.start != position:
                 raise ValueError(f"request {b}: element starts at {e.start}, expected {position}")
-            if e.num_tokens <= 0:
-                raise ValueError(f"request {b}: empty element")
             if isinstance(e, LiveElement):
-                first = len(ids)
-                ids.extend(e.token_ids)
-                pos.add_range(e.start, e.num_tokens)
+                n = len(e.token_ids)
+                if n <= 0:
+                    raise ValueError(f"request {b}: empty element")
+                first = num_live
+                live_tokens.append(e.token_ids)
+                num_live += n
+                pos.add(position, n)
                 s = len(cu_spans) - 1
-                cu_spans.append(len(ids))
-                span_chain_pos.append(len(chain_src))
-                chain_src.append(("live", s))
+                cu_spans.append(num_live)
+                span_chain_pos.append(len(chain_source))
                 if not prev_live:  # a new conv run
-                    if len(chain_src) - 1 == cu_chains[-1]:  # first element of the chain
+                    if len(chain_source) == cu_chains[-1]:  # first element of the chain
                         run_init.append(("prefix", b) if req.prefix else ("zero", -1))
                     else:
                         run_init.append(("body", len(bodies) - 1))
-                    runs.append((first, 0))
+                    runs.append([first, 0])
                     run_local = 0
-                r0, rn = runs[-1]
-                runs[-1] = (r0, rn + e.num_tokens)
-                run_local += e.num_tokens
-                k_first = len(key_index)
-                key_index.add_range(first, e.num_tokens)
-                pos_k.add_range(e.start, e.num_tokens)
+                chain_source.append(s)
+                runs[-1][1] += n
+                run_local += n
+                k_first = num_keys
+                key_index.add(first, n)
+                pos_k.add(position, n)
+                num_keys += n
                 if e.write is not None:
                     writes.append((b, s, e.write))
-                    write_chain_pos.append(len(chain_src) - 1)
+                    write_chain_pos.append(len(chain_source) - 1)
                     tail_ends.append((len(runs) - 1, run_local))
-                    write_key_rows.append((k_first, k_first + e.num_tokens))
+                    write_key_rows.append((k_first, num_keys))
                 prev_live = True
             elif isinstance(e, BodyElement):
-                if e.entry.num_body_tokens != e.num_tokens:
+                n = e.num_tokens
+                if n <= 0:
+                    raise ValueError(f"request {b}: empty element")
+                if e.entry.num_body_tokens != n:
                     raise ValueError(
-                        f"request {b}: body has {e.num_tokens} tokens, its entry {e.entry.num_body_tokens}"
+                        f"request {b}: body has {n} tokens, its entry {e.entry.num_body_tokens}"
                     )
                 bodies.append((b, e))
                 drop_t.append(not req.use_transition)
-                chain_src.append(("body", len(bodies) - 1))
-                n = e.num_tokens
+                chain_source.append(-len(bodies))
                 cached_pieces.append(e.entry)
-                key_index.add_range(total_live + cached_count, n)
-                pos_k.add_range(e.start, n)
-                shift = e.segment_start - e.entry.origin_position if req.rerotate_keys else 0
-                cached_shift.append(shift)
+                key_index.add(total_live + cached_count, n)
+                pos_k.add(position, n)
+                num_keys += n
+                cached_shift.append(e.segment_start - e.entry.origin_position if req.rerotate_keys else 0)
                 cached_count += n
                 cu_cached.append(cached_count)
                 prev_live = False
             else:
                 raise ValueError(f"request {b}: unknown element type {type(e).__name__}")
-            position += e.num_tokens
+            position += n
         final_tail_for_request.append(len(tail_ends))
         tail_ends.append((len(runs) - 1, run_local))
-        cu_chains.append(len(chain_src))
-        cu_req.append(len(ids))
-        cu_keys.append(len(key_index))
+        cu_chains.append(len(chain_source))
+        cu_req.append(num_live)
+        cu_keys.append(num_keys)
         if req.need_logits:
-            logits_rows.append(len(ids) - 1)
+            logits_rows.append(num_live - 1)
 
-    # Tail rows: run-local index j (0-based over [init (W-1 rows), run tokens]) maps to
-    # the run's init row j (j < W-1) or live row run_start + j - (W-1).
-    run_init_offset = total_live
-    tail_index: List[int] = []
-    for run_idx, end in tail_ends:
-        start, _ = runs[run_idx]
-        for j in range(end, end + w1):  # ext coordinates: tail = ext[end : end + W-1]
-            if j < w1:
-                tail_index.append(run_init_offset + run_idx * w1 + j)
-            else:
-                tail_index.append(start + j - w1)
-
+    tail_index = _tail_index(tail_ends, runs, w1, total_live)
     cu_runs = [0]
     for _, n in runs:
         cu_runs.append(cu_runs[-1] + n)
 
-    record_rows = [-1] * len(chain_src)
+    record_rows = [-1] * len(chain_source)
     for s, chain_pos in enumerate(span_chain_pos):
         record_rows[chain_pos] = s
     num_record_rows = len(span_chain_pos)
@@ -314,11 +313,12 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     kv_addresses, kv_format = _kv_addresses(cached_pieces, device)
     write_span_ids = [span for _, span, _ in writes]
 
-    lists = dict(input_ids=ids, positions=pos, cu_live_per_request=cu_req, cu_spans=cu_spans,
+    lists = dict(input_ids=_flat_tokens(live_tokens, num_live), positions=pos.array(),
+                 cu_live_per_request=cu_req, cu_spans=cu_spans,
                  cu_chains=cu_chains, cu_runs=cu_runs,
                  tail_index=tail_index, write_spans=write_span_ids,
-                 key_index=key_index, positions_k=pos_k, cu_keys=cu_keys,
-                 chain_source=[i if kind == "live" else -i - 1 for kind, i in chain_src],
+                 key_index=key_index.array(), positions_k=pos_k.array(), cu_keys=cu_keys,
+                 chain_source=chain_source,
                  chain_record_rows=record_rows, cu_cached=cu_cached, cached_shift=cached_shift,
                  logits_rows=logits_rows)
     if body_addresses is not None:
@@ -424,9 +424,9 @@ def _stacked(tables: Sequence[Optional[np.ndarray]]) -> Optional[np.ndarray]:
     or their shapes differ."""
     if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
         return None
-    stacked = np.stack(tables, axis=-1)
-    pad = -stacked.shape[-1] % _ALIGN_INT64
-    return np.ascontiguousarray(np.pad(stacked, ((0, 0), (0, 0), (0, pad))))
+    out = np.zeros(tables[0].shape + (len(tables) + len(tables) % _ALIGN_INT64,), dtype=np.int64)
+    np.stack(tables, axis=-1, out=out[..., :len(tables)])  # np.pad cost ~10x this
+    return out
 
 
 _ALIGN_INT64 = 2  # 16 bytes
@@ -446,6 +446,7 @@ def _common_format(formats: Sequence[Optional[PieceFormat]]) -> Optional[PieceFo
     is None or they differ otherwise."""
     if not formats or any(f is None for f in formats):
         return None
+    formats = set(formats)  # one per store entry, mostly equal: replace each distinct one once
     align = min(f.align_bytes for f in formats)
     common = {dataclasses.replace(f, align_bytes=align) for f in formats}
     return common.pop() if len(common) == 1 else None
@@ -464,34 +465,53 @@ def _kv_addresses(entries: Sequence[SegmentEntry], device: torch.device
     return (None, None) if table is None else (table, fmt)
 
 
-class _IntRuns:
-    """An int64 index list built from ranges and token lists, held as numpy pieces.
+class _Ranges:
+    """An int64 index list made of runs of consecutive ints, held as (start, length) pairs.
 
-    A 32k-token all-hit prompt's key index has ~33k entries but only ~130 ranges: building them
-    as numpy pieces instead of Python ints (``list.extend(range(...))``, then ``torch.tensor`` of
-    the flat list) took the layout from ~17 to a few ms of host time per request."""
+    A 32k-token all-hit prompt's key index has ~33k entries but only ~130 runs: they are
+    expanded by one vectorised numpy pass at the end, not a Python loop per token (17 ms of host
+    time per request as ``list.extend(range(...))``) nor one ``np.arange`` per run (~0.5 ms)."""
 
     def __init__(self) -> None:
-        self._pieces: List[np.ndarray] = []
-        self._len = 0
+        self._starts: List[int] = []
+        self._lengths: List[int] = []
 
-    def add_range(self, start: int, n: int) -> None:
-        self._pieces.append(np.arange(start, start + n, dtype=np.int64))
-        self._len += n
+    def add(self, start: int, n: int) -> None:
+        self._starts.append(start)
+        self._lengths.append(n)
 
-    def extend(self, values: Sequence[int]) -> None:
-        piece = np.asarray(values, dtype=np.int64).reshape(-1)
-        self._pieces.append(piece)
-        self._len += piece.size
-
-    def __len__(self) -> int:
-        return self._len
-
-    def pieces(self) -> List[np.ndarray]:
-        return self._pieces
+    def array(self) -> np.ndarray:
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        starts = np.asarray(self._starts, dtype=np.int64)
+        total = int(lengths.sum())
+        # entry i of run r is starts[r] + (i - offset[r]), offset[r] = entries before run r
+        offsets = np.cumsum(lengths) - lengths
+        return np.repeat(starts - offsets, lengths) + np.arange(total, dtype=np.int64)
 
 
-def _to_device(lists: "Dict[str, Union[List[int], _IntRuns]]", device: torch.device) -> "Tuple[dict, dict]":
+def _flat_tokens(token_lists: Sequence[Tuple[int, ...]], total: int) -> np.ndarray:
+    """The token ids of the live elements, concatenated, as int64 (one numpy call, not one per
+    element)."""
+    return np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=total)
+
+
+def _tail_index(tail_ends: Sequence[Tuple[int, int]], runs: Sequence[Sequence[int]], w1: int,
+                run_init_offset: int) -> List[int]:
+    """Rows of ``cat(x [T], run inits [R*(W-1)])`` holding each recorded tail: run-local index j
+    (0-based over [init (W-1 rows), run tokens]) maps to the run's init row j (j < W-1) or live
+    row run_start + j - (W-1)."""
+    tail_index: List[int] = []
+    for run_idx, end in tail_ends:
+        start = runs[run_idx][0]
+        for j in range(end, end + w1):  # ext coordinates: tail = ext[end : end + W-1]
+            if j < w1:
+                tail_index.append(run_init_offset + run_idx * w1 + j)
+            else:
+                tail_index.append(start + j - w1)
+    return tail_index
+
+
+def _to_device(lists: "Dict[str, Union[List[int], np.ndarray]]", device: torch.device) -> "Tuple[dict, dict]":
     """Every index list as an int64 tensor, through one host buffer and one copy: ``(host views,
     device views)`` of that buffer (the host views are what fla reads lengths from).
 
@@ -500,30 +520,24 @@ def _to_device(lists: "Dict[str, Union[List[int], _IntRuns]]", device: torch.dev
     The lists are written straight into it; the caching host allocator keeps it alive until the
     copy has run."""
     device = torch.device(device)
-    pieces: List[np.ndarray] = []
-    sizes: List[int] = []
-    padded: List[int] = []
-    for v in lists.values():
-        if isinstance(v, _IntRuns):
-            pieces.extend(v.pieces())
-            n = len(v)
-        else:
-            pieces.append(np.asarray(v, dtype=np.int64).reshape(-1))
-            n = pieces[-1].size
-        # Every list starts 16-byte aligned: Triton specialises a kernel on whether each pointer
-        # argument is, so slices at varying offsets compiled a new variant of a kernel whenever a
-        # request's list lengths changed the parity (seconds inside a measured request).
-        pad = -n % _ALIGN_INT64
-        if pad:
-            pieces.append(np.zeros(pad, dtype=np.int64))
-        sizes.append(n)
-        padded.append(n + pad)
-    host = torch.empty(sum(padded), dtype=torch.long, pin_memory=device.type == "cuda")
-    if pieces:
-        np.concatenate(pieces, out=host.numpy())
+    arrays = [np.asarray(v, dtype=np.int64).reshape(-1) for v in lists.values()]
+    # Every list starts 16-byte aligned: Triton specialises a kernel on whether each pointer
+    # argument is, so slices at varying offsets compiled a new variant of a kernel whenever a
+    # request's list lengths changed the parity (seconds inside a measured request).
+    parts: List[int] = []  # list, padding, list, padding, ...
+    for a in arrays:
+        parts += [a.size, -a.size % _ALIGN_INT64]
+    host = torch.empty(sum(parts), dtype=torch.long, pin_memory=device.type == "cuda")
+    buf = host.numpy()
+    offset = 0
+    for a, pad in zip(arrays, parts[1::2]):
+        buf[offset:offset + a.size] = a
+        buf[offset + a.size:offset + a.size + pad] = 0
+        offset += a.size + pad
     moved = host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-    host_views = [t[:n] for t, n in zip(host.split(padded), sizes)]
-    device_views = [t[:n] for t, n in zip(moved.split(padded), sizes)]
+    # one split per buffer gives every view (a slice per list cost a dispatch each)
+    host_views = host.split(parts)[::2]
+    device_views = moved.split(parts)[::2]
     return dict(zip(lists.keys(), host_views)), dict(zip(lists.keys(), device_views))
 
 

@@ -22,7 +22,7 @@ from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
 from hypic.engine.layer_graphs import CudaGraphBackend, LayerReplays, layer_graphs_enabled
-from hypic.engine.pic_context import PicContext
+from hypic.engine.pic_context import PicContext, remember_tail_rows
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
     WRITE_SEGMENT,
@@ -289,18 +289,25 @@ class PicRunner:
                 rec = ctx.records[layer]
                 attention[layer] = (take(rec.keys[a:z]), take(rec.values[a:z]))
             plans.append((w, linear, attention))
-        fresh = _compact_copies(views, owners)
+        buffers: Dict[int, torch.Tensor] = {}
+        fresh = _compact_copies(views, owners, buffers)
         entries = []
         for w, linear, attention in plans:
             lin = {}
+            tails = []  # view index of each layer's conv tail (state)
             for layer, item in linear.items():
                 if w.kind == WRITE_CHECKPOINT:
                     lin[layer] = LinearStateCheckpoint(fresh[item[0]], fresh[item[1]])
                 else:
                     summary_cls, t, st, tail = item
                     lin[layer] = LinearLayerCache(summary_cls(fresh[t], fresh[st]), fresh[tail])
+                tails.append(item[-1])
             att = {layer: AttentionLayerCache(fresh[k], fresh[v]) for layer, (k, v) in attention.items()}
             entries.append(SegmentEntry(key=w.key, linear=lin, attention=att, origin_position=w.origin_position))
+            if tails:
+                # every layer's tail in one buffer: a forward reusing the entry reads them at once
+                remember_tail_rows(entries[-1], "conv_state" if w.kind == WRITE_CHECKPOINT else "conv_tail",
+                                   list(linear), [fresh[i] for i in tails], buffers[tails[0]])
         if insert and self.store is not None:
             for e in entries:
                 self.store.insert(e, compact=False)  # fresh exact-size copies, already on the device
@@ -314,13 +321,15 @@ def _own_row(t: torch.Tensor, i: int) -> torch.Tensor:
     return t[i] if t.shape[0] == 1 else t[i].clone()
 
 
-def _compact_copies(views: Sequence[torch.Tensor], owners: Sequence[int]) -> List[torch.Tensor]:
+def _compact_copies(views: Sequence[torch.Tensor], owners: Sequence[int],
+                    buffers: Optional[Dict[int, torch.Tensor]] = None) -> List[torch.Tensor]:
     """A fresh contiguous copy of every tensor. The copies of one owner (one store entry) with
     one dtype and shape are the rows of a single new ``[count, *shape]`` buffer (split by one
     ``unbind``), all filled by one ``torch._foreach_copy_`` per dtype: a cold 64-segment prefill
     writes ~7,000 tensors, and an allocation, a ``view`` or a kernel each cost more host time
     than the rest of the write. Each buffer holds its rows with no gaps, so an entry's tensors
-    account for exactly its buffers' bytes, and evicting the entry frees them."""
+    account for exactly its buffers' bytes, and evicting the entry frees them. ``buffers``, if
+    given, gets for each view index the buffer its copy is a row of."""
     if len(owners) != len(views):
         raise ValueError(f"{len(views)} views but {len(owners)} owners")
     out: List[Optional[torch.Tensor]] = [None] * len(views)
@@ -329,7 +338,10 @@ def _compact_copies(views: Sequence[torch.Tensor], owners: Sequence[int]) -> Lis
         groups.setdefault((owners[i], t.dtype, t.device, t.shape), []).append(i)
     copies: Dict[Tuple[torch.dtype, torch.device], Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
     for (_, dtype, device, shape), idx in groups.items():
-        rows = torch.empty((len(idx),) + tuple(shape), dtype=dtype, device=device).unbind(0)
+        buffer = torch.empty((len(idx),) + tuple(shape), dtype=dtype, device=device)
+        rows = buffer.unbind(0)
+        if buffers is not None:
+            buffers.update((i, buffer) for i in idx)
         dsts, srcs = copies.setdefault((dtype, device), ([], []))
         for i, row in zip(idx, rows):
             out[i] = row

@@ -202,13 +202,14 @@ def plan_request(
     starts = prompt.segment_starts
     handles: List[SegmentHandle] = []
     if mode.uses_segment_store:
+        windows = _seam_windows(prompt, policy)
         if segment_keys is None:
-            segment_keys = _segment_keys(prompt, policy, keyer, tenant_salt)
+            segment_keys = _segment_keys(prompt, windows, keyer, tenant_salt)
         elif len(segment_keys) != len(prompt.segments):
             raise ValueError(f"segment_keys: {len(segment_keys)} keys for {len(prompt.segments)} segments")
     try:
         if mode.uses_segment_store:
-            spans, prefix = _plan_segments(prompt, policy, store, segment_keys, handles), 0
+            spans, prefix = _plan_segments(prompt, policy, windows, starts, store, segment_keys, handles), 0
         elif mode.uses_prefix_checkpoints:
             spans, prefix = _plan_prefix(prompt, store, keyer, tenant_salt, handles)
         else:
@@ -233,19 +234,31 @@ def segment_keys(
     segment: no body to reuse), for :func:`plan_request` and for an engine's scheduler charge."""
     if not isinstance(prompt, SegmentedPrompt):
         raise ValueError(f"prompt: expected SegmentedPrompt, got {type(prompt).__name__}")
-    return _segment_keys(prompt, policy, keyer, tenant_salt)
+    return _segment_keys(prompt, _seam_windows(prompt, policy), keyer, tenant_salt)
 
 
-def _segment_keys(prompt, policy, keyer, tenant_salt) -> Tuple[Optional[StoreKey], ...]:
-    keys = []
+def _seam_windows(prompt: SegmentedPrompt, policy: RequestPolicy) -> List[int]:
+    """``w_eff`` of each segment, computed once per distinct length (segments mostly share one;
+    the keys and the spans both need them)."""
+    by_length = {}
+    out = []
     for seg in prompt.segments:
-        w = policy.seam_tokens(len(seg))
+        num = len(seg)
+        w = by_length.get(num)
+        if w is None:
+            w = by_length[num] = policy.seam_tokens(num)
+        out.append(w)
+    return out
+
+
+def _segment_keys(prompt, windows, keyer, tenant_salt) -> Tuple[Optional[StoreKey], ...]:
+    keys = []
+    for seg, w in zip(prompt.segments, windows):
         keys.append(None if w == len(seg) else keyer.segment_key(seg, w, tenant_salt=tenant_salt))
     return tuple(keys)
 
 
-def _plan_segments(prompt, policy, store, keys, handles) -> List[Span]:
-    starts = prompt.segment_starts
+def _plan_segments(prompt, policy, windows, starts, store, keys, handles) -> List[Span]:
     standalone = policy.cold_policy == COLD_STANDALONE
     hit_index = {}  # key -> index into handles
     pending = set()  # keys prefilled standalone for this request
@@ -253,7 +266,7 @@ def _plan_segments(prompt, policy, store, keys, handles) -> List[Span]:
     spans: List[Span] = []
     for i, seg in enumerate(prompt.segments):
         num = len(seg)
-        w = policy.seam_tokens(num)
+        w = windows[i]
         key = keys[i]
         if w == num:  # the seam covers the segment: no body, nothing to reuse or store
             spans.append(Span(SpanKind.MISS, i, starts[i], num, num, num))

@@ -418,3 +418,37 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     plan, res = prefix.run(segs, query)
     assert plan.prefix_hit_tokens == sum(len(s) for s in segs)
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+
+
+@pytest.mark.parametrize("mode", ["hypic", "prefix_cache"])
+def test_run_initial_conv_states_are_stacked_once_per_forward(tiny, mode):
+    """The runs' initial conv states of every linear layer come from one stack per forward when
+    the entries' tails were written as one buffer's rows, equal to each layer's own stack."""
+    from hypic.engine import pic_context
+
+    spec, model = tiny
+    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    segs = [random_segment(20, 700 + i) for i in range(3)]
+    query = random_segment(4, 5)
+    h.run(segs if mode == "prefix_cache" else list(reversed(segs)), query)
+    plan = h.plan(segs, query)
+    captured = {}
+    decode_caches = h.runner._decode_caches
+
+    def keep(ctx):
+        captured["ctx"] = ctx
+        return decode_caches(ctx)
+
+    with plan:
+        h.runner._decode_caches = keep
+        h.runner.prefill([plan])
+    ctx = captured["ctx"]
+    assert ctx._batched_tails and set(ctx._batched_tails) == set(spec.linear_layer_ids)
+    x = torch.zeros(1, spec.conv_dim, dtype=next(model.parameters()).dtype)
+    width = spec.conv_kernel_size
+    per_layer = pic_context.PicContext(spec, ctx.layout)
+    per_layer._batched_tails = {}  # the per-layer path
+    for layer in spec.linear_layer_ids:
+        got = ctx._run_initial_conv_states(layer, x, width)
+        want = per_layer._run_initial_conv_states(layer, x, width)
+        assert got.dtype == want.dtype and got.is_contiguous() and torch.equal(got, want)
