@@ -85,7 +85,7 @@ class PicRunner:
     def prefill(self, plans: Sequence[RequestPlan]) -> List[PrefillResult]:
         standalone = self._run_standalone(plans)
         try:
-            budget = [self._write_budget()]
+            budget = [self._write_budget(sum(p.live_tokens for p in plans))]
             canonical: Dict[object, Tuple[Tuple[int, ...], int]] = {}
             layouts = [self._request_layout(p, standalone, budget, canonical) for p in plans]
             logits, caches, ctx = self._forward(layouts)
@@ -143,13 +143,19 @@ class PicRunner:
         _, _, ctx = self._forward(layouts, want_caches=False)
         return self._write_entries(ctx, insert=False)
 
-    def _write_budget(self) -> Optional[int]:
-        """Bytes of new entries the store can hold (device + host tier); None = unbounded."""
+    def _write_budget(self, num_live_tokens: int) -> Optional[int]:
+        """Bytes of new entries this forward may record: what the store can hold (device + host
+        tier; None = unbounded), and on CUDA no more than the device can hold while they are
+        made (:func:`record_headroom_bytes`)."""
         if self.store is None:
             return 0
-        if self.store.device_budget_bytes is None:
-            return None
-        return self.store.device_budget_bytes + self.store.host_budget_bytes
+        budget = None
+        if self.store.device_budget_bytes is not None:
+            budget = self.store.device_budget_bytes + self.store.host_budget_bytes
+        headroom = record_headroom_bytes(self.device, num_live_tokens)
+        if headroom is not None:
+            budget = headroom if budget is None else min(budget, headroom)
+        return budget
 
     def entry_nbytes(self, num_body_tokens: int, checkpoint: bool) -> int:
         """Bytes of one store entry: per linear layer the fp32 summary (T dense K x K and S; a
@@ -312,6 +318,38 @@ class PicRunner:
             for e in entries:
                 self.store.insert(e, compact=False)  # fresh exact-size copies, already on the device
         return entries
+
+
+# Device memory a forward needs per live token besides its records (activations: the MoE's
+# gathered rows and intermediates, projections, fla's chunk states; ~200 KiB per token at
+# Qwen3.5-35B-A3B widths by their shapes), and a write's peak multiple of its entry bytes: the
+# forward's record (a view of the layer's summaries can keep every span's alive, ~2x) and then
+# the entry's compact copy.
+ACTIVATION_BYTES_PER_LIVE_TOKEN = 256 << 10
+RECORD_PEAK_FACTOR = 3
+
+
+def device_free_bytes(device: torch.device) -> Optional[int]:
+    """Bytes the caching allocator could still hand out on a CUDA device (the driver's free memory
+    plus what the allocator holds unused); None elsewhere."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def record_headroom_bytes(device: torch.device, num_live_tokens: int) -> Optional[int]:
+    """Entry bytes a forward of ``num_live_tokens`` can record without running the device out of
+    memory; None when the device does not say (CPU). The store's own budget does not bound this:
+    a write exists ~3x at its peak and the forward's activations come on top, so on the H200 a
+    cold 128k-token prompt in 512-token segments ran out of memory under a 20 GiB store with the
+    model's 69 GB resident (session 13, benchmarks/results/session13/call7). Writes beyond it run
+    live, unrecorded, as writes beyond the store's budget do."""
+    free = device_free_bytes(device)
+    if free is None:
+        return None
+    return max(0, (free - ACTIVATION_BYTES_PER_LIVE_TOKEN * num_live_tokens) // RECORD_PEAK_FACTOR)
 
 
 def _own_row(t: torch.Tensor, i: int) -> torch.Tensor:

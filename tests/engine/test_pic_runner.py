@@ -452,3 +452,61 @@ def test_run_initial_conv_states_are_stacked_once_per_forward(tiny, mode):
         got = ctx._run_initial_conv_states(layer, x, width)
         want = per_layer._run_initial_conv_states(layer, x, width)
         assert got.dtype == want.dtype and got.is_contiguous() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("mode,keeps_summaries", [("prefix_cache", False), ("hypic", True)])
+def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, mode, keeps_summaries):
+    """A prefix-cache checkpoint needs the state after its segment, not the segment's summary:
+    its forward must not keep every span's (T, S) alive until the writes (at 128k tokens in
+    512-token segments that held 30 GiB and ran the H200 out of memory)."""
+    from hypic.engine.pic_runner import PicRunner
+
+    spec, model = tiny
+    seen = []
+    real = PicRunner._write_entries
+
+    def spy(self, ctx, insert=True):
+        seen.extend(rec.write_summaries for i, rec in ctx.records.items() if hasattr(rec, "write_summaries"))
+        return real(self, ctx, insert)
+
+    monkeypatch.setattr(PicRunner, "_write_entries", spy)
+    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    segs = [random_segment(n, 900 + n) for n in (23, 30, 17)]
+    query = random_segment(5, 4)
+    plan, res = h.run(segs, query)
+    assert seen and all((s is not None) == keeps_summaries for s in seen)
+    assert _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+    _, again = h.run(segs, query)  # the written entries serve the next request
+    assert _max_err(again.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
+
+
+def test_writes_beyond_the_device_headroom_are_skipped(tiny, monkeypatch):
+    """On CUDA the bytes a forward records are also bounded by the device memory left for them
+    (record_headroom_bytes); the segments beyond it run live and unrecorded, and the result is
+    still exact."""
+    from hypic.engine import pic_runner
+
+    spec, model = tiny
+    a, b, c = (random_segment(n, 800 + n) for n in (40, 30, 50))
+    probe = PicHarness(spec, model)
+    one = probe.runner.entry_nbytes(len(a) - 8, checkpoint=False)
+    two = one + probe.runner.entry_nbytes(len(b) - 8, checkpoint=False)
+    asked = []
+    monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n: asked.append(n) or two)
+    h = PicHarness(spec, model)  # an unbounded store: the headroom alone limits the writes
+    query = random_segment(4, 3)
+    plan, res = h.run([a, b, c], query)
+    assert asked == [plan.live_tokens]
+    assert len(h.store) == 2 and h.runner.skipped_writes == 1
+    assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
+
+
+def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkeypatch):
+    from hypic.engine import pic_runner
+
+    assert pic_runner.record_headroom_bytes(torch.device("cpu"), 1000) is None
+    monkeypatch.setattr(pic_runner, "device_free_bytes", lambda device: 10 << 30)
+    per_token = pic_runner.ACTIVATION_BYTES_PER_LIVE_TOKEN
+    got = pic_runner.record_headroom_bytes(torch.device("cuda"), 4096)
+    assert got == ((10 << 30) - 4096 * per_token) // pic_runner.RECORD_PEAK_FACTOR
+    assert pic_runner.record_headroom_bytes(torch.device("cuda"), 10 ** 9) == 0
