@@ -197,7 +197,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     cu_cached = [0]
     cached_shift: List[int] = []
     logits_rows: List[int] = []
-    final_tail_for_request: List[int] = []
+    final_tail_ends: List[Tuple[int, int]] = []  # per request: (run index, run-local end) of its last run
 
     # Cached rows are numbered after all live rows; count them in a first pass.
     total_live = 0
@@ -281,14 +281,19 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
             else:
                 raise ValueError(f"request {b}: unknown element type {type(e).__name__}")
             position += n
-        final_tail_for_request.append(len(tail_ends))
-        tail_ends.append((len(runs) - 1, run_local))
+        final_tail_ends.append((len(runs) - 1, run_local))
         cu_chains.append(len(chain_source))
         cu_req.append(num_live)
         cu_keys.append(num_keys)
         if req.need_logits:
             logits_rows.append(num_live - 1)
 
+    # Tails in the recorded order: every write's (in `writes` order), then each request's final
+    # conv state. (Appending a request's final tail after its own writes interleaved them in a
+    # batch: write i of a later request then read another request's final tail, which gave the
+    # standalone pass's entries but the first wrong conv tails; session 13.)
+    final_tail_for_request = [len(tail_ends) + b for b in range(len(final_tail_ends))]
+    tail_ends = tail_ends + final_tail_ends
     tail_index = _tail_index(tail_ends, runs, w1, total_live)
     cu_runs = [0]
     for _, n in runs:

@@ -119,16 +119,36 @@ class PicRunner:
             return {}
         if self.store is None:
             raise ValueError("the standalone cold policy needs a segment store")
-        entries = self._standalone_entries(todo)
         handles: Dict[object, SegmentHandle] = {}
         try:
-            for entry in entries:
-                handles[entry.key] = self.store.insert(entry, acquire=True, compact=False)
+            for group in self._standalone_groups(todo):
+                for entry in self._standalone_entries(group):
+                    handles[entry.key] = self.store.insert(entry, acquire=True, compact=False)
         except BaseException:
             for h in handles.values():
                 h.release()
             raise
         return handles
+
+    def _standalone_groups(self, todo: Dict[object, Tuple[Tuple[int, ...], int]]):
+        """``todo`` in groups whose records fit the device while they are made (one segment at
+        least per group): the standalone pass records every segment it runs, and all of a
+        128k-token prompt's at once would not fit beside the model on one GPU. Each group's room
+        is asked (:func:`record_headroom_bytes`, with the activations of every segment still to
+        run reserved) when the previous group's entries are in the store."""
+        items = list(todo.items())
+        while items:
+            headroom = record_headroom_bytes(self.device, sum(len(seg) for _, (seg, _) in items))
+            group: Dict[object, Tuple[Tuple[int, ...], int]] = {}
+            for key, (seg, body_start) in items:
+                need = self.entry_nbytes(len(seg) - body_start, checkpoint=False)
+                if group and headroom is not None and need > headroom:
+                    break
+                if headroom is not None:
+                    headroom -= need
+                group[key] = (seg, body_start)
+            items = items[len(group):]
+            yield group
 
     def _standalone_entries(self, todo: Dict[object, Tuple[Tuple[int, ...], int]]) -> List[SegmentEntry]:
         """Canonical entries: each segment ``key -> (tokens, body_start)`` prefilled alone at

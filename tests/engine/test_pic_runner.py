@@ -510,3 +510,41 @@ def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkey
     got = pic_runner.record_headroom_bytes(torch.device("cuda"), 4096)
     assert got == ((10 << 30) - 4096 * per_token) // pic_runner.RECORD_PEAK_FACTOR
     assert pic_runner.record_headroom_bytes(torch.device("cuda"), 10 ** 9) == 0
+
+
+def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
+    from hypic.engine import pic_runner
+
+    spec, model = tiny
+    segs = [random_segment(n, 600 + n) for n in (30, 22, 41, 27)]
+    query = random_segment(5, 6)
+    ref = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone"))
+    _, want = ref.run(segs, query)
+    one = ref.runner.entry_nbytes(41 - 8, checkpoint=False)  # the largest entry
+    monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n: one)
+    forwards = []
+    real = pic_runner.PicRunner._standalone_entries
+    monkeypatch.setattr(pic_runner.PicRunner, "_standalone_entries",
+                        lambda self, todo: forwards.append(len(todo)) or real(self, todo))
+    h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone"))
+    plan, got = h.run(segs, query)
+    assert forwards == [1, 1, 1, 1] and len(h.store) == 4  # one segment per forward: the room of one
+    torch.testing.assert_close(got.logits, want.logits)
+
+
+def test_writes_of_a_batch_record_their_own_conv_tails(tiny):
+    """Each written entry's conv tail is its own segment's, whatever request of the batch wrote
+    it: a batched layout once read request 0's final tail for request 1's write (the standalone
+    pass, one request per segment, wrote wrong tails for every segment but the first)."""
+    spec, model = tiny
+    requests = [([random_segment(n, 1000 + n)], random_segment(4, n)) for n in (26, 31, 19)]
+    batch = PicHarness(spec, model)
+    batch.run_batch(requests)
+    got = {e.key: e for e in batch.store.snapshot()}
+    assert len(got) == 3
+    for segs, query in requests:
+        alone = PicHarness(spec, model)
+        alone.run(segs, query)
+        (want,) = alone.store.snapshot()
+        for layer, cache in want.linear.items():
+            torch.testing.assert_close(got[want.key].linear[layer].conv_tail, cache.conv_tail, rtol=0, atol=1e-6)
