@@ -83,7 +83,7 @@ def _build_kernel():
         mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
         return configs if mode == MODE_DENSE else configs[2:3]
 
-    key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
+    key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "SPLIT", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
            "T_UNIT", "S_UNIT"]
     tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
@@ -214,6 +214,8 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         _KERNEL = _build_kernel()
     kernel, fixed_block_v = _KERNEL
     block_k = max(16, triton.next_power_of_2(key_dim))
+    # bf16x3: the kernel's own split products (2: the same maths for the interpreter)
+    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
     extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
 
     def grid(meta):
@@ -223,8 +225,8 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         trans, state, init, incoming, final, cu, table, source, record, k, w, u, g, cu_spans, span_chunk, v_new,
         h_chunks, num_table, trans.data_ptr(), state.data_ptr(),
         H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BS=16,
-        MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if precision == "bf16x3" else precision,
-        SPLIT=0 if precision != "bf16x3" else (2 if _interpreting() else 1), WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
+        MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if split else precision, SPLIT=split,
+        WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
         HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, T_UNIT=units[0], S_UNIT=units[1], **extra,
     )
 
