@@ -28,7 +28,7 @@ import torch
 
 from hypic.engine.context import ForwardContext
 from hypic.engine.layer_graphs import LayerReplays
-from hypic.engine.pic_layout import WRITE_SEGMENT, PackedLayout
+from hypic.engine.pic_layout import PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
@@ -232,7 +232,7 @@ class PicContext(ForwardContext):
         # entries are written, which at 128k tokens in 512-token segments (257 spans, 30
         # layers) held 30 GiB of summaries no prefix-cache checkpoint uses (out of memory on
         # the H200, session 13, benchmarks/results/session13/call6).
-        if any(w.kind == WRITE_SEGMENT for _, _, w in lay.writes):
+        if lay.any_segment_write:
             if lay.write_span_range is not None:  # a cold prefill's segments: a view, no copy
                 a, b = lay.write_span_range
                 rec.write_summaries = DenseSummary(live.transition[a:b], live.state[a:b])

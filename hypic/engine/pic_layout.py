@@ -131,6 +131,8 @@ class PackedLayout:
     # host: (a, b) when the writes are live elements a..b-1 in order (their summaries are then a
     # slice of the live summaries, not a gathered copy), else None
     write_span_range: Optional[Tuple[int, int]]
+    # host: whether some write is a segment's (the only writes that read the spans' summaries)
+    any_segment_write: bool
     # per write: the recorded row holding the state after it (checkpoints), -1 when that is its
     # request's final state, None for segment writes (they need no state)
     write_after_rows: List[Optional[int]]
@@ -356,6 +358,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         writes=writes,
         write_spans=dev["write_spans"],
         write_span_range=_as_range(write_span_ids),
+        any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
         write_after_rows=write_after_rows,
         key_index=dev["key_index"],
         positions_k=dev["positions_k"],

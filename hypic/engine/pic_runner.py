@@ -85,7 +85,7 @@ class PicRunner:
     def prefill(self, plans: Sequence[RequestPlan]) -> List[PrefillResult]:
         standalone = self._run_standalone(plans)
         try:
-            budget = [self._write_budget(sum(p.live_tokens for p in plans))]
+            budget = _WriteBudget(lambda: self._write_budget(sum(p.live_tokens for p in plans)))
             canonical: Dict[object, Tuple[Tuple[int, ...], int]] = {}
             layouts = [self._request_layout(p, standalone, budget, canonical) for p in plans]
             logits, caches, ctx = self._forward(layouts)
@@ -189,9 +189,9 @@ class PicRunner:
         return len(self.linear_layers) * linear * state_bytes + len(self.attention_layers) * attention * elem
 
     def _request_layout(self, plan: RequestPlan, standalone: Dict[object, SegmentHandle],
-                        budget: List[Optional[int]],
+                        budget: "_WriteBudget",
                         canonical: Dict[object, Tuple[Tuple[int, ...], int]]) -> RequestLayout:
-        """``budget[0]``: bytes of writes still allowed in this batch. Cold segments beyond it run
+        """``budget``: bytes of writes still allowed in this batch. Cold segments beyond it run
         live without being recorded: their entries could not stay in the store anyway, and
         recording them would hold their summaries in device memory until the forward ends.
         Under the ``canonical`` cold policy a cold segment runs live unrecorded and is added to
@@ -224,14 +224,15 @@ class PicRunner:
         return RequestLayout(tuple(elems), tuple(prefix), use_transition=mode.use_transition,
                              rerotate_keys=mode.rerotate_keys)
 
-    def _take_budget(self, budget: List[Optional[int]], span, mode) -> bool:
-        if budget[0] is None:
+    def _take_budget(self, budget: "_WriteBudget", span, mode) -> bool:
+        left = budget.remaining()
+        if left is None:
             return True
         need = self.entry_nbytes(span.num_tokens - span.body_start, mode.uses_prefix_checkpoints)
-        if need > budget[0]:
+        if need > left:
             self.skipped_writes += 1
             return False
-        budget[0] -= need
+        budget.left = left - need
         return True
 
     # ---------------------------------------------------------------------------------------------
@@ -338,6 +339,24 @@ class PicRunner:
             for e in entries:
                 self.store.insert(e, compact=False)  # fresh exact-size copies, already on the device
         return entries
+
+
+class _WriteBudget:
+    """Bytes of writes one batch may still record (None: unbounded), asked (``ask``) at the first
+    write the batch considers: a cached request, which writes nothing, does not query the
+    device's free memory."""
+
+    __slots__ = ("_ask", "_asked", "left")
+
+    def __init__(self, ask) -> None:
+        self._ask = ask
+        self._asked = False
+        self.left: Optional[int] = None
+
+    def remaining(self) -> Optional[int]:
+        if not self._asked:
+            self.left, self._asked = self._ask(), True
+        return self.left
 
 
 # Device memory a forward needs per live token besides its records (activations: the MoE's
