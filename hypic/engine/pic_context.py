@@ -1,10 +1,12 @@
 """ForwardContext of a PIC forward: live tokens of many requests, cached bodies spliced in.
 
-Per linear layer (architecture.md section 2): (a) zero-start summaries of all live elements in one
-varlen call, (b) one scan over every request's chain of summaries (live elements and cached
-bodies) for the state entering each live element, (c) one varlen forward of the live elements
-from those states. When the forward writes nothing to the store, (a)-(c) are one call,
-``gated_delta_chain_forward``, whose GPU path never forms the live summaries. The short conv
+Per linear layer (architecture.md section 2): the state entering each live element is what its
+request's chain (live elements and cached bodies' summaries, in prompt order) reaches there, and
+the live elements run from those states. The reference forms (a) the zero-start summaries of all
+live elements, (b) scans each chain, (c) runs a varlen forward from the scanned states; on CUDA
+one call walks every chain (``gated_delta_chain_forward``; with store writes
+``gated_delta_chain_forward_and_summarize``, which also forms the live summaries a segment entry
+stores and the states a checkpoint stores). The short conv
 runs over maximal runs of live elements, each warmed up from the true preceding tail (a cached
 body's stored tail, the prefix checkpoint, or zeros).
 
@@ -35,11 +37,11 @@ from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
 from hypic.ops.kv_gather import gather_kv
 from hypic.ops.linear.gated_delta import (
     gated_delta_chain_forward,
+    gated_delta_chain_forward_and_summarize,
     gated_delta_forward,
-    gated_delta_summarize_then_forward,
 )
 from hypic.ops.linear._checks import on_device
-from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
+from hypic.ops.linear.summary import DenseSummary, SummaryTable
 
 
 class LinearRecord:
@@ -208,24 +210,15 @@ class PicContext(ForwardContext):
                 q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
                 initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu)
             return o
-        scanned = {}
-
-        def span_initial_states(live: DenseSummary) -> torch.Tensor:
-            # Each live span starts from the state its chain reaches there: the live spans'
-            # zero-start summaries composed with the cached bodies' summaries, in prompt order.
-            # The scan writes only the incoming states used, live span s's in row s.
-            rows = dict(record_rows=lay.chain_record_rows, num_records=lay.num_record_rows)
-            if bodies is not None:
-                scanned["incoming"], scanned["final"] = scan_chain_from(live, bodies, source, lay.cu_chains, init,
-                                                                        **rows)
-            else:  # live elements are numbered in chain order
-                scanned["incoming"], scanned["final"] = scan_chain(live, lay.cu_chains, init, **rows)
-            return scanned["incoming"][:live.num_spans]
-
-        o, _, live = gated_delta_summarize_then_forward(
-            q, k, v, g, beta, cu_seqlens=lay.cu_spans, initial_states_from=span_initial_states,
-            cu_seqlens_cpu=lay.cu_spans_cpu, output_final_state=False)
-        incoming, final = scanned["incoming"], scanned["final"]
+        # A forward that writes to the store: one walk of every chain (live spans of any length
+        # chunk by chunk on CUDA), the live spans' zero-start summaries beside it only when a
+        # segment entry needs them, and only the states checkpoints read recorded.
+        checkpoints = lay.num_checkpoint_records > 0
+        o, final, live, incoming = gated_delta_chain_forward_and_summarize(
+            q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
+            initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu, summarize=lay.any_segment_write,
+            record_rows=lay.checkpoint_record_rows if checkpoints else None,
+            num_records=lay.num_checkpoint_records if checkpoints else None)
         rec.final_states = final
         # Only segment writes read the summaries: a record of them keeps ``live`` (every span's
         # [K, K] T and [K, V] S, 4 MiB per span and layer at 35B-A3B widths) alive until the
@@ -240,7 +233,7 @@ class PicContext(ForwardContext):
                 rec.write_summaries = live.index(lay.write_spans)
         # State after each checkpoint: the next element's incoming state, or the final.
         after = []
-        for (b, _, _), row in zip(lay.writes, lay.write_after_rows):
+        for (b, _, _), row in zip(lay.writes, lay.write_after_checkpoint_rows):
             after.append(None if row is None else final[b] if row < 0 else incoming[row])
         if any(a is not None for a in after):
             zero = torch.zeros_like(final[0])

@@ -136,6 +136,13 @@ class PackedLayout:
     # per write: the recorded row holding the state after it (checkpoints), -1 when that is its
     # request's final state, None for segment writes (they need no state)
     write_after_rows: List[Optional[int]]
+    # The same for a chain that records only the states checkpoints read
+    # (gated_delta_chain_forward_and_summarize): per chain element its row among those (-1: not
+    # kept), their count, and per write the row holding the state after it (-1: its request's
+    # final state, None: a segment write).
+    checkpoint_record_rows: torch.Tensor  # [M]
+    num_checkpoint_records: int
+    write_after_checkpoint_rows: List[Optional[int]]
     # attention keys per request: cat(live k [T], cached k [C]) gathered by key_index
     key_index: torch.Tensor  # [Tk]
     positions_k: torch.Tensor  # [Tk]
@@ -306,16 +313,26 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         record_rows[chain_pos] = s
     num_record_rows = len(span_chain_pos)
     write_after_rows: List[Optional[int]] = []
+    # the same for the fused chain, which records only what checkpoints read, rows numbered apart
+    checkpoint_rows = [-1] * len(chain_source)
+    num_checkpoint_rows = 0
+    write_after_checkpoint_rows: List[Optional[int]] = []
     for (b, _, w), chain_pos in zip(writes, write_chain_pos):
         if w.kind != WRITE_CHECKPOINT:
             write_after_rows.append(None)
+            write_after_checkpoint_rows.append(None)
         elif chain_pos + 1 >= cu_chains[b + 1]:
             write_after_rows.append(-1)
+            write_after_checkpoint_rows.append(-1)
         else:
             if record_rows[chain_pos + 1] < 0:
                 record_rows[chain_pos + 1] = num_record_rows
                 num_record_rows += 1
             write_after_rows.append(record_rows[chain_pos + 1])
+            if checkpoint_rows[chain_pos + 1] < 0:
+                checkpoint_rows[chain_pos + 1] = num_checkpoint_rows
+                num_checkpoint_rows += 1
+            write_after_checkpoint_rows.append(checkpoint_rows[chain_pos + 1])
     body_addresses = None if any(drop_t) else _body_addresses([e.entry for _, e in bodies], device)
     kv_addresses, kv_format = _kv_addresses(cached_pieces, device)
     write_span_ids = [span for _, span, _ in writes]
@@ -326,7 +343,8 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                  tail_index=tail_index, write_spans=write_span_ids,
                  key_index=key_index.array(), positions_k=pos_k.array(), cu_keys=cu_keys,
                  chain_source=chain_source,
-                 chain_record_rows=record_rows, cu_cached=cu_cached, cached_shift=cached_shift,
+                 chain_record_rows=record_rows, checkpoint_record_rows=checkpoint_rows,
+                 cu_cached=cu_cached, cached_shift=cached_shift,
                  logits_rows=logits_rows)
     if body_addresses is not None:
         lists["body_addresses"] = body_addresses
@@ -360,6 +378,9 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         write_span_range=_as_range(write_span_ids),
         any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
         write_after_rows=write_after_rows,
+        checkpoint_record_rows=dev["checkpoint_record_rows"],
+        num_checkpoint_records=num_checkpoint_rows,
+        write_after_checkpoint_rows=write_after_checkpoint_rows,
         key_index=dev["key_index"],
         positions_k=dev["positions_k"],
         cu_keys=dev["cu_keys"],

@@ -403,8 +403,8 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     segs = [random_segment(n, 700 + n) for n in (23, 9, 30)]
     query = random_segment(5, 3)
     calls = []
-    real = pic_context.gated_delta_summarize_then_forward
-    monkeypatch.setattr(pic_context, "gated_delta_summarize_then_forward",
+    real = pic_context.gated_delta_chain_forward_and_summarize
+    monkeypatch.setattr(pic_context, "gated_delta_chain_forward_and_summarize",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
 
     full = PicHarness(spec, model, config=PICConfig(mode="full_recompute"))
@@ -412,8 +412,8 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
 
     prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
-    prefix.run(segs, random_segment(4, 1))  # records the checkpoints (summaries are used here)
-    assert calls  # the spy sees the summary path when it runs
+    prefix.run(segs, random_segment(4, 1))  # records the checkpoints (the write path runs here)
+    assert calls  # the spy sees the write path when it runs
     calls.clear()
     plan, res = prefix.run(segs, query)
     assert plan.prefix_hit_tokens == sum(len(s) for s in segs)

@@ -1,19 +1,31 @@
-"""GPU path of :func:`hypic.ops.linear.gated_delta.gated_delta_chain_forward` (re-exported by
-:mod:`hypic.ops.linear.fla_paths`, where the dispatcher looks it up).
+"""GPU path of :func:`hypic.ops.linear.gated_delta.gated_delta_chain_forward` and
+:func:`~hypic.ops.linear.gated_delta.gated_delta_chain_forward_and_summarize` (re-exported by
+:mod:`hypic.ops.linear.fla_paths`, where the dispatcher looks them up).
 
-When every live span fits in one chunk (the seams and question of a request whose segments are
-all cached), one Triton launch walks each chain: a live span is applied from its WY factors
-(``gamma h + Kd^T (U - W h)``, two products of rank at most 64) while its ``v_new`` and entering
-chunk state are written for fla's output kernel, and a cached body from its dense summary read
-where the store holds it. No summary of a live span is formed and fla's state pass does not run:
-per layer three launches (summaries, scan, state pass) become one, and the seam steps no longer
-read dense 64 KiB transition tiles per head. Measured on the H200 (session 8): one layer at the
-all-hit 32k shape 1.124 ms against 1.127 for the separate path (the dense body steps set the
-scan's time), 0.613 against 0.665 ms with 16 bodies; in a whole all-hit 32k request the three
-kernels' 21.3 ms of GPU time became 18.0. Longer spans take the general path (summaries, scan,
-forward)."""
+One Triton launch walks each chain: a live span is applied from its WY factors while its
+``v_new`` and entering chunk states are written for fla's output kernel, and a cached body from
+its dense summary read where the store holds it. No summary of a live span is formed for the
+chain and fla's state pass does not run.
+
+* Every live span fits in one chunk (the seams and question of a request whose segments are all
+  cached): one step per span, ``gamma h + Kd^T (U - W h)`` with h split for an fp32-accurate
+  ``W h``. Measured on the H200 (session 8): in a whole all-hit 32k request the three kernels'
+  21.3 ms of GPU time (summaries, scan, state pass) became 18.0.
+* Longer spans (a cold prefill's segments, a cached request's missed documents): each span is
+  walked chunk by chunk in fla's state-pass precision, the state carried across spans and
+  bodies. Before (session 13) such a forward formed every span's summary, scanned them for the
+  spans' entering states and ran fla's state pass from those: on the H200 a cold 32k request in
+  512-token segments spent 1.03 ms per linear layer on the summaries, 0.58 on the scan and 1.15
+  on fla's state pass of 129 spans from initial states (0.69 for one 32k run).
+
+A store write asks for the live spans' zero-start summaries as well; they come from fla's summary
+kernel on the same WY factors (:func:`hypic.ops.linear.fla_paths._delta_summaries`), beside the
+chain, not inside it. ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer than a
+chunk (A/B measurements)."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -24,37 +36,66 @@ from hypic.ops.linear._fla_common import (
     _check_fla_inputs,
     _on_cpu_reference,
     _state_or_none,
+    span_chunk_rows,
 )
 from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
+
+LONG_ENV = "HYPIC_CHAIN_LONG"
+
+
+def chain_long_impl() -> str:
+    """``HYPIC_CHAIN_LONG``: ``fused`` (default: spans longer than a chunk walked in the chain
+    kernel) or ``scan`` (their summaries, the scan, then fla's state pass from the scanned
+    states)."""
+    value = os.environ.get(LONG_ENV, "fused")
+    if value not in ("fused", "scan"):
+        raise ValueError(f"{LONG_ENV} must be 'fused' or 'scan', got {value!r}")
+    return value
 
 
 def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source=None, bodies=None,
                               initial_states=None, scale=None, cu_seqlens_cpu=None):
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
-    from hypic.ops.linear import fla_paths
-    from hypic.ops.linear.gated_delta import chain_incoming_states
     if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
         return _on_cpu_reference("gated_delta", "gated_delta_chain_forward", (q, k, v, g, beta),
                                  dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
                                       bodies=None if bodies is None else _stacked(bodies).to("cpu"),
                                       initial_states=initial_states, scale=scale))
+    o, final, _, _ = _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
+                            cu_seqlens_cpu, False, None, None)
+    return o, final
+
+
+def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_chains, source=None, bodies=None,
+                                            initial_states=None, scale=None, cu_seqlens_cpu=None, summarize=True,
+                                            record_rows=None, num_records=None):
+    """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
+    if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
+        return _on_cpu_reference("gated_delta", "gated_delta_chain_forward_and_summarize", (q, k, v, g, beta),
+                                 dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
+                                      bodies=None if bodies is None else _stacked(bodies).to("cpu"),
+                                      initial_states=initial_states, scale=scale, summarize=summarize,
+                                      record_rows=record_rows, num_records=num_records))
+    return _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
+                  summarize, record_rows, num_records)
+
+
+def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
+           summarize, record_rows, num_records):
+    """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc)."""
+    from hypic.ops.linear import fla_paths
+
     _check_fla_inputs("gated_delta_chain_forward", k.shape[-1], q, k, v, g, beta)
     table = None
-    if short_span_impl() == "triton" and triton_supported(k.shape[-1], v.shape[-1], CHUNK_SIZE):
+    fits = short_span_impl() == "triton" and triton_supported(k.shape[-1], v.shape[-1], CHUNK_SIZE)
+    if fits:
         table = short_span_rows(cu_seqlens, cu_seqlens_cpu, CHUNK_SIZE, classes=False)
-    if table is None:
-        # spans longer than a chunk (or the A/B switch): summaries, scan, then the forward
-        scanned = {}
-
-        def incoming_from(live):
-            scanned["incoming"], scanned["final"] = chain_incoming_states(live, cu_chains, source, bodies,
-                                                                          initial_states)
-            return scanned["incoming"]
-
-        o, _, _ = fla_paths.gated_delta_summarize_then_forward(
-            q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=incoming_from, scale=scale,
-            cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=False)
-        return o, scanned["final"]
+    # spans longer than a chunk: walked in the chain kernel when their chunk rows can be laid out
+    # on the host (a device-only cu_seqlens would cost a sync), else the former path
+    long_spans = table is None and fits and cu_seqlens_cpu is not None and chain_long_impl() == "fused"
+    if table is None and not long_spans:
+        return _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
+                                       scale, cu_seqlens_cpu, summarize, record_rows, num_records)
     from fla.ops.common.chunk_o import chunk_fwd_o
 
     from hypic.ops.linear.triton_scan import scan_chain_wy_triton
@@ -62,12 +103,48 @@ def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source
     with torch.no_grad():
         scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
         cu, ci, k4, gc, w, u = fla_paths._wy_prepare(k, v, g, beta, cu_seqlens, cu_seqlens_cpu)
-        v_new, h, final = scan_chain_wy_triton(
-            k4[0], w[0], u[0], gc[0], cu, table.span_chunk, table.chunk_spans.shape[0], cu_chains,
-            _state_or_none(initial_states), second=bodies, source=source)
+        if long_spans:
+            span_chunk, num_chunks = span_chunk_rows(cu, cu_seqlens_cpu)
+        else:
+            span_chunk, num_chunks = table.span_chunk, table.chunk_spans.shape[0]
+        out = scan_chain_wy_triton(
+            k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
+            second=bodies, source=source, long_spans=long_spans, record_rows=record_rows, num_records=num_records)
+        v_new, h, final = out[:3]
+        incoming = out[3] if record_rows is not None else None
         o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
                         cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
-    return o[0].to(v.dtype), final
+        summary = None
+        if summarize:
+            summary = fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_seqlens_cpu)
+    return o[0].to(v.dtype), final, summary, incoming
+
+
+def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
+                            cu_seqlens_cpu, summarize, record_rows, num_records):
+    """The former path: every live span's summary, the scan for their entering states (and the
+    recorded rows), then fla's state pass and output from those states."""
+    from hypic.ops.linear import fla_paths
+    from hypic.ops.linear.gated_delta import chain_incoming_states
+    from hypic.ops.linear.summary import scan_chain, scan_chain_from
+
+    scanned = {}
+
+    def incoming_from(live):
+        scanned["incoming"], scanned["final"] = chain_incoming_states(live, cu_chains, source, bodies,
+                                                                      initial_states)
+        if record_rows is not None:
+            rows = dict(record_rows=record_rows, num_records=num_records)
+            if source is None:
+                scanned["records"], _ = scan_chain(live, cu_chains, initial_states, **rows)
+            else:
+                scanned["records"], _ = scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)
+        return scanned["incoming"]
+
+    o, _, live = fla_paths.gated_delta_summarize_then_forward(
+        q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=incoming_from, scale=scale,
+        cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=False)
+    return o, scanned["final"], live if summarize else None, scanned.get("records")
 
 
 def _stacked(bodies):

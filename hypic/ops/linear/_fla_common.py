@@ -120,6 +120,28 @@ def chunk_table_host(cu_cpu: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return torch.from_numpy(np.stack([seq, within], axis=1))
 
 
+def span_chunk_rows(cu: torch.Tensor, cu_cpu: torch.Tensor):
+    """``(span_chunk [N] int32 on cu's device, num_chunks)``: the first row of each span's chunks
+    in fla's chunk order (-1 for an empty span), as :func:`chunk_table_host` lays them: what the
+    chain scan's long WY spans write their chunk states to. Cached by the identity of the two
+    tensors, like the chunk table."""
+    for held_cu, held_cpu, table in _SPAN_CHUNKS:
+        if held_cu is cu and held_cpu is cu_cpu:
+            return table
+    bounds = np.asarray(cu_cpu.tolist(), dtype=np.int64)
+    counts = (np.diff(bounds) + CHUNK_SIZE - 1) // CHUNK_SIZE
+    first = np.where(counts > 0, np.cumsum(counts) - counts, -1).astype(np.int32)
+    host = torch.from_numpy(first)
+    dev = host.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else host.to(cu.device)
+    table = (dev, int(counts.sum()))
+    _SPAN_CHUNKS.insert(0, (cu, cu_cpu, table))
+    del _SPAN_CHUNKS[_MAX_CHUNK_TABLES:]
+    return table
+
+
+_SPAN_CHUNKS: list = []
+
+
 def _b1(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Add fla's batch dim (B = 1 for varlen)."""
     return None if t is None else t.unsqueeze(0).contiguous()

@@ -158,26 +158,100 @@ def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k,
 
 
 @triton.jit
+def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
+             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+             USE_G: tl.constexpr, INTERPRET: tl.constexpr):
+    """Chunk ``c`` of a span (tokens ``bos + c*BT`` on, ``length`` in the span) from its WY
+    factors: the entering state to ``h_chunks`` row ``row``, ``v_new = u - W h`` to its tokens,
+    and ``gamma h + Kd^T v_new`` returned."""
+    tl.store(h_chunks + (row * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty), mask=m_kv)
+    o_t = tl.arange(0, BT)
+    m_t = (c * BT + o_t) < length
+    rows = bos + c * BT + o_t
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.bfloat16)
+    b_h16 = b_h.to(tl.bfloat16)
+    if INTERPRET:
+        b_wh = tl.dot(b_w.to(tl.float32), b_h16.to(tl.float32), input_precision="ieee")
+    else:
+        b_wh = tl.dot(b_w, b_h16, out_dtype=tl.float32)
+    p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
+    b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
+    tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
+    if USE_G:
+        last = tl.minimum((c + 1) * BT, length) - 1
+        g_last = tl.load(g + (bos + last) * HV + i_h).to(tl.float32)
+        b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+        b_v = b_v * tl.where(m_t, tl.exp2(g_last - b_g), 0.0)[:, None]
+        b_h = b_h * tl.exp2(g_last)
+    else:
+        b_v = tl.where(m_tv, b_v, 0.0)
+    b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk,
+                  other=0.0).to(tl.bfloat16)
+    b_v16 = b_v.to(tl.bfloat16)
+    if INTERPRET:
+        b_h += tl.dot(tl.trans(b_k).to(tl.float32), b_v16.to(tl.float32), input_precision="ieee")
+    else:
+        b_h = tl.dot(tl.trans(b_k), b_v16, b_h, out_dtype=tl.float32)
+    return b_h
+
+
+@triton.jit
+def wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
+              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+              USE_G: tl.constexpr, INTERPRET: tl.constexpr):
+    """Live span ``s`` of any length applied chunk by chunk from its WY factors (:func:`wy_chunk`;
+    its chunks are ``h_chunks`` rows ``span_chunk[s]`` on): fla's chunked state pass. Both
+    products run in bf16 with fp32 accumulation, the state rounded to bf16 for ``W h``, as in
+    fla's own state pass, so a cold prefill carries its state as ``full_recompute`` does; h stays
+    fp32 between chunks. ``INTERPRET``: the same maths in fp32 on bf16-rounded operands (Triton
+    3.6's interpreter returns garbage for bf16 ``tl.dot``), in a while loop (it cannot run
+    ``range`` over loaded bounds); compiled, a ``for`` loop that Triton can pipeline."""
+    bos = tl.load(cu_spans + s).to(tl.int64)
+    length = tl.load(cu_spans + s + 1).to(tl.int64) - bos
+    first = tl.load(span_chunk + s).to(tl.int64)
+    if INTERPRET:
+        c = length * 0  # int64, loop-carried
+        while c * BT < length:
+            b_h = wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, first + c, c, i_h, o_k, m_k, o_v, m_v,
+                           kv_off, m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
+            c += 1
+    else:
+        for c in range(0, tl.cdiv(length, BT)):
+            b_h = wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, first + c, c, i_h, o_k, m_k, o_v, m_v,
+                           kv_off, m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
+    return b_h
+
+
+@triton.jit
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
                   b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
                   MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_SOURCE: tl.constexpr,
-                  HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr):
+                  HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr, LONG_WY: tl.constexpr,
+                  BT: tl.constexpr, INTERPRET: tl.constexpr):
     """Chain element i applied to ``b_h``. With ``HAS_WY`` the live elements (``source[i] >= 0``,
-    or every element without a source) are spans of the WY factors (:func:`wy_step`) and no
-    fp32 incoming state is recorded; otherwise every element is a summary at the given offsets."""
+    or every element without a source) are spans of the WY factors (:func:`wy_step`, or with
+    ``LONG_WY`` spans of any length, :func:`wy_chunks`); otherwise every element is a summary at
+    the given offsets. With ``HAS_RECORD`` the state entering each element is kept in its row."""
+    if HAS_RECORD or not HAS_WY:
+        record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
     if HAS_WY:
         if HAS_SOURCE:
             live = tl.load(source + i)
         else:
             live = i
         if live >= 0:
-            b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
-                          kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
+            if LONG_WY:
+                b_h = wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v,
+                                m_v, kv_off, m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
+            else:
+                b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
+                              kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
         else:
             b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT)
     else:
-        record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
         b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT)
     return b_h
 
@@ -188,7 +262,7 @@ def scan_chain_kernel(
     trans,        # dense [M, HV, K, K] / diagonal [M, HV, K] / scalar [M, HV], fp32 (any fp32 base with HAS_WY)
     state,        # [M, HV, K, V] fp32: S(C_i | 0)
     init,         # [B, HV, K, V] fp32 (read only when HAS_INIT)
-    incoming,     # [R, HV, K, V] fp32 out: state entering each recorded element (not with HAS_WY)
+    incoming,     # [R, HV, K, V] fp32 out: state entering each recorded element
     final,        # [B, HV, K, V] fp32 out: state after the chain
     cu_chains,    # [B + 1] int64
     table,        # [2, num_table] int64 byte addresses of one-span (T, S) (read only when HAS_SOURCE)
@@ -196,7 +270,7 @@ def scan_chain_kernel(
     record,       # [M] int64 (HAS_RECORD): row of `incoming` for each element, -1 = not kept
     k,            # HAS_WY: [T, H, K] keys, [T, HV, K] w, [T, HV, V] u of the live spans' WY step,
     w,            #   [T, HV] chunk-local cumulative log2 gate (USE_G), [N + 1] span bounds,
-    u,            #   [N] chunk row of each span (-1: empty); out: [T, HV, V] v_new and
+    u,            #   [N] first chunk row of each span (-1: empty); out: [T, HV, V] v_new and
     g,            #   [num_chunks, HV, K, V] state entering each chunk, in h_chunks' dtype
     cu_spans,
     span_chunk,
@@ -221,6 +295,8 @@ def scan_chain_kernel(
     HAS_RECORD: tl.constexpr,
     HAS_WY: tl.constexpr,
     USE_G: tl.constexpr,
+    LONG_WY: tl.constexpr,  # HAS_WY: live spans of any length, chunk by chunk (fla's state pass)
+    BT: tl.constexpr,       # fla's chunk size (LONG_WY)
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
 ):
@@ -258,7 +334,8 @@ def scan_chain_kernel(
                                           HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
             b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                 source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
+                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
+                                WHILE_LOOP)
             t_off, s_off = t_next, s_next
             i += 1
     else:
@@ -267,7 +344,8 @@ def scan_chain_kernel(
                                           HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
             b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                 source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G)
+                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
+                                WHILE_LOOP)
             t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

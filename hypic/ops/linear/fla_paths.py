@@ -37,7 +37,10 @@ from hypic.ops.linear._fla_common import (
     _state_or_none,
     _summary_classes,
 )
-from hypic.ops.linear._fla_chain import gated_delta_chain_forward  # noqa: F401 (looked up by the dispatcher)
+from hypic.ops.linear._fla_chain import (  # noqa: F401 (looked up by the dispatcher)
+    gated_delta_chain_forward,
+    gated_delta_chain_forward_and_summarize,
+)
 from hypic.ops.linear._fla_conv import causal_conv1d, conv_impl  # noqa: F401 (looked up by the dispatcher)
 from hypic.ops.linear._fla_summaries import _cp_summaries
 from hypic.ops.linear.short_span import (

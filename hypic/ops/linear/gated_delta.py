@@ -189,6 +189,67 @@ def gated_delta_chain_forward(
     return o, final
 
 
+def gated_delta_chain_forward_and_summarize(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    cu_chains: torch.Tensor,
+    source: Optional[torch.Tensor] = None,
+    bodies: Optional[Union[DenseSummary, SummaryTable]] = None,
+    initial_states: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+    summarize: bool = True,
+    record_rows: Optional[torch.Tensor] = None,
+    num_records: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[DenseSummary], Optional[torch.Tensor]]:
+    """:func:`gated_delta_chain_forward` for a forward that writes to the store: returns
+    ``(o, final, summary, incoming)``. ``summary`` (when ``summarize``) holds the zero-start
+    summaries of every live span (what a segment entry stores), else None; with ``record_rows``
+    (int64 ``[M]`` per chain element, -1: not kept) ``incoming [num_records, HV, K, V]`` holds
+    the state entering element i in row ``record_rows[i]`` (what a prefix checkpoint stores as
+    the state after the element before it), else None.
+
+    The GPU path walks every chain once, live spans of any length chunk by chunk from their WY
+    factors (the state pass of a cold prefill, carried across its spans and cached bodies), and
+    forms the live summaries beside it from the same WY factors only when asked; the reference
+    below summarizes, scans and runs the forward from the scanned states."""
+    scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, None, scale)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
+    if (source is None) != (bodies is None):
+        raise ValueError("source and bodies go together: both or neither")
+    num_elements = int(cu_seqlens.numel() - 1) if source is None else int(source.numel())
+    if record_rows is not None:
+        if num_records is None or num_records < 0:
+            raise ValueError("record_rows needs num_records >= 0")
+        if record_rows.dim() != 1 or record_rows.numel() != num_elements:
+            raise ValueError(f"record_rows must be [{num_elements}] (one per chain element), "
+                             f"got shape {tuple(record_rows.shape)}")
+    elif num_records is not None:
+        raise ValueError("num_records without record_rows")
+    fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
+    if fast is not None:
+        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
+                    initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
+                    record_rows=record_rows, num_records=num_records)
+    summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
+    incoming, final = chain_incoming_states(summary, cu_chains, source, bodies, initial_states)
+    _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale)
+    o, _ = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale_f)
+    records = None
+    if record_rows is not None:
+        rows = dict(record_rows=record_rows, num_records=num_records)
+        if source is None:
+            records, _ = scan_chain(summary, cu_chains, initial_states, **rows)
+        else:
+            records, _ = scan_chain_from(summary, bodies, source, cu_chains, initial_states, **rows)
+    return o, final, summary if summarize else None, records
+
+
 def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: Optional[torch.Tensor],
                           bodies, initial_states: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(state entering each live span [N], final state of each chain [B])`` of the chains of

@@ -39,6 +39,7 @@ MODE_DIAGONAL = 1
 MODE_SCALAR = 2
 DOT_PRECISIONS = ("tf32x3", "bf16x3", "ieee", "tf32")  # tf32: one pass, for measurements (not used by default)
 PRECISION_ENV = "HYPIC_SCAN_PRECISION"
+CHUNK_TOKENS = 64  # fla's chunk size: the rows of one chunk step of a long WY span
 
 _KERNEL = None
 
@@ -84,7 +85,7 @@ def _build_kernel():
         return configs if mode == MODE_DENSE else configs[2:3]
 
     key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "SPLIT", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
-           "T_UNIT", "S_UNIT"]
+           "LONG_WY", "T_UNIT", "S_UNIT"]
     tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -185,9 +186,10 @@ def scan_chain_triton(
 
 
 def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
-            mode: int, precision: str, has_source: bool, has_record: bool, units) -> None:
+            mode: int, precision: str, has_source: bool, has_record: bool, units, long_wy: bool = False) -> None:
     """One launch of the scan kernel; ``wy`` = ``(k, w, u, g or None, cu_spans, span_chunk, v_new,
-    h_chunks)`` makes live elements WY spans."""
+    h_chunks)`` makes live elements WY spans (of at most one chunk, or of any length with
+    ``long_wy``)."""
     import triton
 
     global _KERNEL
@@ -227,7 +229,8 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BS=16,
         MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if split else precision, SPLIT=split,
         WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
-        HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, T_UNIT=units[0], S_UNIT=units[1], **extra,
+        HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, LONG_WY=long_wy, BT=CHUNK_TOKENS,
+        T_UNIT=units[0], S_UNIT=units[1], **extra,
     )
 
 
@@ -244,19 +247,27 @@ def scan_chain_wy_triton(
     second=None,
     source: Optional[torch.Tensor] = None,
     precision: Optional[str] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    long_spans: bool = False,
+    record_rows: Optional[torch.Tensor] = None,
+    num_records: Optional[int] = None,
+):
     """The chain scan with live spans given by their WY factors instead of summaries, fused with
-    their one-chunk state pass (CUDA, delta-rule families). Returns ``(v_new [T, HV, V] in u's
-    dtype, h [num_chunks, HV, K, V] in w's dtype, final [B, HV, K, V] fp32)``: what fla's output
-    kernel reads, and the state after each chain.
+    their state pass (CUDA, delta-rule families). Returns ``(v_new [T, HV, V] in u's dtype,
+    h [num_chunks, HV, K, V] in w's dtype, final [B, HV, K, V] fp32)``: what fla's output kernel
+    reads, and the state after each chain; with ``record_rows`` (int64 ``[M]``, -1: not kept) a
+    fourth output, ``incoming [num_records, HV, K, V]`` fp32: the state entering element i in
+    row ``record_rows[i]``.
 
-    Live span s (tokens ``cu_spans[s]:cu_spans[s+1]``, at most one chunk; chunk row
-    ``span_chunk[s]``, -1 for an empty span) is element i of a chain where ``source[i] == s``;
+    Live span s (tokens ``cu_spans[s]:cu_spans[s+1]``; its chunks are rows ``span_chunk[s]`` on
+    of ``h``, -1 for an empty span) is element i of a chain where ``source[i] == s``;
     ``source[i] < 0`` is entry ``-source[i] - 1`` of ``second`` (dense summaries, or a
-    SummaryTable read in place); without ``source`` element i is live span i. ``k [T, H, K]``
-    (H divides HV), ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]`` chunk-local cumulative log2
-    gate or None (DeltaNet): fla's WY step outputs. Tokens no live span covers keep an
-    unspecified ``v_new``."""
+    SummaryTable read in place); without ``source`` element i is live span i. Without
+    ``long_spans`` every live span has at most one chunk (a cached request's seams and question;
+    their one step keeps h in fp32 for ``W h``, a bf16x3-style split); with it spans of any
+    length are walked chunk by chunk in fla's state-pass precision (:func:`wy_chunks` of the
+    kernel module), which is how a cold prefill's segments run. ``k [T, H, K]`` (H divides HV),
+    ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]`` chunk-local cumulative log2 gate or None
+    (DeltaNet): fla's WY step outputs. Tokens no live span covers keep an unspecified ``v_new``."""
     precision = scan_precision(precision)
     num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
     device = w.device
@@ -273,11 +284,92 @@ def scan_chain_wy_triton(
             raise ValueError("a source table needs second summaries")
         table, num_table, units, owner = _table_of(second, MODE_DENSE, device)
         source = source.to(device=device, dtype=torch.int64).contiguous()
+    has_record = record_rows is not None
+    incoming = final
+    record = None
+    if has_record:
+        if num_records is None:
+            raise ValueError("record_rows needs num_records")
+        record = record_rows.to(device=device, dtype=torch.int64).contiguous()
+        incoming = torch.empty(num_records, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     wy = (k, w, u, g if g is None else g.to(torch.float32), cu_spans.to(device=device, dtype=torch.int64),
           span_chunk, v_new, h_chunks)
-    _launch(trans, state, final, final, cu_chains, initial_states, table, num_table, source, None, wy,
-            MODE_DENSE, precision, has_source, False, units)
+    _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
+            MODE_DENSE, precision, has_source, has_record, units, long_wy=long_spans)
     del owner
+    if has_record:
+        return v_new, h_chunks, final, incoming
+    return v_new, h_chunks, final
+
+
+def scan_chain_wy_reference(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: Optional[torch.Tensor],
+    cu_spans: torch.Tensor,
+    num_chunks: int,
+    cu_chains: torch.Tensor,
+    initial_states: Optional[torch.Tensor] = None,
+    second=None,
+    source: Optional[torch.Tensor] = None,
+    record_rows: Optional[torch.Tensor] = None,
+    num_records: Optional[int] = None,
+    chunk_size: int = CHUNK_TOKENS,
+):
+    """Plain-loop reference of :func:`scan_chain_wy_triton` with ``long_spans`` (any device and
+    dtype; computes in float64 on the CPU, for tests): every live span walked chunk by chunk,
+    ``h_chunk <- h``, ``v_new = u - W h``, ``h <- exp2(g_last) h + (K * exp2(g_last - g))^T v_new``;
+    bodies (``second``, dense) as ``T h + S``. Chunk rows are laid in span order. Returns the
+    same outputs, float64 on the CPU (``v_new`` and ``h`` unrounded)."""
+    from hypic.ops.linear.summary import SummaryTable
+
+    f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
+    k, w, u, g = f64(k), f64(w), f64(u), f64(g)
+    bounds = [int(x) for x in cu_spans.tolist()]
+    chains = [int(x) for x in cu_chains.tolist()]
+    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
+    ratio = num_heads // k.shape[1]
+    if isinstance(second, SummaryTable):
+        second = second.stacked()
+    trans2 = None if second is None else f64(second.transition)
+    state2 = None if second is None else f64(second.state)
+    src = None if source is None else [int(x) for x in source.tolist()]
+    rec = None if record_rows is None else [int(x) for x in record_rows.tolist()]
+    first_chunk, row = [], 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        first_chunk.append(row if b > a else -1)
+        row += -(-(b - a) // chunk_size)
+    v_new = torch.zeros_like(u)
+    h_chunks = torch.zeros(num_chunks, num_heads, key_dim, value_dim, dtype=torch.float64)
+    final = torch.zeros(len(chains) - 1, num_heads, key_dim, value_dim, dtype=torch.float64)
+    incoming = None if rec is None else torch.zeros(num_records, num_heads, key_dim, value_dim, dtype=torch.float64)
+    key_heads = torch.arange(num_heads) // ratio
+    for c in range(len(chains) - 1):
+        h = (torch.zeros(num_heads, key_dim, value_dim, dtype=torch.float64) if initial_states is None
+             else f64(initial_states[c]).clone())
+        for i in range(chains[c], chains[c + 1]):
+            if rec is not None and rec[i] >= 0:
+                incoming[rec[i]] = h
+            s = i if src is None else src[i]
+            if s < 0:
+                h = trans2[-s - 1] @ h + state2[-s - 1]
+                continue
+            a, b = bounds[s], bounds[s + 1]
+            for j, t0 in enumerate(range(a, b, chunk_size)):
+                t1 = min(t0 + chunk_size, b)
+                h_chunks[first_chunk[s] + j] = h
+                vn = u[t0:t1] - torch.einsum("thk,hkv->thv", w[t0:t1], h)
+                v_new[t0:t1] = vn
+                kk = k[t0:t1][:, key_heads]
+                if g is not None:
+                    g_last = g[t1 - 1]
+                    vn = vn * torch.exp2(g_last[None, :] - g[t0:t1])[..., None]
+                    h = torch.exp2(g_last)[:, None, None] * h
+                h = h + torch.einsum("thk,thv->hkv", kk, vn)
+        final[c] = h
+    if rec is not None:
+        return v_new, h_chunks, final, incoming
     return v_new, h_chunks, final
 
 
