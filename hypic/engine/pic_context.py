@@ -217,20 +217,15 @@ class PicContext(ForwardContext):
         o, final, live, incoming = gated_delta_chain_forward_and_summarize(
             q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
             initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu, summarize=lay.any_segment_write,
-            record_rows=lay.checkpoint_record_rows if checkpoints else None,
+            summary_spans=lay.write_spans, record_rows=lay.checkpoint_record_rows if checkpoints else None,
             num_records=lay.num_checkpoint_records if checkpoints else None)
         rec.final_states = final
-        # Only segment writes read the summaries: a record of them keeps ``live`` (every span's
-        # [K, K] T and [K, V] S, 4 MiB per span and layer at 35B-A3B widths) alive until the
-        # entries are written, which at 128k tokens in 512-token segments (257 spans, 30
-        # layers) held 30 GiB of summaries no prefix-cache checkpoint uses (out of memory on
-        # the H200, session 13, benchmarks/results/session13/call6).
+        # Only segment writes read the summaries (row i: write i's span; [K, K] T and [K, V] S,
+        # 4 MiB per span and layer at 35B-A3B widths), so none are formed for checkpoints alone:
+        # at 128k tokens in 512-token segments every span's would be 30 GiB (out of memory on the
+        # H200, session 13, benchmarks/results/session13/call6).
         if lay.any_segment_write:
-            if lay.write_span_range is not None:  # a cold prefill's segments: a view, no copy
-                a, b = lay.write_span_range
-                rec.write_summaries = DenseSummary(live.transition[a:b], live.state[a:b])
-            else:
-                rec.write_summaries = live.index(lay.write_spans)
+            rec.write_summaries = live
         # State after each checkpoint: the next element's incoming state, or the final.
         after = []
         for (b, _, _), row in zip(lay.writes, lay.write_after_checkpoint_rows):

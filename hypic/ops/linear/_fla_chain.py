@@ -18,10 +18,11 @@ chain and fla's state pass does not run.
   512-token segments spent 1.03 ms per linear layer on the summaries, 0.58 on the scan and 1.15
   on fla's state pass of 129 spans from initial states (0.69 for one 32k run).
 
-A store write asks for the live spans' zero-start summaries as well; they come from fla's summary
-kernel on the same WY factors (:func:`hypic.ops.linear.fla_paths._delta_summaries`), beside the
-chain, not inside it. ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer than a
-chunk (A/B measurements)."""
+A store write asks for the written spans' zero-start summaries as well; they come from the same
+WY factors, beside the chain: hypic's span summary kernel over those spans alone
+(:func:`hypic.ops.linear.triton_scan.span_summaries_triton`; ``HYPIC_SPAN_SUMMARY=fla``: fla's
+summary kernel over every span). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans
+longer than a chunk (A/B measurements)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ from hypic.ops.linear._fla_common import (
 from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
 
 LONG_ENV = "HYPIC_CHAIN_LONG"
+SUMMARY_ENV = "HYPIC_SPAN_SUMMARY"
+
+
+def span_summary_impl() -> str:
+    """``HYPIC_SPAN_SUMMARY``: ``triton`` (default: the written spans' summaries by hypic's span
+    summary kernel) or ``fla`` (fla's summary kernel over every span; A/B measurements)."""
+    value = os.environ.get(SUMMARY_ENV, "triton")
+    if value not in ("triton", "fla"):
+        raise ValueError(f"{SUMMARY_ENV} must be 'triton' or 'fla', got {value!r}")
+    return value
 
 
 def chain_long_impl() -> str:
@@ -62,26 +73,27 @@ def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source
                                       bodies=None if bodies is None else _stacked(bodies).to("cpu"),
                                       initial_states=initial_states, scale=scale))
     o, final, _, _ = _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
-                            cu_seqlens_cpu, False, None, None)
+                            cu_seqlens_cpu, False, None, None, None)
     return o, final
 
 
 def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_chains, source=None, bodies=None,
                                             initial_states=None, scale=None, cu_seqlens_cpu=None, summarize=True,
-                                            record_rows=None, num_records=None):
+                                            summary_spans=None, record_rows=None, num_records=None):
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
     if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
         return _on_cpu_reference("gated_delta", "gated_delta_chain_forward_and_summarize", (q, k, v, g, beta),
                                  dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
                                       bodies=None if bodies is None else _stacked(bodies).to("cpu"),
                                       initial_states=initial_states, scale=scale, summarize=summarize,
-                                      record_rows=record_rows, num_records=num_records))
+                                      summary_spans=summary_spans, record_rows=record_rows,
+                                      num_records=num_records))
     return _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
-                  summarize, record_rows, num_records)
+                  summarize, summary_spans, record_rows, num_records)
 
 
 def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
-           summarize, record_rows, num_records):
+           summarize, summary_spans, record_rows, num_records):
     """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc)."""
     from hypic.ops.linear import fla_paths
 
@@ -95,7 +107,7 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
     long_spans = table is None and fits and cu_seqlens_cpu is not None and chain_long_impl() == "fused"
     if table is None and not long_spans:
         return _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
-                                       scale, cu_seqlens_cpu, summarize, record_rows, num_records)
+                                       scale, cu_seqlens_cpu, summarize, summary_spans, record_rows, num_records)
     from fla.ops.common.chunk_o import chunk_fwd_o
 
     from hypic.ops.linear.triton_scan import scan_chain_wy_triton
@@ -116,12 +128,31 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
                         cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
         summary = None
         if summarize:
-            summary = fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_seqlens_cpu)
+            summary = _span_summaries(fla_paths, k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans)
     return o[0].to(v.dtype), final, summary, incoming
 
 
+def _span_summaries(fla_paths, k4, w, u, gc, cu, cu_cpu, summary_spans):
+    """Zero-start summaries of the live spans ``summary_spans`` (default all) from the chain's WY
+    factors: :func:`~hypic.ops.linear.triton_scan.span_summaries_triton` over those spans alone
+    (``HYPIC_SPAN_SUMMARY=triton``, the default), or fla's summary kernel (or the one-chunk closed
+    forms) over every span, then the rows asked for (``fla``)."""
+    from hypic.ops.linear.summary import DenseSummary
+
+    if span_summary_impl() == "triton":
+        from hypic.ops.linear.triton_scan import span_summaries_triton
+
+        spans = summary_spans
+        if spans is None:
+            spans = torch.arange(cu.numel() - 1, device=cu.device)
+        trans, state = span_summaries_triton(k4[0], w[0], u[0], None if gc is None else gc[0], cu, spans)
+        return DenseSummary(trans, state)
+    summary = fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_cpu)
+    return summary if summary_spans is None else summary.index(summary_spans.to(torch.int64))
+
+
 def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
-                            cu_seqlens_cpu, summarize, record_rows, num_records):
+                            cu_seqlens_cpu, summarize, summary_spans, record_rows, num_records):
     """The former path: every live span's summary, the scan for their entering states (and the
     recorded rows), then fla's state pass and output from those states."""
     from hypic.ops.linear import fla_paths
@@ -144,6 +175,8 @@ def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bod
     o, _, live = fla_paths.gated_delta_summarize_then_forward(
         q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=incoming_from, scale=scale,
         cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=False)
+    if summarize and summary_spans is not None:
+        live = live.index(summary_spans.to(torch.int64))
     return o, scanned["final"], live if summarize else None, scanned.get("records")
 
 

@@ -170,12 +170,12 @@ def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_
     rows = bos + c * BT + o_t
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
-    b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.bfloat16)
-    b_h16 = b_h.to(tl.bfloat16)
+    b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    b_hw = b_h.to(b_w.dtype)  # fla's state pass: the state in the factors' dtype for W h
     if INTERPRET:
-        b_wh = tl.dot(b_w.to(tl.float32), b_h16.to(tl.float32), input_precision="ieee")
+        b_wh = tl.dot(b_w.to(tl.float32), b_hw.to(tl.float32), input_precision="ieee")
     else:
-        b_wh = tl.dot(b_w, b_h16, out_dtype=tl.float32)
+        b_wh = tl.dot(b_w, b_hw, out_dtype=tl.float32)
     p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
     b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
     tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
@@ -187,13 +187,12 @@ def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_
         b_h = b_h * tl.exp2(g_last)
     else:
         b_v = tl.where(m_tv, b_v, 0.0)
-    b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk,
-                  other=0.0).to(tl.bfloat16)
-    b_v16 = b_v.to(tl.bfloat16)
+    b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    b_vk = b_v.to(b_k.dtype)
     if INTERPRET:
-        b_h += tl.dot(tl.trans(b_k).to(tl.float32), b_v16.to(tl.float32), input_precision="ieee")
+        b_h += tl.dot(tl.trans(b_k).to(tl.float32), b_vk.to(tl.float32), input_precision="ieee")
     else:
-        b_h = tl.dot(tl.trans(b_k), b_v16, b_h, out_dtype=tl.float32)
+        b_h = tl.dot(tl.trans(b_k), b_vk, b_h, out_dtype=tl.float32)
     return b_h
 
 
@@ -203,11 +202,12 @@ def wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_
               USE_G: tl.constexpr, INTERPRET: tl.constexpr):
     """Live span ``s`` of any length applied chunk by chunk from its WY factors (:func:`wy_chunk`;
     its chunks are ``h_chunks`` rows ``span_chunk[s]`` on): fla's chunked state pass. Both
-    products run in bf16 with fp32 accumulation, the state rounded to bf16 for ``W h``, as in
-    fla's own state pass, so a cold prefill carries its state as ``full_recompute`` does; h stays
-    fp32 between chunks. ``INTERPRET``: the same maths in fp32 on bf16-rounded operands (Triton
-    3.6's interpreter returns garbage for bf16 ``tl.dot``), in a while loop (it cannot run
-    ``range`` over loaded bounds); compiled, a ``for`` loop that Triton can pipeline."""
+    products take their operands in the WY factors' dtype with fp32 accumulation (bf16 MMAs for
+    a bf16 model: the state rounded to bf16 for ``W h``), as fla's own state pass does, so a
+    cold prefill carries its state as ``full_recompute`` does; h stays fp32 between chunks.
+    ``INTERPRET``: the same maths in fp32 on the rounded operands (Triton 3.6's interpreter
+    returns garbage for bf16 ``tl.dot``), in a while loop (it cannot run ``range`` over loaded
+    bounds); compiled, a ``for`` loop that Triton can pipeline."""
     bos = tl.load(cu_spans + s).to(tl.int64)
     length = tl.load(cu_spans + s + 1).to(tl.int64) - bos
     first = tl.load(span_chunk + s).to(tl.int64)
@@ -349,3 +349,101 @@ def scan_chain_kernel(
             t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
+
+
+@triton.jit
+def span_summary_kernel(
+    k,            # [T, H, K] keys, [T, HV, K] w, [T, HV, V] u: fla's WY step outputs over the spans'
+    w,            #   chunks; [T, HV] chunk-local cumulative log2 gate (USE_G)
+    u,
+    g,
+    cu_spans,     # [N + 1] int64 span bounds
+    spans,        # [NW] int64: the spans to summarize, in output order
+    trans_out,    # [NW, HV, K, K] fp32 out: T of each
+    state_out,    # [NW, HV, K, V] fp32 out: S(C | 0) of each
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    USE_G: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """Zero-start summaries of whole spans from their WY factors, one program per (column block,
+    value head, span). Column blocks ``[0, cdiv(V, BV))`` carry S: the state walked from zero,
+    ``h <- gamma h + Kd^T (U - W h)``, in fla's state-pass precision (operands in the factors'
+    dtype, fp32 accumulation). The others carry T's columns: the identity walked by the same
+    recurrence without U, ``T <- gamma T - Kd^T (W T)``, whose products keep T fp32-accurate
+    (:func:`bf16_fp32_dot` / :func:`fp32_dot` at ``PRECISION``: bf16x3-style splits by
+    default): T multiplies every state that later enters the span, so it is not rounded to
+    the factors' dtype as S is. Every span's chunks start at its first token, as fla's chunked
+    kernels lay them for the same ``cu_spans``."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_n = tl.program_id(2).to(tl.int64)
+    s = tl.load(spans + i_n).to(tl.int64)
+    bos = tl.load(cu_spans + s).to(tl.int64)
+    length = tl.load(cu_spans + s + 1).to(tl.int64) - bos
+    NVB: tl.constexpr = (V + BV - 1) // BV
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_t = tl.arange(0, BT)
+    is_t = i_c >= NVB
+    if is_t:
+        o_c = (i_c - NVB) * BV + tl.arange(0, BV)
+        m_c = o_c < K
+        b_h = tl.where((o_k[:, None] == o_c[None, :]) & m_k[:, None] & m_c[None, :], 1.0, 0.0)
+    else:
+        o_c = i_c * BV + tl.arange(0, BV)
+        m_c = o_c < V
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    c = length * 0
+    while c * BT < length:  # a handful of chunks per span: no pipelining to lose
+        m_t = (c * BT + o_t) < length
+        rows = bos + c * BT + o_t
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tc = m_t[:, None] & m_c[None, :]
+        b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        if is_t:
+            if w.dtype.element_ty == tl.bfloat16:
+                b_v = -bf16_fp32_dot(b_w, b_h, PRECISION, SPLIT)
+            else:
+                b_v = -fp32_dot(b_w.to(tl.float32), b_h, PRECISION, SPLIT)
+        else:
+            b_hw = b_h.to(b_w.dtype)
+            if INTERPRET:
+                b_wh = tl.dot(b_w.to(tl.float32), b_hw.to(tl.float32), input_precision="ieee")
+            else:
+                b_wh = tl.dot(b_w, b_hw, out_dtype=tl.float32)
+            b_v = tl.load(u + (rows * HV + i_h)[:, None] * V + o_c[None, :], mask=m_tc, other=0.0).to(tl.float32) - b_wh
+        if USE_G:
+            last = tl.minimum((c + 1) * BT, length) - 1
+            g_last = tl.load(g + (bos + last) * HV + i_h).to(tl.float32)
+            b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+            b_v = b_v * tl.where(m_t, tl.exp2(g_last - b_g), 0.0)[:, None]
+            b_h = b_h * tl.exp2(g_last)
+        else:
+            b_v = tl.where(m_tc, b_v, 0.0)
+        if is_t:
+            if k.dtype.element_ty == tl.bfloat16:
+                b_h += bf16_fp32_dot(tl.trans(b_k), b_v, PRECISION, SPLIT)
+            else:
+                b_h += fp32_dot(tl.trans(b_k).to(tl.float32), b_v, PRECISION, SPLIT)
+        else:
+            b_vk = b_v.to(b_k.dtype)
+            if INTERPRET:
+                b_h += tl.dot(tl.trans(b_k).to(tl.float32), b_vk.to(tl.float32), input_precision="ieee")
+            else:
+                b_h = tl.dot(tl.trans(b_k), b_vk, b_h, out_dtype=tl.float32)
+        c += 1
+    if is_t:
+        tl.store(trans_out + ((i_n * HV + i_h) * K + o_k[:, None]) * K + o_c[None, :], b_h,
+                 mask=m_k[:, None] & m_c[None, :])
+    else:
+        tl.store(state_out + ((i_n * HV + i_h) * K + o_k[:, None]) * V + o_c[None, :], b_h,
+                 mask=m_k[:, None] & m_c[None, :])

@@ -204,12 +204,14 @@ def gated_delta_chain_forward_and_summarize(
     scale: Optional[float] = None,
     cu_seqlens_cpu: Optional[torch.Tensor] = None,
     summarize: bool = True,
+    summary_spans: Optional[torch.Tensor] = None,
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[DenseSummary], Optional[torch.Tensor]]:
     """:func:`gated_delta_chain_forward` for a forward that writes to the store: returns
     ``(o, final, summary, incoming)``. ``summary`` (when ``summarize``) holds the zero-start
-    summaries of every live span (what a segment entry stores), else None; with ``record_rows``
+    summaries (what a segment entry stores) of the live spans ``summary_spans`` (int64 ``[NW]``
+    indices, in that order; default every live span), else None; with ``record_rows``
     (int64 ``[M]`` per chain element, -1: not kept) ``incoming [num_records, HV, K, V]`` holds
     the state entering element i in row ``record_rows[i]`` (what a prefix checkpoint stores as
     the state after the element before it), else None.
@@ -231,11 +233,14 @@ def gated_delta_chain_forward_and_summarize(
                              f"got shape {tuple(record_rows.shape)}")
     elif num_records is not None:
         raise ValueError("num_records without record_rows")
+    if summary_spans is not None and (summary_spans.dim() != 1 or summary_spans.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"summary_spans must be a 1-D int tensor of live span indices, got {summary_spans.dtype} "
+                         f"of shape {tuple(summary_spans.shape)}")
     fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
     if fast is not None:
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
                     initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
-                    record_rows=record_rows, num_records=num_records)
+                    summary_spans=summary_spans, record_rows=record_rows, num_records=num_records)
     summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
     incoming, final = chain_incoming_states(summary, cu_chains, source, bodies, initial_states)
     _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale)
@@ -247,6 +252,8 @@ def gated_delta_chain_forward_and_summarize(
             records, _ = scan_chain(summary, cu_chains, initial_states, **rows)
         else:
             records, _ = scan_chain_from(summary, bodies, source, cu_chains, initial_states, **rows)
+    if summarize and summary_spans is not None:
+        summary = summary.index(summary_spans.to(torch.int64))
     return o, final, summary if summarize else None, records
 
 

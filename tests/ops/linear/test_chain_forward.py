@@ -370,11 +370,13 @@ def test_long_span_kernel_matches_reference_on_cuda(gated, table, record):
 
 
 @pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
-@pytest.mark.parametrize("impl", ["fused", "scan"])
-def test_chain_forward_and_summarize_on_cuda(monkeypatch, impl):
+@pytest.mark.parametrize("impl,summaries", [("fused", "triton"), ("fused", "fla"), ("scan", "fla")])
+def test_chain_forward_and_summarize_on_cuda(monkeypatch, impl, summaries):
     """The write path on CUDA (long live spans walked in the chain kernel, or the former
-    summaries-scan-forward path) against the float64 CPU reference."""
+    summaries-scan-forward path; the written spans' summaries by hypic's kernel or fla's)
+    against the float64 CPU reference."""
     monkeypatch.setenv("HYPIC_CHAIN_LONG", impl)
+    monkeypatch.setenv("HYPIC_SPAN_SUMMARY", summaries)
     pieces = [[("live", 8), ("live", 504), ("body", 70), ("live", 8), ("live", 130)],
               [("live", 200), ("body", 90), ("live", 1), ("live", 64)]]
     dims = dict(h=2, hv=4, kd=128, vd=64)
@@ -382,17 +384,91 @@ def test_chain_forward_and_summarize_on_cuda(monkeypatch, impl):
     init = torch.randn(2, 4, 128, 64, dtype=torch.float64)
     summ = gated_delta.gated_delta_summarize(body["k"], body["v"], body["g"], body["beta"], cu_seqlens=cu_body)
     record_rows = torch.tensor([-1, 0, -1, 1, -1, -1, -1, 2, -1])
+    spans = torch.tensor([1, 4, 0, 6])  # a 504-token body, a 130-token span, a seam, the last
     o_ref, final_ref, s_ref, inc_ref = gated_delta.gated_delta_chain_forward_and_summarize(
         **live, cu_seqlens=cu_live, cu_chains=cu_chains, source=source, bodies=summ, initial_states=init,
-        record_rows=record_rows, num_records=3)
+        summary_spans=spans, record_rows=record_rows, num_records=3)
     dev = "cuda"
     live_d = {key: x.to(dev, torch.bfloat16 if key != "g" else torch.float32) for key, x in live.items()}
     o, final, s, inc = gated_delta.gated_delta_chain_forward_and_summarize(
         **live_d, cu_seqlens=cu_live.to(dev), cu_chains=cu_chains.to(dev), source=source.to(dev),
         bodies=DenseSummary(*(x.float().to(dev) for x in summ.parts())), initial_states=init.float().to(dev),
-        cu_seqlens_cpu=cu_live, record_rows=record_rows.to(dev), num_records=3)
+        cu_seqlens_cpu=cu_live, summary_spans=spans.to(dev), record_rows=record_rows.to(dev), num_records=3)
     assert o.dtype == torch.bfloat16 and final.dtype == torch.float32
     assert rel(o.cpu(), o_ref) < 2e-2
     assert rel(final.cpu(), final_ref) < 2e-2
     assert rel(inc.cpu(), inc_ref) < 2e-2
     assert rel(s.transition.cpu(), s_ref.transition) < 2e-2 and rel(s.state.cpu(), s_ref.state) < 2e-2
+
+
+SUMMARY_CASE = textwrap.dedent("""
+    import torch
+    from hypic.ops.linear._fla_common import chunk_table_host
+    from hypic.ops.linear.triton_scan import span_summaries_reference, span_summaries_triton
+
+    def summary_case(dtype, device, gated=True, lengths=(8, 130, 0, 64, 1, 70), spans=(1, 3, 5, 0, 2),
+                     h=2, hv=4, kd=32, vd=24):
+        gen = torch.Generator().manual_seed(11)
+        t = sum(lengths)
+        cu_cpu = torch.tensor((0,) + tuple(lengths)).cumsum(0)
+        k = torch.nn.functional.normalize(torch.randn(t, h, kd, generator=gen), dim=-1).to(dtype)
+        w = (torch.randn(t, hv, kd, generator=gen) * 0.3 / kd ** 0.5).to(dtype)
+        u = torch.randn(t, hv, vd, generator=gen).to(dtype)
+        gc = None
+        if gated:
+            step = -torch.rand(t, hv, generator=gen) * 0.05
+            gc = torch.empty_like(step)
+            for seq, j in chunk_table_host(cu_cpu, 64).tolist():
+                a = int(cu_cpu[seq]) + 64 * j
+                b = min(a + 64, int(cu_cpu[seq + 1]))
+                gc[a:b] = step[a:b].cumsum(0)
+        idx = torch.tensor(spans)
+        t_ref, s_ref = span_summaries_reference(k, w, u, gc, cu_cpu, idx)
+        dev = lambda x: None if x is None else x.to(device)  # noqa: E731
+        t_out, s_out = span_summaries_triton(dev(k), dev(w), dev(u), dev(gc), cu_cpu.to(device), idx.to(device))
+        assert t_out.dtype == torch.float32 and s_out.dtype == torch.float32
+        rel = lambda a, b: float((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
+        # T's products keep it fp32-accurate; S takes the factors' dtype as fla's state pass does
+        return max(rel(t_out, t_ref) * 100, rel(s_out, s_ref))
+""")
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_span_summary_kernel_matches_reference_under_interpreter(gated):
+    script = SUMMARY_CASE + f"print(summary_case(torch.bfloat16, 'cpu', gated={gated}))\n"
+    assert interpreted_error(script) < 2e-2
+
+
+def test_span_summary_reference_equals_the_summaries():
+    """The float64 reference on real WY factors equals the family's own summaries."""
+    from hypic.ops.linear.triton_scan import span_summaries_reference
+
+    gen = torch.Generator().manual_seed(4)
+    x = tokens(150, gen, torch.float64)
+    cu = torch.tensor([0, 70, 80, 150])
+    wy = _wy_factors_float64(x, cu)
+    t_ref, s_ref = span_summaries_reference(x["k"], wy["w"], wy["u"], wy["g"], cu, torch.tensor([2, 0, 1]))
+    own = gated_delta.gated_delta_summarize(x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu)
+    order = torch.tensor([2, 0, 1])
+    assert rel(t_ref, own.transition[order]) < 1e-10 and rel(s_ref, own.state[order]) < 1e-10
+
+
+@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+@pytest.mark.parametrize("gated", [True, False])
+def test_span_summary_kernel_matches_reference_on_cuda(gated):
+    namespace: dict = {}
+    exec(SUMMARY_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
+    assert namespace["summary_case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128) < 2e-2
+
+
+def test_summary_spans_select_and_order_the_summaries():
+    full, cu_full, live, cu_live, body, cu_body, source, cu_chains = chain_problem(PIECES, LIVE_ORDER)
+    summ = gated_delta.gated_delta_summarize(body["k"], body["v"], body["g"], body["beta"], cu_seqlens=cu_body)
+    args = dict(cu_seqlens=cu_live, cu_chains=cu_chains, source=source, bodies=summ)
+    _, _, every, _ = gated_delta.gated_delta_chain_forward_and_summarize(**live, **args)
+    _, _, some, _ = gated_delta.gated_delta_chain_forward_and_summarize(**live, **args,
+                                                                       summary_spans=torch.tensor([4, 1]))
+    assert some.num_spans == 2
+    assert torch.equal(some.transition, every.transition[[4, 1]]) and torch.equal(some.state, every.state[[4, 1]])
+    with pytest.raises(ValueError, match="summary_spans"):
+        gated_delta.gated_delta_chain_forward_and_summarize(**live, **args, summary_spans=torch.tensor([[0]]))
