@@ -170,6 +170,18 @@ def gated_delta_chain_forward(
     from the recorded incoming states (the reference below); the GPU path fuses the scan with
     the state pass of spans of at most one chunk (the seams and questions of a cached request)
     and never forms their summaries."""
+    scale_f = _validate_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, scale, cu_seqlens_cpu)
+    fast = cuda_fast_path("gated_delta_chain_forward", q, k, v)
+    if fast is not None:
+        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
+                    initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu)
+    o, final, _ = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
+                                    scale_f)
+    return o, final
+
+
+def _validate_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, scale, cu_seqlens_cpu) -> float:
+    """The chain ops' argument checks; returns the scale."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, None, scale)
     check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
     if (source is None) != (bodies is None):
@@ -178,15 +190,16 @@ def gated_delta_chain_forward(
     # (read only from a host tensor: on the GPU it would cost a device sync per layer)
     if source is None and not cu_chains.is_cuda and int(cu_chains[-1]) != num_spans:
         raise ValueError(f"without source the chains must hold the {num_spans} live spans, got {int(cu_chains[-1])}")
-    fast = cuda_fast_path("gated_delta_chain_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
-                    initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu)
+    return scale_f
+
+
+def _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, scale_f):
+    """``(o, final, live summaries)``: summarize, scan, forward from the scanned states."""
     summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
     incoming, final = chain_incoming_states(summary, cu_chains, source, bodies, initial_states)
     _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale)
     o, _ = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale_f)
-    return o, final
+    return o, final, summary
 
 
 def gated_delta_chain_forward_and_summarize(
@@ -220,10 +233,7 @@ def gated_delta_chain_forward_and_summarize(
     factors (the state pass of a cold prefill, carried across its spans and cached bodies), and
     forms the live summaries beside it from the same WY factors only when asked; the reference
     below summarizes, scans and runs the forward from the scanned states."""
-    scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, None, scale)
-    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
-    if (source is None) != (bodies is None):
-        raise ValueError("source and bodies go together: both or neither")
+    scale_f = _validate_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, scale, cu_seqlens_cpu)
     num_elements = int(cu_seqlens.numel() - 1) if source is None else int(source.numel())
     if record_rows is not None:
         if num_records is None or num_records < 0:
@@ -241,10 +251,8 @@ def gated_delta_chain_forward_and_summarize(
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
                     initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
                     summary_spans=summary_spans, record_rows=record_rows, num_records=num_records)
-    summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
-    incoming, final = chain_incoming_states(summary, cu_chains, source, bodies, initial_states)
-    _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale)
-    o, _ = _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, incoming, scale_f)
+    o, final, summary = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
+                                          scale, scale_f)
     records = None
     if record_rows is not None:
         rows = dict(record_rows=record_rows, num_records=num_records)
