@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 

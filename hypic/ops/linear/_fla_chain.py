@@ -19,10 +19,11 @@ chain and fla's state pass does not run.
   on fla's state pass of 129 spans from initial states (0.69 for one 32k run).
 
 A store write asks for the written spans' zero-start summaries as well; they come from the same
-WY factors, beside the chain: hypic's span summary kernel over those spans alone
-(:func:`hypic.ops.linear.triton_scan.span_summaries_triton`; ``HYPIC_SPAN_SUMMARY=fla``: fla's
-summary kernel over every span). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans
-longer than a chunk (A/B measurements)."""
+WY factors, beside the chain: fla's summary kernel over every span (the default), or with
+``HYPIC_SPAN_SUMMARY=triton`` hypic's span summary kernel over those spans alone
+(:func:`hypic.ops.linear.triton_scan.span_summaries_triton`, experimental: see
+:func:`span_summary_impl`). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
+than a chunk (A/B measurements)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,14 @@ SUMMARY_ENV = "HYPIC_SPAN_SUMMARY"
 
 
 def span_summary_impl() -> str:
-    """``HYPIC_SPAN_SUMMARY``: ``triton`` (default: the written spans' summaries by hypic's span
-    summary kernel) or ``fla`` (fla's summary kernel over every span; A/B measurements)."""
-    value = os.environ.get(SUMMARY_ENV, "triton")
+    """``HYPIC_SPAN_SUMMARY``: ``fla`` (default: fla's summary kernel over every span, then the
+    written spans' rows) or ``triton`` (hypic's span summary kernel over the written spans alone;
+    **experimental**: on the H200 in session 14 its first form hit an illegal memory access in
+    two of three processes, a kernel test and a benchmark, while the TTFT benchmark's cold 32k
+    run with it completed, +8.1% over full_recompute against +9.4% with fla's on another
+    machine, benchmarks/results/session14/call4; the restructured kernel has not run on the
+    device)."""
+    value = os.environ.get(SUMMARY_ENV, "fla")
     if value not in ("triton", "fla"):
         raise ValueError(f"{SUMMARY_ENV} must be 'triton' or 'fla', got {value!r}")
     return value
@@ -134,9 +140,10 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
 
 def _span_summaries(fla_paths, k4, w, u, gc, cu, cu_cpu, summary_spans):
     """Zero-start summaries of the live spans ``summary_spans`` (default all) from the chain's WY
-    factors: :func:`~hypic.ops.linear.triton_scan.span_summaries_triton` over those spans alone
-    (``HYPIC_SPAN_SUMMARY=triton``, the default), or fla's summary kernel (or the one-chunk closed
-    forms) over every span, then the rows asked for (``fla``)."""
+    factors: fla's summary kernel (or the one-chunk closed forms) over every span, then the rows
+    asked for (``HYPIC_SPAN_SUMMARY=fla``, the default), or
+    :func:`~hypic.ops.linear.triton_scan.span_summaries_triton` over those spans alone
+    (``triton``, experimental)."""
     from hypic.ops.linear.summary import DenseSummary
 
     if span_summary_impl() == "triton":

@@ -359,8 +359,7 @@ def span_summary_kernel(
     g,
     cu_spans,     # [N + 1] int64 span bounds
     spans,        # [NW] int64: the spans to summarize, in output order
-    trans_out,    # [NW, HV, K, K] fp32 out: T of each
-    state_out,    # [NW, HV, K, V] fp32 out: S(C | 0) of each
+    out,          # IS_T: [NW, HV, K, K] fp32 T of each; else [NW, HV, K, V] fp32 S(C | 0) of each
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -369,37 +368,35 @@ def span_summary_kernel(
     BV: tl.constexpr,
     BT: tl.constexpr,
     USE_G: tl.constexpr,
+    IS_T: tl.constexpr,
     PRECISION: tl.constexpr,
     SPLIT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """Zero-start summaries of whole spans from their WY factors, one program per (column block,
-    value head, span). Column blocks ``[0, cdiv(V, BV))`` carry S: the state walked from zero,
-    ``h <- gamma h + Kd^T (U - W h)``, in fla's state-pass precision (operands in the factors'
-    dtype, fp32 accumulation). The others carry T's columns: the identity walked by the same
-    recurrence without U, ``T <- gamma T - Kd^T (W T)``, whose products keep T fp32-accurate
-    (:func:`bf16_fp32_dot` / :func:`fp32_dot` at ``PRECISION``: bf16x3-style splits by
-    default): T multiplies every state that later enters the span, so it is not rounded to
-    the factors' dtype as S is. Every span's chunks start at its first token, as fla's chunked
-    kernels lay them for the same ``cu_spans``."""
+    value head, span), one launch for S and one for T (``IS_T``; a runtime branch between the two
+    around the loop's products is what the first version had, and it faulted on the H200). S: the
+    state walked from zero, ``h <- gamma h + Kd^T (U - W h)``, in fla's state-pass precision
+    (operands in the factors' dtype, fp32 accumulation). T: the identity walked by the same
+    recurrence without U, ``T <- gamma T - Kd^T (W T)``, its products fp32-accurate
+    (:func:`bf16_fp32_dot` / :func:`fp32_dot` at ``PRECISION``: bf16x3-style splits by default),
+    since T multiplies every state that later enters the span. Every span's chunks start at its
+    first token, as fla's chunked kernels lay them for the same ``cu_spans``."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     i_n = tl.program_id(2).to(tl.int64)
     s = tl.load(spans + i_n).to(tl.int64)
     bos = tl.load(cu_spans + s).to(tl.int64)
     length = tl.load(cu_spans + s + 1).to(tl.int64) - bos
-    NVB: tl.constexpr = (V + BV - 1) // BV
+    COLS: tl.constexpr = K if IS_T else V
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_t = tl.arange(0, BT)
-    is_t = i_c >= NVB
-    if is_t:
-        o_c = (i_c - NVB) * BV + tl.arange(0, BV)
-        m_c = o_c < K
+    o_c = i_c * BV + tl.arange(0, BV)
+    m_c = o_c < COLS
+    if IS_T:
         b_h = tl.where((o_k[:, None] == o_c[None, :]) & m_k[:, None] & m_c[None, :], 1.0, 0.0)
     else:
-        o_c = i_c * BV + tl.arange(0, BV)
-        m_c = o_c < V
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
     c = length * 0
     while c * BT < length:  # a handful of chunks per span: no pipelining to lose
@@ -409,7 +406,7 @@ def span_summary_kernel(
         m_tc = m_t[:, None] & m_c[None, :]
         b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
         b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
-        if is_t:
+        if IS_T:
             if w.dtype.element_ty == tl.bfloat16:
                 b_v = -bf16_fp32_dot(b_w, b_h, PRECISION, SPLIT)
             else:
@@ -429,7 +426,7 @@ def span_summary_kernel(
             b_h = b_h * tl.exp2(g_last)
         else:
             b_v = tl.where(m_tc, b_v, 0.0)
-        if is_t:
+        if IS_T:
             if k.dtype.element_ty == tl.bfloat16:
                 b_h += bf16_fp32_dot(tl.trans(b_k), b_v, PRECISION, SPLIT)
             else:
@@ -441,9 +438,4 @@ def span_summary_kernel(
             else:
                 b_h = tl.dot(tl.trans(b_k), b_vk, b_h, out_dtype=tl.float32)
         c += 1
-    if is_t:
-        tl.store(trans_out + ((i_n * HV + i_h) * K + o_k[:, None]) * K + o_c[None, :], b_h,
-                 mask=m_k[:, None] & m_c[None, :])
-    else:
-        tl.store(state_out + ((i_n * HV + i_h) * K + o_k[:, None]) * V + o_c[None, :], b_h,
-                 mask=m_k[:, None] & m_c[None, :])
+    tl.store(out + ((i_n * HV + i_h) * K + o_k[:, None]) * COLS + o_c[None, :], b_h, mask=m_k[:, None] & m_c[None, :])

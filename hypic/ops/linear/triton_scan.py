@@ -315,7 +315,7 @@ def _build_summary_kernel():
     configs = [triton.Config({"BV": 32}, num_warps=4, num_stages=1),
                triton.Config({"BV": 32}, num_warps=8, num_stages=1),
                triton.Config({"BV": 64}, num_warps=8, num_stages=1)]
-    key = ["H", "HV", "K", "V", "BK", "USE_G", "PRECISION", "SPLIT"]
+    key = ["H", "HV", "K", "V", "BK", "USE_G", "IS_T", "PRECISION", "SPLIT"]
     return triton.autotune(configs=configs, key=key)(span_summary_kernel), None
 
 
@@ -331,12 +331,19 @@ def span_summaries_triton(
     """``(T [NW, HV, K, K], S [NW, HV, K, V])`` fp32: the zero-start summaries of spans
     ``spans [NW]`` (indices into ``cu_spans``, in output order) from the WY factors a chain
     forward already made (``k [T, H, K]``, ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]``
-    chunk-local cumulative log2 gate or None), one launch over (column block, head, span). S
-    takes fla's state-pass precision, T's products ``precision`` (``HYPIC_SCAN_PRECISION``:
-    bf16x3 splits by default), fp32 storage either way. What a store write of a cold segment
-    needs, without fla's summary kernel over every span of the forward (seams and question
-    included) or the split of its ``[S | T]`` output into two copies. Reference:
-    :func:`span_summaries_reference`."""
+    chunk-local cumulative log2 gate or None), one launch for S and one for T over (column
+    block, head, span). S takes fla's state-pass precision, T's products ``precision``
+    (``HYPIC_SCAN_PRECISION``: bf16x3 splits by default), fp32 storage either way. What a store
+    write of a cold segment needs, without fla's summary kernel over every span of the forward
+    (seams and question included) or the split of its ``[S | T]`` output into two copies.
+    Reference: :func:`span_summaries_reference`.
+
+    **Experimental** (``HYPIC_SPAN_SUMMARY=triton``): a first version, one launch whose programs
+    branched at run time between S and T around the loop's products, matched the reference
+    under Triton's interpreter but hit an illegal memory access on the H200 (Triton 3.6,
+    session 14) in a kernel test and in ``benchmarks/chain_long_h200.py``, while a whole cold
+    32k TTFT run with it completed. This form (the role a compile-time constant, two launches)
+    has been run only under the interpreter."""
     import triton
 
     global _SUMMARY_KERNEL
@@ -357,13 +364,13 @@ def span_summaries_triton(
     cu = cu_spans.to(device=device, dtype=torch.int64).contiguous()
     spans = spans.to(device=device, dtype=torch.int64).contiguous()
     g32 = g.to(torch.float32).contiguous() if use_g else cu
+    for out, cols, is_t in ((state, value_dim, False), (trans, key_dim, True)):
+        def grid(meta, cols=cols):
+            return (triton.cdiv(cols, meta["BV"]), num_heads, num_out)
 
-    def grid(meta):
-        return (triton.cdiv(value_dim, meta["BV"]) + triton.cdiv(key_dim, meta["BV"]), num_heads, num_out)
-
-    kernel[grid](k, w, u, g32, cu, spans, trans, state, H=k.shape[1], HV=num_heads, K=key_dim, V=value_dim,
-                 BK=max(16, triton.next_power_of_2(key_dim)), BT=CHUNK_TOKENS, USE_G=use_g,
-                 PRECISION="tf32x3" if split else precision, SPLIT=split, INTERPRET=_interpreting(), **extra)
+        kernel[grid](k, w, u, g32, cu, spans, out, H=k.shape[1], HV=num_heads, K=key_dim, V=value_dim,
+                     BK=max(16, triton.next_power_of_2(key_dim)), BT=CHUNK_TOKENS, USE_G=use_g, IS_T=is_t,
+                     PRECISION="tf32x3" if split else precision, SPLIT=split, INTERPRET=_interpreting(), **extra)
     return trans, state
 
 
