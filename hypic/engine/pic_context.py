@@ -217,7 +217,9 @@ class PicContext(ForwardContext):
         o, final, live, incoming = gated_delta_chain_forward_and_summarize(
             q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
             initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu, summarize=lay.any_segment_write,
-            summary_spans=lay.write_spans, record_rows=lay.checkpoint_record_rows if checkpoints else None,
+            # a cold prefill's writes are a run of spans: their summaries are then views
+            summary_spans=lay.write_span_range if lay.write_span_range is not None else lay.write_spans,
+            record_rows=lay.checkpoint_record_rows if checkpoints else None,
             num_records=lay.num_checkpoint_records if checkpoints else None)
         rec.final_states = final
         # Only segment writes read the summaries (row i: write i's span; [K, K] T and [K, V] S,

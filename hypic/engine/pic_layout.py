@@ -128,6 +128,9 @@ class PackedLayout:
     # tails recorded: per write (in `writes` order) then per request's final conv state
     writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
     write_spans: torch.Tensor  # [NW] live element index of each write
+    # host: (a, b) when the writes are live elements a..b-1 in order (their summaries are then a
+    # slice of every live span's, not a gathered copy), else None
+    write_span_range: Optional[Tuple[int, int]]
     # host: whether some write is a segment's (the only writes that read the spans' summaries)
     any_segment_write: bool
     # per write: the recorded row holding the state after it (checkpoints), -1 when that is its
@@ -372,6 +375,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         tail_index=dev["tail_index"],
         writes=writes,
         write_spans=dev["write_spans"],
+        write_span_range=_as_range(write_span_ids),
         any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
         write_after_rows=write_after_rows,
         checkpoint_record_rows=dev["checkpoint_record_rows"],
@@ -564,3 +568,10 @@ def _to_device(lists: "Dict[str, Union[List[int], np.ndarray]]", device: torch.d
     host_views = host.split(parts)[::2]
     device_views = moved.split(parts)[::2]
     return dict(zip(lists.keys(), host_views)), dict(zip(lists.keys(), device_views))
+
+
+def _as_range(values: List[int]) -> Optional[Tuple[int, int]]:
+    """``(a, b)`` when ``values`` is ``a, a+1, ..., b-1`` (non-empty), else None."""
+    if values and values == list(range(values[0], values[0] + len(values))):
+        return values[0], values[0] + len(values)
+    return None

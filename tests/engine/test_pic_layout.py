@@ -48,7 +48,7 @@ def test_recorded_rows_keep_live_spans_then_states_after_checkpoints():
     assert lay.chain_record_rows.tolist() == [0, 5, 1, 2, -1, 3, 4]
     assert lay.num_record_rows == 6
     assert lay.write_after_rows == [5, 2, None, -1]
-    assert lay.write_spans.tolist() == [0, 1, 2, 3]
+    assert lay.write_spans.tolist() == [0, 1, 2, 3] and lay.write_span_range == (0, 4)
     # addresses per layer [L, 2, NB]: each body's T and S pointers where the entry holds them
     addr = lay.body_addresses
     assert addr.shape == (3, 2, 2)
@@ -86,18 +86,19 @@ def test_no_address_table_when_a_body_must_be_copied():
     assert build_layout([RequestLayout(elems)], 4, torch.device("cpu")).body_addresses is not None
 
 
-def test_write_spans_are_each_writes_live_span():
+def test_write_span_range_only_for_writes_in_order():
     req0 = RequestLayout((LiveElement((1, 2), 0), LiveElement((3,), 2, write(WRITE_SEGMENT, (3,))),
                           LiveElement((4,), 3, write(WRITE_SEGMENT, (4,)))))
-    assert build_layout([req0], conv_width=4, device=torch.device("cpu")).write_spans.tolist() == [1, 2]
+    lay = build_layout([req0], conv_width=4, device=torch.device("cpu"))
+    assert lay.write_span_range == (1, 3)
     req1 = RequestLayout((LiveElement((5,), 0, write(WRITE_SEGMENT, (5,))), LiveElement((6,), 1)))
-    both = build_layout([req0, req1], conv_width=4, device=torch.device("cpu"))  # writes 1, 2, 3
-    assert both.write_spans.tolist() == [1, 2, 3]
+    gap = build_layout([req0, req1], conv_width=4, device=torch.device("cpu"))  # writes 1, 2, 3
+    assert gap.write_spans.tolist() == [1, 2, 3] and gap.write_span_range == (1, 4)
     req2 = RequestLayout((LiveElement((5,), 0, write(WRITE_SEGMENT, (5,))), LiveElement((6,), 1),
                           LiveElement((7,), 2, write(WRITE_SEGMENT, (7,)))))
     holes = build_layout([req2], conv_width=4, device=torch.device("cpu"))
-    assert holes.write_spans.tolist() == [0, 2]
-    assert build_layout([RequestLayout((LiveElement((1,), 0),))], 4, torch.device("cpu")).write_spans.numel() == 0
+    assert holes.write_spans.tolist() == [0, 2] and holes.write_span_range is None
+    assert build_layout([RequestLayout((LiveElement((1,), 0),))], 4, torch.device("cpu")).write_span_range is None
 
 
 def kv_entry(tokens, origin, dtype=torch.float32, layers=(1, 3), offset_elems=0):

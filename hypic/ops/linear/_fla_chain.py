@@ -144,6 +144,7 @@ def _span_summaries(fla_paths, k4, w, u, gc, cu, cu_cpu, summary_spans):
     asked for (``HYPIC_SPAN_SUMMARY=fla``, the default), or
     :func:`~hypic.ops.linear.triton_scan.span_summaries_triton` over those spans alone
     (``triton``, experimental)."""
+    from hypic.ops.linear.gated_delta import select_spans
     from hypic.ops.linear.summary import DenseSummary
 
     if span_summary_impl() == "triton":
@@ -152,10 +153,11 @@ def _span_summaries(fla_paths, k4, w, u, gc, cu, cu_cpu, summary_spans):
         spans = summary_spans
         if spans is None:
             spans = torch.arange(cu.numel() - 1, device=cu.device)
+        elif isinstance(spans, tuple):
+            spans = torch.arange(spans[0], spans[1], device=cu.device)
         trans, state = span_summaries_triton(k4[0], w[0], u[0], None if gc is None else gc[0], cu, spans)
         return DenseSummary(trans, state)
-    summary = fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_cpu)
-    return summary if summary_spans is None else summary.index(summary_spans.to(torch.int64))
+    return select_spans(fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_cpu), summary_spans)
 
 
 def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
@@ -182,9 +184,9 @@ def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bod
     o, _, live = fla_paths.gated_delta_summarize_then_forward(
         q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=incoming_from, scale=scale,
         cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=False)
-    if summarize and summary_spans is not None:
-        live = live.index(summary_spans.to(torch.int64))
-    return o, scanned["final"], live if summarize else None, scanned.get("records")
+    from hypic.ops.linear.gated_delta import select_spans
+
+    return o, scanned["final"], select_spans(live, summary_spans) if summarize else None, scanned.get("records")
 
 
 def _stacked(bodies):

@@ -217,14 +217,15 @@ def gated_delta_chain_forward_and_summarize(
     scale: Optional[float] = None,
     cu_seqlens_cpu: Optional[torch.Tensor] = None,
     summarize: bool = True,
-    summary_spans: Optional[torch.Tensor] = None,
+    summary_spans: Optional[Union[torch.Tensor, Tuple[int, int]]] = None,
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[DenseSummary], Optional[torch.Tensor]]:
     """:func:`gated_delta_chain_forward` for a forward that writes to the store: returns
     ``(o, final, summary, incoming)``. ``summary`` (when ``summarize``) holds the zero-start
-    summaries (what a segment entry stores) of the live spans ``summary_spans`` (int64 ``[NW]``
-    indices, in that order; default every live span), else None; with ``record_rows``
+    summaries (what a segment entry stores) of the live spans ``summary_spans``: int64 ``[NW]``
+    indices, in that order, or a host ``(a, b)`` for spans a..b-1 (then views, no gather);
+    default every live span; else None. With ``record_rows``
     (int64 ``[M]`` per chain element, -1: not kept) ``incoming [num_records, HV, K, V]`` holds
     the state entering element i in row ``record_rows[i]`` (what a prefix checkpoint stores as
     the state after the element before it), else None.
@@ -243,9 +244,7 @@ def gated_delta_chain_forward_and_summarize(
                              f"got shape {tuple(record_rows.shape)}")
     elif num_records is not None:
         raise ValueError("num_records without record_rows")
-    if summary_spans is not None and (summary_spans.dim() != 1 or summary_spans.dtype not in (torch.int32, torch.int64)):
-        raise ValueError(f"summary_spans must be a 1-D int tensor of live span indices, got {summary_spans.dtype} "
-                         f"of shape {tuple(summary_spans.shape)}")
+    _check_summary_spans(summary_spans, int(cu_seqlens.numel() - 1))
     fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
     if fast is not None:
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
@@ -260,9 +259,29 @@ def gated_delta_chain_forward_and_summarize(
             records, _ = scan_chain(summary, cu_chains, initial_states, **rows)
         else:
             records, _ = scan_chain_from(summary, bodies, source, cu_chains, initial_states, **rows)
-    if summarize and summary_spans is not None:
-        summary = summary.index(summary_spans.to(torch.int64))
-    return o, final, summary if summarize else None, records
+    return o, final, select_spans(summary, summary_spans) if summarize else None, records
+
+
+def _check_summary_spans(spans, num_spans: int) -> None:
+    if spans is None:
+        return
+    if isinstance(spans, tuple):
+        if len(spans) != 2 or not all(isinstance(x, int) for x in spans) or not 0 <= spans[0] <= spans[1] <= num_spans:
+            raise ValueError(f"summary_spans as a range must be (a, b) with 0 <= a <= b <= {num_spans}, got {spans!r}")
+    elif not isinstance(spans, torch.Tensor) or spans.dim() != 1 or spans.dtype not in (torch.int32, torch.int64):
+        raise ValueError("summary_spans must be a 1-D int tensor of live span indices or a host (a, b) range, got "
+                         f"{type(spans).__name__} {getattr(spans, 'dtype', '')} {tuple(getattr(spans, 'shape', ()))}")
+
+
+def select_spans(summary: DenseSummary, spans) -> DenseSummary:
+    """The summaries of ``spans`` (None: all; a host ``(a, b)``: views of spans a..b-1; an index
+    tensor: a gathered copy, in its order)."""
+    if spans is None:
+        return summary
+    if isinstance(spans, tuple):
+        a, b = spans
+        return DenseSummary(summary.transition[a:b], summary.state[a:b])
+    return summary.index(spans.to(torch.int64))
 
 
 def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: Optional[torch.Tensor],

@@ -476,5 +476,9 @@ def test_summary_spans_select_and_order_the_summaries():
                                                                        summary_spans=torch.tensor([4, 1]))
     assert some.num_spans == 2
     assert torch.equal(some.transition, every.transition[[4, 1]]) and torch.equal(some.state, every.state[[4, 1]])
+    _, _, run, _ = gated_delta.gated_delta_chain_forward_and_summarize(**live, **args, summary_spans=(1, 4))
+    assert torch.equal(run.transition, every.transition[1:4]) and torch.equal(run.state, every.state[1:4])
     with pytest.raises(ValueError, match="summary_spans"):
         gated_delta.gated_delta_chain_forward_and_summarize(**live, **args, summary_spans=torch.tensor([[0]]))
+    with pytest.raises(ValueError, match="as a range"):
+        gated_delta.gated_delta_chain_forward_and_summarize(**live, **args, summary_spans=(2, 9))
