@@ -108,10 +108,6 @@ class PackedLayout:
     # chain of every request: live elements and bodies in prompt order
     cu_chains: torch.Tensor  # [B+1]
     chain_source: torch.Tensor  # [M] int64 per chain element: live span s -> s, body b -> -b - 1
-    # The scan keeps only the incoming states used: live element s's in row s, then one row per
-    # checkpoint write followed by a body (-1: not kept).
-    chain_record_rows: torch.Tensor  # [M]
-    num_record_rows: int
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
     body_drop_transition_host: List[bool]  # per body: `addition` mode drops its T
     # [L, 2, NB'] int64 on the device: per layer, the data pointers of each body's T and S where
@@ -133,13 +129,10 @@ class PackedLayout:
     write_span_range: Optional[Tuple[int, int]]
     # host: whether some write is a segment's (the only writes that read the spans' summaries)
     any_segment_write: bool
-    # per write: the recorded row holding the state after it (checkpoints), -1 when that is its
-    # request's final state, None for segment writes (they need no state)
-    write_after_rows: List[Optional[int]]
-    # The same for a chain that records only the states checkpoints read
+    # The states checkpoints store, as the chain walk records them
     # (gated_delta_chain_forward_and_summarize): per chain element its row among those (-1: not
     # kept), their count, and per write the row holding the state after it (-1: its request's
-    # final state, None: a segment write).
+    # final state, None: a segment write, which needs no state).
     checkpoint_record_rows: torch.Tensor  # [M]
     num_checkpoint_records: int
     write_after_checkpoint_rows: List[Optional[int]]
@@ -190,7 +183,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     cu_spans = [0]
     cu_chains = [0]
     chain_source: List[int] = []  # live span s -> s, body b -> -b - 1
-    span_chain_pos: List[int] = []
     bodies: List[Tuple[int, BodyElement]] = []
     drop_t: List[bool] = []
     runs: List[List[int]] = []  # [first live token, num tokens]
@@ -247,7 +239,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                 pos.add(position, n)
                 s = len(cu_spans) - 1
                 cu_spans.append(num_live)
-                span_chain_pos.append(len(chain_source))
                 if not prev_live:  # a new conv run
                     if len(chain_source) == cu_chains[-1]:  # first element of the chain
                         run_init.append(("prefix", b) if req.prefix else ("zero", -1))
@@ -308,27 +299,16 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     for _, n in runs:
         cu_runs.append(cu_runs[-1] + n)
 
-    record_rows = [-1] * len(chain_source)
-    for s, chain_pos in enumerate(span_chain_pos):
-        record_rows[chain_pos] = s
-    num_record_rows = len(span_chain_pos)
-    write_after_rows: List[Optional[int]] = []
-    # the same for the fused chain, which records only what checkpoints read, rows numbered apart
+    # the state after a checkpoint is the one entering the next element of its chain
     checkpoint_rows = [-1] * len(chain_source)
     num_checkpoint_rows = 0
     write_after_checkpoint_rows: List[Optional[int]] = []
     for (b, _, w), chain_pos in zip(writes, write_chain_pos):
         if w.kind != WRITE_CHECKPOINT:
-            write_after_rows.append(None)
             write_after_checkpoint_rows.append(None)
         elif chain_pos + 1 >= cu_chains[b + 1]:
-            write_after_rows.append(-1)
             write_after_checkpoint_rows.append(-1)
         else:
-            if record_rows[chain_pos + 1] < 0:
-                record_rows[chain_pos + 1] = num_record_rows
-                num_record_rows += 1
-            write_after_rows.append(record_rows[chain_pos + 1])
             if checkpoint_rows[chain_pos + 1] < 0:
                 checkpoint_rows[chain_pos + 1] = num_checkpoint_rows
                 num_checkpoint_rows += 1
@@ -343,8 +323,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                  tail_index=tail_index, write_spans=write_span_ids,
                  key_index=key_index.array(), positions_k=pos_k.array(), cu_keys=cu_keys,
                  chain_source=chain_source,
-                 chain_record_rows=record_rows, checkpoint_record_rows=checkpoint_rows,
-                 cu_cached=cu_cached, cached_shift=cached_shift,
+                 checkpoint_record_rows=checkpoint_rows, cu_cached=cu_cached, cached_shift=cached_shift,
                  logits_rows=logits_rows)
     if body_addresses is not None:
         lists["body_addresses"] = body_addresses
@@ -363,8 +342,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_spans_cpu=cpu["cu_spans"],
         cu_chains=dev["cu_chains"],
         chain_source=dev["chain_source"],
-        chain_record_rows=dev["chain_record_rows"],
-        num_record_rows=num_record_rows,
         bodies=bodies,
         body_drop_transition_host=drop_t,
         body_addresses=None if body_addresses is None else dev["body_addresses"].view(body_addresses.shape),
@@ -377,7 +354,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         write_spans=dev["write_spans"],
         write_span_range=_as_range(write_span_ids),
         any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
-        write_after_rows=write_after_rows,
         checkpoint_record_rows=dev["checkpoint_record_rows"],
         num_checkpoint_records=num_checkpoint_rows,
         write_after_checkpoint_rows=write_after_checkpoint_rows,

@@ -32,12 +32,12 @@ def write(kind, tokens):
     return Write(kind, key, 0)
 
 
-def test_recorded_rows_keep_live_spans_then_states_after_checkpoints():
+def test_recorded_rows_are_the_states_after_checkpoints():
     a, b = entry((5, 6, 7, 8)), entry((9, 10, 11))
     req0 = RequestLayout((
-        LiveElement((1, 2), 0, write(WRITE_CHECKPOINT, (1, 2))),  # followed by a body: a new row
+        LiveElement((1, 2), 0, write(WRITE_CHECKPOINT, (1, 2))),  # followed by a body: row 0
         BodyElement(a, 2, 3, 1),
-        LiveElement((3,), 5, write(WRITE_CHECKPOINT, (3,))),  # followed by live span 2: row 2
+        LiveElement((3,), 5, write(WRITE_CHECKPOINT, (3,))),  # followed by live span 2: row 1
         LiveElement((4, 4), 6, write(WRITE_SEGMENT, (4, 4))),  # segment write: no state
         BodyElement(b, 8, 2, 7),
         LiveElement((7,), 10, write(WRITE_CHECKPOINT, (7,))),  # last: the request's final state
@@ -45,9 +45,9 @@ def test_recorded_rows_keep_live_spans_then_states_after_checkpoints():
     req1 = RequestLayout((LiveElement((1, 1, 1), 0),))
     lay = build_layout([req0, req1], conv_width=4, device=torch.device("cpu"))
     # chain: live0 body0 live1 live2 body1 live3 | live4
-    assert lay.chain_record_rows.tolist() == [0, 5, 1, 2, -1, 3, 4]
-    assert lay.num_record_rows == 6
-    assert lay.write_after_rows == [5, 2, None, -1]
+    assert lay.checkpoint_record_rows.tolist() == [-1, 0, -1, 1, -1, -1, -1]
+    assert lay.num_checkpoint_records == 2
+    assert lay.write_after_checkpoint_rows == [0, 1, None, -1]
     assert lay.write_spans.tolist() == [0, 1, 2, 3] and lay.write_span_range == (0, 4)
     # addresses per layer [L, 2, NB]: each body's T and S pointers where the entry holds them
     addr = lay.body_addresses
@@ -57,7 +57,7 @@ def test_recorded_rows_keep_live_spans_then_states_after_checkpoints():
             summ = e.linear[layer].summary
             assert addr[layer, :, j].tolist() == [summ.transition.data_ptr(), summ.state.data_ptr()]
     # every index tensor starts 16-byte aligned (Triton specialises kernels on pointer alignment)
-    for name in ("cu_chains", "chain_source", "chain_record_rows", "cu_spans", "key_index",
+    for name in ("cu_chains", "chain_source", "checkpoint_record_rows", "cu_spans", "key_index",
                  "cu_keys", "tail_index", "write_spans", "positions", "input_ids"):
         assert getattr(lay, name).data_ptr() % 16 == 0, name
 
