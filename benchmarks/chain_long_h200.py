@@ -7,8 +7,7 @@ key heads, K = V = 128) when its live spans run through the chain kernel's long-
   span's summary (fla's summary kernel), the chain scan, fla's state pass from the scanned states
   (``HYPIC_CHAIN_LONG=scan``); ``fused``: one chain walk (``HYPIC_CHAIN_LONG=fused``, the
   default); each with and without the written bodies' summaries a store write adds (fla's summary
-  kernel over every span; with ``--triton-summaries`` also hypic's experimental span summary
-  kernel, timed last; errors against a float64 walk of the same WY factors); and ``one_run``:
+  kernel over every span; errors against a float64 walk of the same WY factors); and ``one_run``:
   fla's plain forward of the same tokens as one sequence (what ``full_recompute`` runs).
 * ``seams``: the all-hit shape (N cached bodies, each after its 8-token seam, then the question):
   the seams applied by the one-chunk WY step (the default, h split for an fp32-accurate ``W h``)
@@ -43,12 +42,43 @@ def inputs(t, gen, dev):
     return q, k, v, g, beta
 
 
+def span_summaries_float64(k, w, u, g, cu_spans, spans, chunk_size: int = 64):
+    """Float64 zero-start summaries of ``spans`` from their WY factors (CPU, plain loop): per
+    span, S walked from zero and T from the identity by ``h <- exp2(g_last) h + (K * exp2(g_last - g))^T
+    (U - W h)`` (T without U), chunk by chunk from the span's first token."""
+    f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
+    k, w, u, g = f64(k), f64(w), f64(u), f64(g)
+    bounds = [int(x) for x in cu_spans.tolist()]
+    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
+    key_heads = torch.arange(num_heads) // (num_heads // k.shape[1])
+    out_t, out_s = [], []
+    for s in [int(x) for x in spans.tolist()]:
+        a, b = bounds[s], bounds[s + 1]
+        h = torch.cat([torch.zeros(num_heads, key_dim, value_dim, dtype=torch.float64),
+                       torch.eye(key_dim, dtype=torch.float64).expand(num_heads, key_dim, key_dim)], dim=-1)
+        for t0 in range(a, b, chunk_size):
+            t1 = min(t0 + chunk_size, b)
+            uu = torch.cat([u[t0:t1], torch.zeros(t1 - t0, num_heads, key_dim, dtype=torch.float64)], dim=-1)
+            vn = uu - torch.einsum("thk,hkv->thv", w[t0:t1], h)
+            if g is not None:
+                g_last = g[t1 - 1]
+                vn = vn * torch.exp2(g_last[None, :] - g[t0:t1])[..., None]
+                h = torch.exp2(g_last)[:, None, None] * h
+            h = h + torch.einsum("thk,thv->hkv", k[t0:t1][:, key_heads], vn)
+        out_s.append(h[..., :value_dim])
+        out_t.append(h[..., value_dim:])
+    if not out_t:
+        return (torch.empty(0, num_heads, key_dim, key_dim, dtype=torch.float64),
+                torch.empty(0, num_heads, key_dim, value_dim, dtype=torch.float64))
+    return torch.stack(out_t), torch.stack(out_s)
+
+
 def rel(a, b):
     a, b = a.double().cpu(), b.double().cpu()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def cold(n: int, repeats: int, triton_summaries: bool = False) -> dict:
+def cold(n: int, repeats: int) -> dict:
     from hypic.ops.linear import gated_delta
 
     dev = torch.device("cuda")
@@ -62,15 +92,15 @@ def cold(n: int, repeats: int, triton_summaries: bool = False) -> dict:
 
     bodies = torch.arange(1, 2 * n, 2, device=dev)  # the written spans, as a cold forward asks
 
-    def chain(impl, summarize, summaries="fla"):
+    def chain(impl, summarize):
         def fn():
-            os.environ["HYPIC_CHAIN_LONG"], os.environ["HYPIC_SPAN_SUMMARY"] = impl, summaries
+            os.environ["HYPIC_CHAIN_LONG"] = impl
             try:
                 return gated_delta.gated_delta_chain_forward_and_summarize(
                     q, k, v, g, beta, cu_seqlens=cu, cu_chains=cu_chains, cu_seqlens_cpu=cu_cpu, summarize=summarize,
                     summary_spans=bodies)
             finally:
-                del os.environ["HYPIC_CHAIN_LONG"], os.environ["HYPIC_SPAN_SUMMARY"]
+                del os.environ["HYPIC_CHAIN_LONG"]
         return fn
 
     one_cu_cpu = torch.tensor([0, t])
@@ -83,10 +113,9 @@ def cold(n: int, repeats: int, triton_summaries: bool = False) -> dict:
     o_f, f_f, s_ff, _ = chain("fused", True)()
     # float64 reference of the written spans' summaries, from the same WY factors
     from hypic.ops.linear import fla_paths
-    from hypic.ops.linear.triton_scan import span_summaries_reference
 
     _, _, k4, gc, w, u = fla_paths._wy_prepare(k, v, g, beta, cu, cu_cpu)
-    t_ref, s_ref = span_summaries_reference(k4[0], w[0], u[0], gc[0], cu_cpu, bodies.cpu())
+    t_ref, s_ref = span_summaries_float64(k4[0], w[0], u[0], gc[0], cu_cpu, bodies.cpu())
     o_1, f_1 = one_run()
     med = lambda fn: statistics.median(event_times_ms(fn, repeats=repeats))  # noqa: E731
     row = {"case": "cold", "segments": n, "live_tokens": t, "spans": len(lengths),
@@ -99,10 +128,6 @@ def cold(n: int, repeats: int, triton_summaries: bool = False) -> dict:
            "o_scan_vs_one_run": rel(o_s, o_1), "final_scan_vs_one_run": rel(f_s, f_1),
            "summary_T_fused_vs_scan": rel(s_ff.transition, s_s.transition),
            "summary_S_fused_vs_scan": rel(s_ff.state, s_s.state)}
-    if triton_summaries:  # last: the experimental kernel has crashed the process (session 14)
-        _, _, s_t, _ = chain("fused", True, "triton")()
-        row.update(fused_triton_summaries_ms=med(chain("fused", True, "triton")),
-                   summary_T_err_triton=rel(s_t.transition, t_ref), summary_S_err_triton=rel(s_t.state, s_ref))
     print(json.dumps(row), flush=True)
     return row
 
@@ -163,23 +188,20 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--segments", default="64,16", help="segments (cold) / cached bodies (seams) per request")
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--triton-summaries", action="store_true",
-                    help="also time the experimental span summary kernel (HYPIC_SPAN_SUMMARY=triton), last")
     args = ap.parse_args()
     rows = []
     for n in (int(x) for x in args.segments.split(",")):
-        rows.append(cold(n, args.repeats, args.triton_summaries))
+        rows.append(cold(n, args.repeats))
         rows.append(seams(n, args.repeats))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "chain_long.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"{'case':>6} {'n':>4} {'scan':>8} {'scan+S':>8} {'fused':>8} {'fused+S':>8} {'+S trit':>8} {'one run':>8} "
+    print(f"{'case':>6} {'n':>4} {'scan':>8} {'scan+S':>8} {'fused':>8} {'fused+S':>8} {'one run':>8} "
           f"{'o diff':>8} {'fin diff':>8} {'T err':>8} {'S err':>8}")
     for r in rows:
         if r["case"] == "cold":
             print(f"{'cold':>6} {r['segments']:>4} {r['scan_ms']:>8.3f} {r['scan_summaries_ms']:>8.3f} "
                   f"{r['fused_ms']:>8.3f} {r['fused_summaries_ms']:>8.3f} "
-                  f"{r.get('fused_triton_summaries_ms', float('nan')):>8.3f} "
                   f"{r['one_run_ms']:>8.3f} {r['o_fused_vs_scan']:>8.1e} {r['final_fused_vs_scan']:>8.1e} "
                   f"{r['summary_T_err_fla']:>8.1e} {r['summary_S_err_fla']:>8.1e}")
         else:

@@ -19,10 +19,8 @@ chain and fla's state pass does not run.
   on fla's state pass of 129 spans from initial states (0.69 for one 32k run).
 
 A store write asks for the written spans' zero-start summaries as well; they come from the same
-WY factors, beside the chain: fla's summary kernel over every span (the default), or with
-``HYPIC_SPAN_SUMMARY=triton`` hypic's span summary kernel over those spans alone
-(:func:`hypic.ops.linear.triton_scan.span_summaries_triton`, experimental: see
-:func:`span_summary_impl`). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
+WY factors, beside the chain: fla's summary kernel over every span, then the written spans' rows
+(views when they are a run). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
 than a chunk (A/B measurements)."""
 
 from __future__ import annotations
@@ -43,21 +41,6 @@ from hypic.ops.linear._fla_common import (
 from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
 
 LONG_ENV = "HYPIC_CHAIN_LONG"
-SUMMARY_ENV = "HYPIC_SPAN_SUMMARY"
-
-
-def span_summary_impl() -> str:
-    """``HYPIC_SPAN_SUMMARY``: ``fla`` (default: fla's summary kernel over every span, then the
-    written spans' rows) or ``triton`` (hypic's span summary kernel over the written spans alone;
-    **experimental**: on the H200 in session 14 its first form hit an illegal memory access in
-    two of three processes, a kernel test and a benchmark, while the TTFT benchmark's cold 32k
-    run with it completed, +8.1% over full_recompute against +9.4% with fla's on another
-    machine, benchmarks/results/session14/call4; the restructured kernel has not run on the
-    device)."""
-    value = os.environ.get(SUMMARY_ENV, "fla")
-    if value not in ("triton", "fla"):
-        raise ValueError(f"{SUMMARY_ENV} must be 'triton' or 'fla', got {value!r}")
-    return value
 
 
 def chain_long_impl() -> str:
@@ -102,6 +85,7 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
            summarize, summary_spans, record_rows, num_records):
     """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc)."""
     from hypic.ops.linear import fla_paths
+    from hypic.ops.linear.gated_delta import select_spans
 
     _check_fla_inputs("gated_delta_chain_forward", k.shape[-1], q, k, v, g, beta)
     table = None
@@ -134,30 +118,9 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
                         cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
         summary = None
         if summarize:
-            summary = _span_summaries(fla_paths, k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans)
+            # fla's summary kernel (or the one-chunk closed forms) on the chain's own WY factors
+            summary = select_spans(fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_seqlens_cpu), summary_spans)
     return o[0].to(v.dtype), final, summary, incoming
-
-
-def _span_summaries(fla_paths, k4, w, u, gc, cu, cu_cpu, summary_spans):
-    """Zero-start summaries of the live spans ``summary_spans`` (default all) from the chain's WY
-    factors: fla's summary kernel (or the one-chunk closed forms) over every span, then the rows
-    asked for (``HYPIC_SPAN_SUMMARY=fla``, the default), or
-    :func:`~hypic.ops.linear.triton_scan.span_summaries_triton` over those spans alone
-    (``triton``, experimental)."""
-    from hypic.ops.linear.gated_delta import select_spans
-    from hypic.ops.linear.summary import DenseSummary
-
-    if span_summary_impl() == "triton":
-        from hypic.ops.linear.triton_scan import span_summaries_triton
-
-        spans = summary_spans
-        if spans is None:
-            spans = torch.arange(cu.numel() - 1, device=cu.device)
-        elif isinstance(spans, tuple):
-            spans = torch.arange(spans[0], spans[1], device=cu.device)
-        trans, state = span_summaries_triton(k4[0], w[0], u[0], None if gc is None else gc[0], cu, spans)
-        return DenseSummary(trans, state)
-    return select_spans(fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_cpu), summary_spans)
 
 
 def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
@@ -165,28 +128,21 @@ def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bod
     """The former path: every live span's summary, the scan for their entering states (and the
     recorded rows), then fla's state pass and output from those states."""
     from hypic.ops.linear import fla_paths
-    from hypic.ops.linear.gated_delta import chain_incoming_states
-    from hypic.ops.linear.summary import scan_chain, scan_chain_from
+    from hypic.ops.linear.gated_delta import chain_incoming_states, chain_recorded_states, select_spans
 
     scanned = {}
 
     def incoming_from(live):
         scanned["incoming"], scanned["final"] = chain_incoming_states(live, cu_chains, source, bodies,
                                                                       initial_states)
-        if record_rows is not None:
-            rows = dict(record_rows=record_rows, num_records=num_records)
-            if source is None:
-                scanned["records"], _ = scan_chain(live, cu_chains, initial_states, **rows)
-            else:
-                scanned["records"], _ = scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)
+        scanned["records"] = chain_recorded_states(live, cu_chains, source, bodies, initial_states, record_rows,
+                                                   num_records)
         return scanned["incoming"]
 
     o, _, live = fla_paths.gated_delta_summarize_then_forward(
         q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=incoming_from, scale=scale,
         cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=False)
-    from hypic.ops.linear.gated_delta import select_spans
-
-    return o, scanned["final"], select_spans(live, summary_spans) if summarize else None, scanned.get("records")
+    return o, scanned["final"], select_spans(live, summary_spans) if summarize else None, scanned["records"]
 
 
 def _stacked(bodies):

@@ -128,18 +128,25 @@ def span_chunk_rows(cu: torch.Tensor, cu_cpu: torch.Tensor):
     for held_cu, held_cpu, table in _SPAN_CHUNKS:
         if held_cu is cu and held_cpu is cu_cpu:
             return table
-    bounds = np.asarray(cu_cpu.tolist(), dtype=np.int64)
-    counts = (np.diff(bounds) + CHUNK_SIZE - 1) // CHUNK_SIZE
-    first = np.where(counts > 0, np.cumsum(counts) - counts, -1).astype(np.int32)
+    first, num_chunks = span_chunk_rows_host(cu_cpu, CHUNK_SIZE)
     host = torch.from_numpy(first)
     dev = host.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else host.to(cu.device)
-    table = (dev, int(counts.sum()))
+    table = (dev, num_chunks)
     _SPAN_CHUNKS.insert(0, (cu, cu_cpu, table))
     del _SPAN_CHUNKS[_MAX_CHUNK_TABLES:]
     return table
 
 
 _SPAN_CHUNKS: list = []
+
+
+def span_chunk_rows_host(cu_cpu: torch.Tensor, chunk_size: int):
+    """Host ``(first chunk row of each span as int32, -1 when empty; number of chunks)`` for
+    ``cu_cpu``, in :func:`chunk_table_host`'s order."""
+    bounds = np.asarray(cu_cpu.tolist(), dtype=np.int64)
+    counts = (np.diff(bounds) + chunk_size - 1) // chunk_size
+    first = np.where(counts > 0, np.cumsum(counts) - counts, -1).astype(np.int32)
+    return first, int(counts.sum())
 
 
 def _b1(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

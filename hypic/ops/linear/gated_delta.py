@@ -252,13 +252,7 @@ def gated_delta_chain_forward_and_summarize(
                     summary_spans=summary_spans, record_rows=record_rows, num_records=num_records)
     o, final, summary = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
                                           scale, scale_f)
-    records = None
-    if record_rows is not None:
-        rows = dict(record_rows=record_rows, num_records=num_records)
-        if source is None:
-            records, _ = scan_chain(summary, cu_chains, initial_states, **rows)
-        else:
-            records, _ = scan_chain_from(summary, bodies, source, cu_chains, initial_states, **rows)
+    records = chain_recorded_states(summary, cu_chains, source, bodies, initial_states, record_rows, num_records)
     return o, final, select_spans(summary, summary_spans) if summarize else None, records
 
 
@@ -282,6 +276,20 @@ def select_spans(summary: DenseSummary, spans) -> DenseSummary:
         a, b = spans
         return DenseSummary(summary.transition[a:b], summary.state[a:b])
     return summary.index(spans.to(torch.int64))
+
+
+def chain_recorded_states(live: DenseSummary, cu_chains: torch.Tensor, source: Optional[torch.Tensor], bodies,
+                          initial_states: Optional[torch.Tensor], record_rows: Optional[torch.Tensor],
+                          num_records: Optional[int]) -> Optional[torch.Tensor]:
+    """The states ``record_rows`` asks for (``[num_records, HV, K, V]``, state entering chain
+    element i in row ``record_rows[i]``) by a scan of the live spans' summaries ``live``; None
+    without ``record_rows``."""
+    if record_rows is None:
+        return None
+    rows = dict(record_rows=record_rows, num_records=num_records)
+    if source is None:
+        return scan_chain(live, cu_chains, initial_states, **rows)[0]
+    return scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)[0]
 
 
 def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: Optional[torch.Tensor],

@@ -302,109 +302,6 @@ def scan_chain_wy_triton(
     return v_new, h_chunks, final
 
 
-_SUMMARY_KERNEL = None
-
-
-def _build_summary_kernel():
-    import triton
-
-    from hypic.ops.linear._triton_scan_kernel import span_summary_kernel
-
-    if _interpreting():
-        return span_summary_kernel, 32
-    configs = [triton.Config({"BV": 32}, num_warps=4, num_stages=1),
-               triton.Config({"BV": 32}, num_warps=8, num_stages=1),
-               triton.Config({"BV": 64}, num_warps=8, num_stages=1)]
-    key = ["H", "HV", "K", "V", "BK", "USE_G", "IS_T", "PRECISION", "SPLIT"]
-    return triton.autotune(configs=configs, key=key)(span_summary_kernel), None
-
-
-def span_summaries_triton(
-    k: torch.Tensor,
-    w: torch.Tensor,
-    u: torch.Tensor,
-    g: Optional[torch.Tensor],
-    cu_spans: torch.Tensor,
-    spans: torch.Tensor,
-    precision: Optional[str] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(T [NW, HV, K, K], S [NW, HV, K, V])`` fp32: the zero-start summaries of spans
-    ``spans [NW]`` (indices into ``cu_spans``, in output order) from the WY factors a chain
-    forward already made (``k [T, H, K]``, ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]``
-    chunk-local cumulative log2 gate or None), one launch for S and one for T over (column
-    block, head, span). S takes fla's state-pass precision, T's products ``precision``
-    (``HYPIC_SCAN_PRECISION``: bf16x3 splits by default), fp32 storage either way. What a store
-    write of a cold segment needs, without fla's summary kernel over every span of the forward
-    (seams and question included) or the split of its ``[S | T]`` output into two copies.
-    Reference: :func:`span_summaries_reference`.
-
-    **Experimental** (``HYPIC_SPAN_SUMMARY=triton``): a first version, one launch whose programs
-    branched at run time between S and T around the loop's products, matched the reference
-    under Triton's interpreter but hit an illegal memory access on the H200 (Triton 3.6,
-    session 14) in a kernel test and in ``benchmarks/chain_long_h200.py``, while a whole cold
-    32k TTFT run with it completed. This form (the role a compile-time constant, two launches)
-    has been run only under the interpreter."""
-    import triton
-
-    global _SUMMARY_KERNEL
-    precision = scan_precision(precision)
-    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
-    device = w.device
-    num_out = spans.numel()
-    trans = torch.empty(num_out, num_heads, key_dim, key_dim, device=device, dtype=torch.float32)
-    state = torch.empty(num_out, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
-    if num_out == 0:
-        return trans, state
-    if _SUMMARY_KERNEL is None:
-        _SUMMARY_KERNEL = _build_summary_kernel()
-    kernel, fixed_block_v = _SUMMARY_KERNEL
-    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
-    extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
-    use_g = g is not None
-    cu = cu_spans.to(device=device, dtype=torch.int64).contiguous()
-    spans = spans.to(device=device, dtype=torch.int64).contiguous()
-    g32 = g.to(torch.float32).contiguous() if use_g else cu
-    for out, cols, is_t in ((state, value_dim, False), (trans, key_dim, True)):
-        def grid(meta, cols=cols):
-            return (triton.cdiv(cols, meta["BV"]), num_heads, num_out)
-
-        kernel[grid](k, w, u, g32, cu, spans, out, H=k.shape[1], HV=num_heads, K=key_dim, V=value_dim,
-                     BK=max(16, triton.next_power_of_2(key_dim)), BT=CHUNK_TOKENS, USE_G=use_g, IS_T=is_t,
-                     PRECISION="tf32x3" if split else precision, SPLIT=split, INTERPRET=_interpreting(), **extra)
-    return trans, state
-
-
-def span_summaries_reference(k, w, u, g, cu_spans, spans, chunk_size: int = CHUNK_TOKENS):
-    """Float64 plain-loop reference of :func:`span_summaries_triton` (CPU): per span, S walked
-    from zero and T from the identity by ``h <- exp2(g_last) h + (K * exp2(g_last - g))^T
-    (U - W h)`` (T without U), chunk by chunk from the span's first token."""
-    f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
-    k, w, u, g = f64(k), f64(w), f64(u), f64(g)
-    bounds = [int(x) for x in cu_spans.tolist()]
-    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
-    key_heads = torch.arange(num_heads) // (num_heads // k.shape[1])
-    out_t, out_s = [], []
-    for s in [int(x) for x in spans.tolist()]:
-        a, b = bounds[s], bounds[s + 1]
-        h = torch.cat([torch.zeros(num_heads, key_dim, value_dim, dtype=torch.float64),
-                       torch.eye(key_dim, dtype=torch.float64).expand(num_heads, key_dim, key_dim)], dim=-1)
-        for t0 in range(a, b, chunk_size):
-            t1 = min(t0 + chunk_size, b)
-            uu = torch.cat([u[t0:t1], torch.zeros(t1 - t0, num_heads, key_dim, dtype=torch.float64)], dim=-1)
-            vn = uu - torch.einsum("thk,hkv->thv", w[t0:t1], h)
-            if g is not None:
-                g_last = g[t1 - 1]
-                vn = vn * torch.exp2(g_last[None, :] - g[t0:t1])[..., None]
-                h = torch.exp2(g_last)[:, None, None] * h
-            h = h + torch.einsum("thk,thv->hkv", k[t0:t1][:, key_heads], vn)
-        out_s.append(h[..., :value_dim])
-        out_t.append(h[..., value_dim:])
-    if not out_t:
-        return (torch.empty(0, num_heads, key_dim, key_dim, dtype=torch.float64),
-                torch.empty(0, num_heads, key_dim, value_dim, dtype=torch.float64))
-    return torch.stack(out_t), torch.stack(out_s)
-
-
 def scan_chain_wy_reference(
     k: torch.Tensor,
     w: torch.Tensor,
@@ -425,6 +322,7 @@ def scan_chain_wy_reference(
     ``h_chunk <- h``, ``v_new = u - W h``, ``h <- exp2(g_last) h + (K * exp2(g_last - g))^T v_new``;
     bodies (``second``, dense) as ``T h + S``. Chunk rows are laid in span order. Returns the
     same outputs, float64 on the CPU (``v_new`` and ``h`` unrounded)."""
+    from hypic.ops.linear._fla_common import span_chunk_rows_host
     from hypic.ops.linear.summary import SummaryTable
 
     f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
@@ -439,10 +337,7 @@ def scan_chain_wy_reference(
     state2 = None if second is None else f64(second.state)
     src = None if source is None else [int(x) for x in source.tolist()]
     rec = None if record_rows is None else [int(x) for x in record_rows.tolist()]
-    first_chunk, row = [], 0
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        first_chunk.append(row if b > a else -1)
-        row += -(-(b - a) // chunk_size)
+    first_chunk = span_chunk_rows_host(cu_spans.cpu(), chunk_size)[0].tolist()
     v_new = torch.zeros_like(u)
     h_chunks = torch.zeros(num_chunks, num_heads, key_dim, value_dim, dtype=torch.float64)
     final = torch.zeros(len(chains) - 1, num_heads, key_dim, value_dim, dtype=torch.float64)
