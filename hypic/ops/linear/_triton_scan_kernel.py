@@ -225,6 +225,89 @@ def wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_
 
 
 @triton.jit
+def split_dot(a_hi, a_lo, a, b, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """:func:`fp32_dot` of ``a`` (fp32) and ``b`` with ``a`` already split (``a_hi + a_lo``, bf16;
+    read only when ``SPLIT``): a tile that takes part in two products is split once."""
+    if SPLIT == 0:
+        return tl.dot(a, b, input_precision=PRECISION)
+    else:
+        b_hi, b_lo = split_bf16(b)
+        out = bf16_dot(a_lo, b_hi, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), SPLIT)
+        out = bf16_dot(a_hi, b_lo, out, SPLIT)
+        return bf16_dot(a_hi, b_hi, out, SPLIT)
+
+
+@triton.jit
+def element_meta(table, source, cu_spans, j, end, i_h, num_table, t_base, s_base,
+                 HV: tl.constexpr, T_SIZE: tl.constexpr, S_SIZE: tl.constexpr,
+                 T_UNIT: tl.constexpr, S_UNIT: tl.constexpr):
+    """What the fused walk needs of chain element j before applying it: its source, a body's T
+    and S offsets (as :func:`span_offsets`) and a live span's token bounds. Every load is masked
+    (j past the chain's ``end``, a body's bounds, a live span's table entry), so looking ahead
+    past a chain or a list never reads out of bounds."""
+    src = tl.load(source + j, mask=j < end, other=-1)
+    body = src < 0
+    entry = tl.maximum(-src - 1, 0)
+    t_addr = tl.load(table + entry, mask=body & (j < end), other=t_base)
+    s_addr = tl.load(table + num_table + entry, mask=body & (j < end), other=s_base)
+    t_off = (t_addr - t_base) // T_UNIT * (T_UNIT // 4) + i_h * T_SIZE
+    s_off = (s_addr - s_base) // S_UNIT * (S_UNIT // 4) + i_h * S_SIZE
+    span = tl.maximum(src, 0)
+    bos = tl.load(cu_spans + span, mask=~body, other=0).to(tl.int64)
+    length = tl.load(cu_spans + span + 1, mask=~body, other=0).to(tl.int64) - bos
+    return src, t_off, s_off, bos, length
+
+
+@triton.jit
+def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, chunk, t_off, s_off,
+                   i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
+                   USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """A live span of at most BS tokens (a seam) and the cached body after it, in one step:
+    ``T (gamma h + Kd^T v) + S`` taken as ``gamma T h + (T Kd^T) v + S`` with ``v = u - W h``.
+    ``T Kd^T`` needs only loaded tiles, so the state's own path is ``T h`` beside ``W h -> P v``
+    instead of the seam's two products followed by T's, and the seam's and the body's loads are
+    in flight together (a cached request's chain alternates seams and bodies: its steps are
+    bound by their latency, not by their MMAs). Outputs as :func:`wy_step`'s for the seam."""
+    if chunk >= 0:
+        tl.store(h_chunks + (chunk * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty), mask=m_kv)
+    o_s = tl.arange(0, BS)
+    m_t = o_s < length
+    rows = bos + o_s
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
+    b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
+    b_u = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32)
+    b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk,
+                  other=0.0).to(tl.float32)
+    if USE_G:
+        g_last = tl.load(g + (bos + length - 1) * HV + i_h, mask=length > 0, other=0.0).to(tl.float32)
+        gamma = tl.where(length > 0, tl.exp2(g_last), 1.0)
+        b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+        decay = tl.where(m_t, tl.exp2(g_last - b_g), 0.0)
+    else:
+        gamma = 1.0
+        decay = tl.where(m_t, 1.0, 0.0)
+    if SPLIT == 0:
+        t_hi = b_t
+        t_lo = b_t
+    else:
+        t_hi, t_lo = split_bf16(b_t)
+    b_p = split_dot(t_hi, t_lo, b_t, tl.trans(b_k * decay[:, None]), PRECISION, SPLIT)  # [K, BS]
+    if w.dtype.element_ty == tl.bfloat16:
+        b_wh = bf16_fp32_dot(b_w, b_h, PRECISION, SPLIT)
+    else:
+        b_wh = fp32_dot(b_w.to(tl.float32), b_h, PRECISION, SPLIT)
+    b_v = b_u - b_wh  # rows past the span are 0 - 0 (masked loads), and their decay is 0
+    tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
+    b_th = split_dot(t_hi, t_lo, b_t, b_h, PRECISION, SPLIT)
+    return gamma * b_th + fp32_dot(b_p, b_v, PRECISION, SPLIT) + b_s
+
+
+@triton.jit
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
                   b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
@@ -299,6 +382,7 @@ def scan_chain_kernel(
     BT: tl.constexpr,       # fla's chunk size (LONG_WY)
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
+    FUSE: tl.constexpr,    # HAS_WY, HAS_SOURCE, dense, no records: a seam and its body in one step
 ):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -319,33 +403,68 @@ def scan_chain_kernel(
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
-    # The offsets of element i + 1 are read while element i is applied: the two dependent
-    # scalar loads (source, then the table) leave the step's critical path.
-    last = tl.maximum(end - 1, start)
-    t_off, s_off = span_offsets(table, source, tl.minimum(start, last), i_h, num_table, t_base, s_base,
-                                HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
-    if WHILE_LOOP:
-        # Triton's interpreter cannot run ``range`` over bounds loaded from memory (seen with
-        # Triton 3.6: "only 0-dimensional arrays can be converted to Python scalars"); the
-        # compiled kernel keeps the ``for`` loop.
+    if FUSE:
+        # A live span of at most BS tokens followed by a body is applied with it in one step
+        # (:func:`seam_body_step`), so the walk advances by one or two elements: what it reads
+        # of the two elements after the pair is loaded while the pair is applied, as below.
+        last = tl.maximum(end - 1, start)
+        src0, t0, s0, bos0, len0 = element_meta(table, source, cu_spans, tl.minimum(start, last), end, i_h,
+                                                num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
+        src1, t1, s1, bos1, len1 = element_meta(table, source, cu_spans, tl.minimum(start + 1, last), end, i_h,
+                                                num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
         i = start
         while i < end:
-            t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
-                                          HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
-            b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
-                                source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
-                                WHILE_LOOP)
-            t_off, s_off = t_next, s_next
-            i += 1
+            j2 = tl.minimum(i + 2, last)
+            j3 = tl.minimum(i + 3, last)
+            src2, t2, s2, bos2, len2 = element_meta(table, source, cu_spans, j2, end, i_h, num_table, t_base, s_base,
+                                                    HV, T_SIZE, K * V, T_UNIT, S_UNIT)
+            src3, t3, s3, bos3, len3 = element_meta(table, source, cu_spans, j3, end, i_h, num_table, t_base, s_base,
+                                                    HV, T_SIZE, K * V, T_UNIT, S_UNIT)
+            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)
+            if fuse:
+                chunk = tl.load(span_chunk + src0).to(tl.int64)
+                b_h = seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos0, len0, chunk, t1, s1,
+                                     i_h, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION,
+                                     SPLIT)
+            else:
+                b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new,
+                                    h_chunks, source, b_h, i, i_h, t0, s0, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV,
+                                    K, V, BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY,
+                                    BT, WHILE_LOOP)
+            # the next element is i + 2 after a pair, else i + 1
+            src0, t0, s0, bos0, len0 = (tl.where(fuse, src2, src1), tl.where(fuse, t2, t1), tl.where(fuse, s2, s1),
+                                        tl.where(fuse, bos2, bos1), tl.where(fuse, len2, len1))
+            src1, t1, s1, bos1, len1 = (tl.where(fuse, src3, src2), tl.where(fuse, t3, t2), tl.where(fuse, s3, s2),
+                                        tl.where(fuse, bos3, bos2), tl.where(fuse, len3, len2))
+            i += tl.where(fuse, 2, 1)
     else:
-        for i in range(start, end):
-            t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
-                                          HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
-            b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
-                                source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
-                                WHILE_LOOP)
-            t_off, s_off = t_next, s_next
+        # The offsets of element i + 1 are read while element i is applied: the two dependent
+        # scalar loads (source, then the table) leave the step's critical path.
+        last = tl.maximum(end - 1, start)
+        t_off, s_off = span_offsets(table, source, tl.minimum(start, last), i_h, num_table, t_base, s_base,
+                                    HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
+        if WHILE_LOOP:
+            # Triton's interpreter cannot run ``range`` over bounds loaded from memory (seen with
+            # Triton 3.6: "only 0-dimensional arrays can be converted to Python scalars"); the
+            # compiled kernel keeps the ``for`` loop.
+            i = start
+            while i < end:
+                t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
+                                              HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
+                b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
+                                    source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
+                                    BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
+                                    WHILE_LOOP)
+                t_off, s_off = t_next, s_next
+                i += 1
+        else:
+            for i in range(start, end):
+                t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
+                                              HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
+                b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
+                                    source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
+                                    BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
+                                    WHILE_LOOP)
+                t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

@@ -39,6 +39,7 @@ MODE_DIAGONAL = 1
 MODE_SCALAR = 2
 DOT_PRECISIONS = ("tf32x3", "bf16x3", "ieee", "tf32")  # tf32: one pass, for measurements (not used by default)
 PRECISION_ENV = "HYPIC_SCAN_PRECISION"
+FUSE_SEAMS_ENV = "HYPIC_CHAIN_FUSE_SEAMS"
 CHUNK_TOKENS = 64  # fla's chunk size: the rows of one chunk step of a long WY span
 
 _KERNEL = None
@@ -52,6 +53,15 @@ def scan_precision(precision: Optional[str] = None) -> str:
     if precision not in DOT_PRECISIONS:
         raise ValueError(f"{where} must be one of {DOT_PRECISIONS}, got {precision!r}")
     return precision
+
+
+def fuse_seams_enabled() -> bool:
+    """``HYPIC_CHAIN_FUSE_SEAMS`` (default 1; 0 applies a seam and the body after it as two steps,
+    for A/B measurements of the kernel's ``seam_body_step``)."""
+    value = os.environ.get(FUSE_SEAMS_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FUSE_SEAMS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _interpreting() -> bool:
@@ -85,7 +95,7 @@ def _build_kernel():
         return configs if mode == MODE_DENSE else configs[2:3]
 
     key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "SPLIT", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
-           "LONG_WY", "T_UNIT", "S_UNIT"]
+           "LONG_WY", "T_UNIT", "S_UNIT", "FUSE"]
     tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -219,6 +229,8 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
     # bf16x3: the kernel's own split products (2: the same maths for the interpreter)
     split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
     extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
+    # a seam and the body after it in one step: dense bodies from a source, no recorded states
+    fuse = wy is not None and has_source and mode == MODE_DENSE and not has_record and fuse_seams_enabled()
 
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
@@ -230,7 +242,7 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if split else precision, SPLIT=split,
         WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
         HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, LONG_WY=long_wy, BT=CHUNK_TOKENS,
-        T_UNIT=units[0], S_UNIT=units[1], **extra,
+        T_UNIT=units[0], S_UNIT=units[1], FUSE=fuse, **extra,
     )
 
 

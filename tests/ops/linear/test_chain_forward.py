@@ -139,7 +139,8 @@ KERNEL_CASE = BODIES_ON + textwrap.dedent("""
     from hypic.ops.linear.summary import DenseSummary, scan_chain_from
     from hypic.ops.linear.triton_scan import scan_chain_wy_triton
 
-    def case(dtype, device, gated=True, lengths=(8, 0, 1, 64, 8, 20, 17), h=2, hv=4, kd=32, vd=24, table=True):
+    def case(dtype, device, gated=True, lengths=(8, 0, 1, 64, 8, 20, 17), h=2, hv=4, kd=32, vd=24, table=True,
+             parts=False):
         gen = torch.Generator().manual_seed(5)
         t = sum(lengths)
         cu_cpu = torch.tensor((0,) + tuple(lengths)).cumsum(0)
@@ -172,7 +173,8 @@ KERNEL_CASE = BODIES_ON + textwrap.dedent("""
                                                second=second, source=source.to(device))
         assert v_new.dtype == u.dtype and h.dtype == w.dtype and final.dtype == torch.float32
         rel = lambda a, b: float((a.double().cpu() - b).norm() / b.norm())  # noqa: E731
-        return max(rel(v_new, v_ref), rel(h, h_ref), rel(final, fin))
+        errors = (rel(v_new, v_ref), rel(h, h_ref), rel(final, fin))
+        return errors if parts else max(errors)
 """)
 
 
@@ -182,6 +184,23 @@ def test_fused_kernel_matches_reference_under_interpreter(monkeypatch, gated, ta
     monkeypatch.setenv("HYPIC_SCAN_PRECISION", precision)  # the subprocess inherits it
     script = KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}, table={table}))\n"
     assert interpreted_error(script) < 2e-3
+
+
+# Seams before bodies of 16 tokens (the kernel's seam block: applied with the body in one step),
+# 0 (an empty seam) and 17 (one token over: two steps); chain 1 starts on a body.
+BOUNDARY_LENGTHS = (16, 0, 1, 17, 8, 20, 64)
+
+
+@pytest.mark.parametrize("fuse", ["0", "1"])
+@pytest.mark.parametrize("gated", [True, False])
+def test_seam_and_body_in_one_step_under_interpreter(monkeypatch, fuse, gated):
+    """``HYPIC_CHAIN_FUSE_SEAMS``: a seam and the body after it as one step (1) or two (0); the
+    final state within the fp32 products' error of the float64 reference either way."""
+    monkeypatch.setenv("HYPIC_CHAIN_FUSE_SEAMS", fuse)
+    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
+    errors = KERNEL_CASE + f"errors = case(torch.float16, 'cpu', gated={gated}, lengths={BOUNDARY_LENGTHS}, parts=True)\n"
+    assert interpreted_error(errors + "print(max(errors[:2]))\n") < 2e-3  # v_new and h are fp16 outputs
+    assert interpreted_error(errors + "print(errors[2])\n") < 1e-4
 
 
 @pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
