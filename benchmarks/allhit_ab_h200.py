@@ -11,6 +11,11 @@ syncs, hypic.bench.ttft_mode.ModeBench); the host-device syncs of one request
 
 Writes OUT/allhit_ab_TAG.json and OUT/allhit_ab_TAG_profile.txt. ``--smoke``: CPU, tiny config.
 
+``--ab-env NAME --ab-values A,B``: an A/B of a switch read at every call (e.g.
+``HYPIC_CHAIN_FUSE_SEAMS``) in this one process: after the timed requests, ``--repeats`` rounds
+of one request per value, interleaved, so that drift between processes and machines (~4 ms of
+TTFT between H200 hosts) does not enter the comparison. Its medians are ``ab`` in the row.
+
 ``--timeline``: per request of ``--repeats`` more, without a profiler (CUPTI slows launches), the
 host clock and a CUDA event at the request's start, after planning, after the layout build and
 around every decoder layer; the medians say, per layer, when the host queued it and when the GPU
@@ -82,6 +87,8 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="timings only (no sync check, profiles)")
     ap.add_argument("--timeline", action="store_true",
                     help="per-layer host and GPU clocks of --repeats more requests (no profiler)")
+    ap.add_argument("--ab-env", default=None, help="an environment switch to A/B in this process")
+    ap.add_argument("--ab-values", default="1,0", help="its values, one request each per round")
     ap.add_argument("--census", action="store_true",
                     help="also count the non-view aten ops of one request by the hypic line that issued them")
     args = ap.parse_args()
@@ -116,6 +123,10 @@ def main():
                "live_tokens": samples[-1].live_tokens, "first_allhit_ms": first.ttft_s * 1e3,
                "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft),
                "plan_p50_ms": statistics.median(s.plan_s * 1e3 for s in samples)}
+        if args.ab_env:
+            row["ab"] = interleaved_ab(bench, prompt, args.ab_env, args.ab_values.split(","), args.repeats)
+            print(f"{args.ab_env}: " + ", ".join(f"{v} {r['ttft_p50_ms']:.2f} ms" for v, r in row["ab"].items()),
+                  flush=True)
         if args.timeline:
             row["timeline"] = timeline(bench, prompt, model, args.repeats)
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, timeline ==\n" + timeline_text(row["timeline"]))
@@ -173,6 +184,27 @@ def main():
         json.dump(res, f, indent=1)
     with open(os.path.join(args.out, f"allhit_ab_{args.tag}_profile.txt"), "w") as f:
         f.write("\n\n".join(texts))
+
+
+def interleaved_ab(bench, prompt, name: str, values, repeats: int) -> dict:
+    """TTFT of ``prompt`` with ``os.environ[name]`` set to each value in turn, ``repeats`` rounds
+    of one request per value (a first round per value not counted: it compiles what the value
+    needs); the variable is restored afterwards."""
+    old = os.environ.get(name)
+    samples = {v: [] for v in values}
+    try:
+        for r in range(repeats + 1):
+            for v in values:
+                os.environ[name] = v
+                ttft = bench.run(prompt).ttft_s * 1e3
+                if r:
+                    samples[v].append(ttft)
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+    return {v: {"ttft_ms": t, "ttft_p50_ms": statistics.median(t)} for v, t in samples.items()}
 
 
 def timeline(bench, prompt, model, repeats: int) -> dict:

@@ -10,8 +10,9 @@ value heads, 16 key heads, K = V = 128; N cached bodies, each preceded by its 8-
 Also the two scans alone (the fused one with its dots in ``tf32x3``, ``bf16x3`` and ``tf32``), and
 the fused layer with the scan in ``bf16x3`` (``HYPIC_SCAN_PRECISION``). Outputs are
 compared with each other and the final states with a float64 scan of the same summaries.
-Session 15: the bf16x3 scan and layer again with ``HYPIC_CHAIN_FUSE_SEAMS=0`` (each seam and
-the body after it as two steps; the default 1 applies them as one).
+Session 15: the bf16x3 scan and layer under each ``HYPIC_CHAIN_FUSE_SEAMS`` (0: each seam and
+the body after it as two steps, 1: one step composed in the walk, 2: ``M h + c`` composed
+beforehand, the default), in ``fuse_seams``.
 
     python3 benchmarks/chain_forward_h200.py --out OUT   # -> OUT/chain_forward.json
 """
@@ -41,15 +42,15 @@ def main():
         json.dump(rows, f, indent=1)
     print(f"{'bodies':>6} {'separate ms':>12} {'fused ms':>9} {'scan+pass ms':>13} {'wy scan ms':>11} "
           f"{'wy tf32 ms':>11} {'wy bf16x3':>10} {'fused bf16x3':>12} {'o rel':>8} {'final rel':>9} "
-          f"{'err tf32x3':>10} {'err bf16x3':>10} {'err tf32':>9} {'2-step scan':>11} {'2-step layer':>12} "
-          f"{'2-step err':>10}")
+          f"{'err tf32x3':>10} {'err bf16x3':>10} {'err tf32':>9} "
+          + " ".join(f"{'scan/layer ' + m:>15}" for m in ("0", "1", "2")))
     for r in rows:
         print(f"{r['bodies']:>6} {r['separate_ms']:>12.3f} {r['fused_ms']:>9.3f} {r['old_scan_ms']:>13.3f} "
               f"{r['wy_scan_ms']:>11.3f} {r['wy_scan_tf32_ms']:>11.3f} {r['wy_scan_bf16x3_ms']:>10.3f} "
               f"{r['fused_bf16x3_ms']:>12.3f} {r['o_rel_diff']:>8.1e} {r['final_rel_diff']:>9.1e} "
               f"{r['final_rel_err_fused']:>10.1e} {r['final_rel_err_fused_bf16x3']:>10.1e} "
-              f"{r['final_rel_err_fused_tf32']:>9.1e} {r['wy_scan_bf16x3_two_step_ms']:>11.3f} "
-              f"{r['fused_bf16x3_two_step_ms']:>12.3f} {r['final_rel_err_bf16x3_two_step']:>10.1e}")
+              f"{r['final_rel_err_fused_tf32']:>9.1e} "
+              + " ".join(f"{f['scan_ms']:>7.3f}/{f['layer_ms']:<7.3f}" for f in r["fuse_seams"].values()))
 
 
 def run(nb: int, repeats: int) -> dict:
@@ -140,11 +141,10 @@ def run(nb: int, repeats: int) -> dict:
         return run
 
     fused_bf16x3 = with_env(fused, HYPIC_SCAN_PRECISION="bf16x3")
-    two_step = dict(HYPIC_CHAIN_FUSE_SEAMS="0")
-    scan_two_step = with_env(wy_scan("bf16x3"), **two_step)
-    layer_two_step = with_env(fused, HYPIC_SCAN_PRECISION="bf16x3", **two_step)
-    v_one, h_one, f_one = wy_scan("bf16x3")()
-    v_two, h_two, f_two = scan_two_step()
+    fuse_modes = ("0", "1", "2")
+    fuse_scans = {m: with_env(wy_scan("bf16x3"), HYPIC_CHAIN_FUSE_SEAMS=m) for m in fuse_modes}
+    fuse_layers = {m: with_env(fused, HYPIC_SCAN_PRECISION="bf16x3", HYPIC_CHAIN_FUSE_SEAMS=m) for m in fuse_modes}
+    fuse_outs = {m: fuse_scans[m]() for m in fuse_modes}
 
     o_c, f_c = fused_bf16x3()
     med = lambda fn: statistics.median(event_times_ms(fn, repeats=repeats))  # noqa: E731
@@ -157,9 +157,11 @@ def run(nb: int, repeats: int) -> dict:
            "o_rel_diff": rel(o_b, o_a), "final_rel_diff": rel(f_b, f_a),
            "final_rel_err_separate": rel(f_a, f_ref), "final_rel_err_fused": rel(f_b, f_ref),
            "final_rel_err_fused_tf32": rel(f_tf32, f_ref),
-           "wy_scan_bf16x3_two_step_ms": med(scan_two_step), "fused_bf16x3_two_step_ms": med(layer_two_step),
-           "final_rel_err_bf16x3_two_step": rel(f_two, f_ref),
-           "one_vs_two_step_rel_diff": {"v_new": rel(v_one, v_two), "h": rel(h_one, h_two), "final": rel(f_one, f_two)}}
+           "fuse_seams": {m: {"scan_ms": med(fuse_scans[m]), "layer_ms": med(fuse_layers[m]),
+                              "final_rel_err": rel(fuse_outs[m][2], f_ref),
+                              "vs_two_steps_rel_diff": {name: rel(a, b) for name, a, b in
+                                                        zip(("v_new", "h", "final"), fuse_outs[m], fuse_outs["0"])}}
+                          for m in fuse_modes}}
     print(json.dumps(row), flush=True)
     return row
 
