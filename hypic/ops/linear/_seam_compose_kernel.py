@@ -26,7 +26,7 @@ def fusable_pair(table, source, cu_spans, cu_chains, i, num_elements, num_chains
                  T_UNIT: tl.constexpr, S_UNIT: tl.constexpr):
     """Whether chain element i is a seam of at most BS tokens followed, in its chain, by a body
     (the walk's own test), and the seam's bounds and the body's T and S offsets."""
-    end = num_elements
+    end = i * 0 + num_elements  # int64 like the chain bounds it is replaced by
     for b in range(0, num_chains):
         lo = tl.load(cu_chains + b)
         hi = tl.load(cu_chains + b + 1)
