@@ -308,34 +308,6 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
 
 
 @triton.jit
-def composed_step(w, u, v_new, h_chunks, pair_trans, pair_state, b_h, bos, length, chunk, slot,
-                  i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
-                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                  PRECISION: tl.constexpr, SPLIT: tl.constexpr):
-    """A seam and the body after it as ``M h + c``, composed beforehand (``compose_seams_kernel``
-    of :mod:`hypic.ops.linear._seam_compose_kernel`, row ``slot``), and the seam's outputs for
-    fla's output kernel as :func:`wy_step` writes them."""
-    if chunk >= 0:
-        tl.store(h_chunks + (chunk * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty), mask=m_kv)
-    o_s = tl.arange(0, BS)
-    m_t = o_s < length
-    rows = bos + o_s
-    b_m = tl.load(pair_trans + (slot * HV + i_h) * K * K + o_k[:, None] * K + o_k[None, :],
-                  mask=m_k[:, None] & m_k[None, :], other=0.0)
-    b_c = tl.load(pair_state + (slot * HV + i_h) * K * V + kv_off, mask=m_kv, other=0.0)
-    b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-    p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
-    m_tv = m_t[:, None] & m_v[None, :]
-    b_u = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32)
-    if w.dtype.element_ty == tl.bfloat16:
-        b_wh = bf16_fp32_dot(b_w, b_h, PRECISION, SPLIT)
-    else:
-        b_wh = fp32_dot(b_w.to(tl.float32), b_h, PRECISION, SPLIT)
-    tl.store(v_new + p_uv, (b_u - b_wh).to(v_new.dtype.element_ty), mask=m_tv)
-    return fp32_dot(b_m, b_h, PRECISION, SPLIT) + b_c
-
-
-@triton.jit
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
                   b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
@@ -387,8 +359,6 @@ def scan_chain_kernel(
     span_chunk,
     v_new,
     h_chunks,
-    pair_trans,   # FUSE 2: [ceil(M / 2), HV, K, K] / [.., K, V] fp32, each pair's M and c in row i // 2
-    pair_state,
     num_table,
     t_base,       # byte addresses of trans and state (table addresses are taken relative to them)
     s_base,
@@ -412,8 +382,7 @@ def scan_chain_kernel(
     BT: tl.constexpr,       # fla's chunk size (LONG_WY)
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
-    FUSE: tl.constexpr,    # HAS_WY, HAS_SOURCE, dense, no records: a seam and its body in one step,
-                           # 1: composed in the walk, 2: read composed from pair_trans / pair_state
+    FUSE: tl.constexpr,    # HAS_WY, HAS_SOURCE, dense, no records: a seam and its body in one step
 ):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -454,14 +423,9 @@ def scan_chain_kernel(
             fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)
             if fuse:
                 chunk = tl.load(span_chunk + src0).to(tl.int64)
-                if FUSE == 2:
-                    b_h = composed_step(w, u, v_new, h_chunks, pair_trans, pair_state, b_h, bos0, len0, chunk,
-                                        i // 2, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv, HV, K, V, BS, PRECISION,
-                                        SPLIT)
-                else:
-                    b_h = seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos0, len0, chunk, t1,
-                                         s1, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V, BS, USE_G,
-                                         PRECISION, SPLIT)
+                b_h = seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos0, len0, chunk, t1, s1,
+                                     i_h, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION,
+                                     SPLIT)
             else:
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new,
                                     h_chunks, source, b_h, i, i_h, t0, s0, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV,

@@ -22,8 +22,7 @@ prefill rounds the state to bf16 (2^-9) at every chunk.
 :func:`scan_chain_wy_triton` fuses the scan with the one-chunk state pass of live spans given by
 their WY factors (a cached request's seams and question), for fla's output kernel. A seam of at
 most ``SEAM_ROWS`` tokens and the cached body after it are one step of the walk
-(``HYPIC_CHAIN_FUSE_SEAMS``, :func:`fuse_seams_mode`): by default the affine map ``M h + c`` of
-each such pair is composed beforehand for all pairs at once (:mod:`._seam_compose_kernel`).
+(``HYPIC_CHAIN_FUSE_SEAMS``, :func:`fuse_seams_enabled`).
 
 Triton is imported lazily: importing this module on a CPU-only machine needs no Triton, and the
 torch formulation (``scan_chain_torch``) runs anywhere (it is the CPU-testable part).
@@ -59,18 +58,17 @@ def scan_precision(precision: Optional[str] = None) -> str:
     return precision
 
 
-FUSE_SEAMS_MODES = ("0", "1", "2")
-
-
-def fuse_seams_mode() -> int:
-    """``HYPIC_CHAIN_FUSE_SEAMS``: how the chain walk applies a seam (a live span of at most 16
-    tokens) and the cached body after it: 0 as two steps, 1 as one step composed in the walk
-    (``gamma T h + (T Kd^T) v + S``), 2 (default) as one product ``M h + c`` with every pair's
-    M and c composed beforehand by one parallel launch (:mod:`_seam_compose_kernel`)."""
-    value = os.environ.get(FUSE_SEAMS_ENV, "2")
-    if value not in FUSE_SEAMS_MODES:
-        raise ValueError(f"{FUSE_SEAMS_ENV} must be one of {FUSE_SEAMS_MODES}, got {value!r}")
-    return int(value)
+def fuse_seams_enabled() -> bool:
+    """``HYPIC_CHAIN_FUSE_SEAMS`` (default 1): the chain walk applies a seam (a live span of at
+    most ``SEAM_ROWS`` tokens) and the cached body after it as one step, ``gamma T h + (T Kd^T) v
+    + S`` (the kernel's ``seam_body_step``); 0 applies the seam and then the body, for A/B runs.
+    Measured on the H200 (session 15, call 3, all-hit 32k, the modes interleaved in one
+    process): 75.92 ms p50 TTFT against 77.18 with two steps. A third form, every pair's
+    ``M h + c`` composed beforehand by a parallel launch, gave 84.43 and was removed (549bab2)."""
+    value = os.environ.get(FUSE_SEAMS_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FUSE_SEAMS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _interpreting() -> bool:
@@ -239,47 +237,20 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
     split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
     extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
     # a seam and the body after it in one step: dense bodies from a source, no recorded states
-    fuse = fuse_seams_mode() if wy is not None and has_source and mode == MODE_DENSE and not has_record else 0
-    pair_trans = pair_state = cu
-    if fuse == 2:
-        pair_trans, pair_state = _compose_seams(trans, state, cu, table, num_table, source, wy, key_heads,
-                                                num_heads, key_dim, value_dim, block_k, precision, split, units)
+    fuse = wy is not None and has_source and mode == MODE_DENSE and not has_record and fuse_seams_enabled()
 
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
 
     kernel[grid](
         trans, state, init, incoming, final, cu, table, source, record, k, w, u, g, cu_spans, span_chunk, v_new,
-        h_chunks, pair_trans, pair_state, num_table, trans.data_ptr(), state.data_ptr(),
+        h_chunks, num_table, trans.data_ptr(), state.data_ptr(),
         H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BS=SEAM_ROWS,
         MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if split else precision, SPLIT=split,
         WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
         HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, LONG_WY=long_wy, BT=CHUNK_TOKENS,
         T_UNIT=units[0], S_UNIT=units[1], FUSE=fuse, **extra,
     )
-
-
-def _compose_seams(trans, state, cu_chains, table, num_table, source, wy, key_heads, num_heads, key_dim,
-                   value_dim, block_k, precision, split, units):
-    """Every seam-and-body pair's ``(M, c)`` (``compose_seams_kernel``), in row ``i // 2`` for the
-    pair starting at chain element i: one program per element and head (those that start no pair
-    return at once), no host sync to find the pairs."""
-    from hypic.ops.linear._seam_compose_kernel import compose_seams_kernel
-
-    k, w, u, g, cu_spans, _, _, _ = wy
-    num_elements = source.numel()
-    rows = (num_elements + 1) // 2
-    device = w.device
-    pair_trans = torch.empty(rows, num_heads, key_dim, key_dim, device=device, dtype=torch.float32)
-    pair_state = torch.empty(rows, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
-    if num_elements:
-        compose_seams_kernel[(num_elements, num_heads)](
-            trans, state, pair_trans, pair_state, cu_chains, table, source, k, w, u, g if g is not None else cu_chains,
-            cu_spans, num_elements, cu_chains.numel() - 1, num_table, trans.data_ptr(), state.data_ptr(),
-            H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BV=32, BS=SEAM_ROWS,
-            USE_G=g is not None, PRECISION="tf32x3" if split else precision, SPLIT=split,
-            T_UNIT=units[0], S_UNIT=units[1], num_warps=8)
-    return pair_trans, pair_state
 
 
 def scan_chain_wy_triton(
