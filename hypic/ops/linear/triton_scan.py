@@ -62,9 +62,12 @@ def fuse_seams_enabled() -> bool:
     """``HYPIC_CHAIN_FUSE_SEAMS`` (default 1): the chain walk applies a seam (a live span of at
     most ``SEAM_ROWS`` tokens) and the cached body after it as one step, ``gamma T h + (T Kd^T) v
     + S`` (the kernel's ``seam_body_step``); 0 applies the seam and then the body, for A/B runs.
-    Measured on the H200 (session 15, call 3, all-hit 32k, the modes interleaved in one
-    process): 75.92 ms p50 TTFT against 77.18 with two steps. A third form, every pair's
-    ``M h + c`` composed beforehand by a parallel launch, gave 84.43 and was removed (549bab2)."""
+    Measured on the H200, session 15: one layer's scan at the all-hit 32k shape 0.588 ms against
+    0.707 with two steps on one machine (call 1) but 0.777 against 0.683 on another (call 3);
+    all-hit 32k TTFT with the modes interleaved in one process (call 3) 75.92 ms p50 against
+    77.18 (means 76.5 and 76.2 over 5 each): no gain established either way. A third form,
+    every pair's ``M h + c`` composed beforehand by a parallel launch, gave 84.43 ms there and
+    was removed (its kernel is in commit 549bab2)."""
     value = os.environ.get(FUSE_SEAMS_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{FUSE_SEAMS_ENV} must be 0 or 1, got {value!r}")
