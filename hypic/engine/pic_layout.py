@@ -25,11 +25,12 @@ import dataclasses
 import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from hypic.engine.index_buffer import ALIGN_INT64, IndexBuffer
 from hypic.ops.kv_gather import PieceFormat, PieceTable, piece_format
 from hypic.ops.linear._checks import concrete_device
 from hypic.ops.linear.summary import summary_addresses
@@ -175,15 +176,23 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     if not requests:
         raise ValueError("a PIC forward needs at least one request")
     w1 = conv_width - 1
-    # Index lists that are runs of consecutive ints are kept as (start, length) pairs and expanded
-    # once at the end (_Ranges): a Python loop per element, none per token.
+    # One Python pass per element (none per token): index lists that are runs of consecutive ints
+    # are kept as (start, length) and expanded by numpy straight into the host buffer.
     live_tokens: List[Tuple[int, ...]] = []  # token ids of each live element
-    pos = _Ranges()
+    live_positions: List[int] = []  # position of each live element's first token
+    live_lengths: List[int] = []
+    # key pieces (a request's prefix checkpoints, then its elements): first row of each in
+    # cat(live rows, cached rows), the cached ones counted from 0 here (past the live rows at
+    # the end, when their count is known), and length
+    piece_rows: List[int] = []
+    piece_cached: List[bool] = []
+    piece_lengths: List[int] = []
     cu_req = [0]
     cu_spans = [0]
     cu_chains = [0]
     chain_source: List[int] = []  # live span s -> s, body b -> -b - 1
     bodies: List[Tuple[int, BodyElement]] = []
+    body_pieces: List[int] = []  # index of each body among the cached pieces
     drop_t: List[bool] = []
     runs: List[List[int]] = []  # [first live token, num tokens]
     run_init: List[Tuple[str, int]] = []
@@ -191,8 +200,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     writes: List[Tuple[int, int, Write]] = []
     write_chain_pos: List[int] = []
     write_key_rows: List[Tuple[int, int]] = []
-    key_index = _Ranges()
-    pos_k = _Ranges()
     cu_keys = [0]
     cached_pieces: List[SegmentEntry] = []
     cu_cached = [0]
@@ -200,10 +207,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     logits_rows: List[int] = []
     final_tail_ends: List[Tuple[int, int]] = []  # per request: (run index, run-local end) of its last run
 
-    # Cached rows are numbered after all live rows; count them in a first pass.
-    total_live = 0
-    for r in requests:
-        total_live += sum(e.num_tokens for e in r.elements if isinstance(e, LiveElement))
     cached_count = 0
     num_live = 0  # live tokens so far
     num_keys = 0  # keys so far
@@ -213,17 +216,17 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
             raise ValueError(f"request {b}: the last element must be live (the query)")
         position = req.prefix_tokens
         # prefix checkpoints: their K/V as cached rows at their own positions (never shifted)
-        p0 = 0
         for ckpt in req.prefix:
             n = ckpt.num_tokens
             cached_pieces.append(ckpt)
-            key_index.add(total_live + cached_count, n)
-            pos_k.add(p0, n)
+            piece_rows.append(cached_count)
+            piece_cached.append(True)
+            piece_lengths.append(n)
             cached_shift.append(0)
             cached_count += n
             cu_cached.append(cached_count)
             num_keys += n
-            p0 += n
+        drop_transition, rerotate = not req.use_transition, req.rerotate_keys
         prev_live = False
         run_local = 0
         for e in req.elements:
@@ -235,8 +238,9 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                     raise ValueError(f"request {b}: empty element")
                 first = num_live
                 live_tokens.append(e.token_ids)
+                live_positions.append(position)
+                live_lengths.append(n)
                 num_live += n
-                pos.add(position, n)
                 s = len(cu_spans) - 1
                 cu_spans.append(num_live)
                 if not prev_live:  # a new conv run
@@ -250,8 +254,9 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                 runs[-1][1] += n
                 run_local += n
                 k_first = num_keys
-                key_index.add(first, n)
-                pos_k.add(position, n)
+                piece_rows.append(first)
+                piece_cached.append(False)
+                piece_lengths.append(n)
                 num_keys += n
                 if e.write is not None:
                     writes.append((b, s, e.write))
@@ -263,18 +268,19 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                 n = e.num_tokens
                 if n <= 0:
                     raise ValueError(f"request {b}: empty element")
-                if e.entry.num_body_tokens != n:
-                    raise ValueError(
-                        f"request {b}: body has {n} tokens, its entry {e.entry.num_body_tokens}"
-                    )
+                entry = e.entry
+                if entry.num_body_tokens != n:
+                    raise ValueError(f"request {b}: body has {n} tokens, its entry {entry.num_body_tokens}")
                 bodies.append((b, e))
-                drop_t.append(not req.use_transition)
+                drop_t.append(drop_transition)
                 chain_source.append(-len(bodies))
-                cached_pieces.append(e.entry)
-                key_index.add(total_live + cached_count, n)
-                pos_k.add(position, n)
+                body_pieces.append(len(cached_pieces))
+                cached_pieces.append(entry)
+                piece_rows.append(cached_count)
+                piece_cached.append(True)
+                piece_lengths.append(n)
                 num_keys += n
-                cached_shift.append(e.segment_start - e.entry.origin_position if req.rerotate_keys else 0)
+                cached_shift.append(e.segment_start - entry.origin_position if rerotate else 0)
                 cached_count += n
                 cu_cached.append(cached_count)
                 prev_live = False
@@ -287,6 +293,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_keys.append(num_keys)
         if req.need_logits:
             logits_rows.append(num_live - 1)
+    total_live = num_live
 
     # Tails in the recorded order: every write's (in `writes` order), then each request's final
     # conv state. (Appending a request's final tail after its own writes interleaved them in a
@@ -313,23 +320,30 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
                 checkpoint_rows[chain_pos + 1] = num_checkpoint_rows
                 num_checkpoint_rows += 1
             write_after_checkpoint_rows.append(checkpoint_rows[chain_pos + 1])
-    body_addresses = None if any(drop_t) else _body_addresses([e.entry for _, e in bodies], device)
-    kv_addresses, kv_format = _kv_addresses(cached_pieces, device)
+    piece_tables = _entry_tables(cached_pieces, device)
+    body_tables = [piece_tables[i] for i in body_pieces]
+    body_addresses = None if any(drop_t) else _summary_pointers([e.entry for _, e in bodies], body_tables)
+    kv_addresses, kv_format = _kv_pointers(cached_pieces, piece_tables)
     write_span_ids = [span for _, span, _ in writes]
 
-    lists = dict(input_ids=_flat_tokens(live_tokens, num_live), positions=pos.array(),
-                 cu_live_per_request=cu_req, cu_spans=cu_spans,
-                 cu_chains=cu_chains, cu_runs=cu_runs,
-                 tail_index=tail_index, write_spans=write_span_ids,
-                 key_index=key_index.array(), positions_k=pos_k.array(), cu_keys=cu_keys,
-                 chain_source=chain_source,
-                 checkpoint_record_rows=checkpoint_rows, cu_cached=cu_cached, cached_shift=cached_shift,
-                 logits_rows=logits_rows)
-    if body_addresses is not None:
-        lists["body_addresses"] = body_addresses
-    if kv_addresses is not None:
-        lists["kv_addresses"] = kv_addresses
-    cpu, dev = _to_device(lists, device)
+    buffer = IndexBuffer()
+    for name, values in (("input_ids", list(itertools.chain.from_iterable(live_tokens))),
+                         ("cu_live_per_request", cu_req), ("cu_spans", cu_spans), ("cu_chains", cu_chains),
+                         ("cu_runs", cu_runs), ("tail_index", tail_index), ("write_spans", write_span_ids),
+                         ("cu_keys", cu_keys), ("chain_source", chain_source),
+                         ("checkpoint_record_rows", checkpoint_rows), ("cu_cached", cu_cached),
+                         ("cached_shift", cached_shift), ("logits_rows", logits_rows)):
+        buffer.values(name, values)
+    buffer.ranges("positions", live_positions, live_lengths)
+    # cached rows follow the live rows
+    key_starts = [row + total_live if cached else row for row, cached in zip(piece_rows, piece_cached)]
+    buffer.ranges("key_index", key_starts, piece_lengths)
+    # each request's keys are its positions 0..Lk-1 in order (keys_by_position: checkpoints from 0,
+    # every element where the previous one ended, as checked above)
+    buffer.ranges("positions_k", [0] * len(requests), [b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])])
+    body_shape = None if body_addresses is None else _add_stacked(buffer, "body_addresses", body_addresses)
+    kv_shape = None if kv_addresses is None else _add_stacked(buffer, "kv_addresses", kv_addresses)
+    cpu, dev = buffer.finish(device, host_names=("cu_live_per_request", "cu_spans", "cu_runs"))
     layout = PackedLayout(
         requests=list(requests),
         input_ids=dev["input_ids"],
@@ -344,7 +358,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         chain_source=dev["chain_source"],
         bodies=bodies,
         body_drop_transition_host=drop_t,
-        body_addresses=None if body_addresses is None else dev["body_addresses"].view(body_addresses.shape),
+        body_addresses=None if body_shape is None else dev["body_addresses"].view(body_shape),
         chain_has_prefix=[bool(r.prefix) for r in requests],
         cu_runs=dev["cu_runs"],
         cu_runs_cpu=cpu["cu_runs"],
@@ -369,7 +383,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_cached=dev["cu_cached"],
         cached_shift=dev["cached_shift"],
         any_rerotate=any(cached_shift),
-        kv_addresses=None if kv_addresses is None else dev["kv_addresses"].view(kv_addresses.shape),
+        kv_addresses=None if kv_shape is None else dev["kv_addresses"].view(kv_shape),
         kv_format=kv_format,
         logits_rows=dev["logits_rows"],
         write_key_rows=write_key_rows,
@@ -378,24 +392,46 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     return layout
 
 
-# Per store entry (entries are immutable and own their tensors), what the GPU kernels need to read
-# it in place: computed once per entry and device instead of per request and layer.
-_ENTRY_ADDRESSES: "weakref.WeakKeyDictionary[SegmentEntry, tuple]" = weakref.WeakKeyDictionary()
-_ENTRY_KV: "weakref.WeakKeyDictionary[SegmentEntry, tuple]" = weakref.WeakKeyDictionary()
+class _EntryTables:
+    """What the GPU kernels need to read one store entry in place on ``device``, each part
+    computed on its first use: entries are immutable and own their tensors, so this is once per
+    entry and device instead of per request and layer. ``summaries``: the flat ``[L * 2]`` (T, S)
+    data pointers of its linear layers' summaries (zeros where a layer has none), or None when
+    some summary cannot be read in place; ``kv``: the same of its attention layers' K and V, with
+    ``kv_format`` the format they share."""
+
+    __slots__ = ("device", "summaries", "kv", "kv_format")
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.summaries: object = _UNSET
+        self.kv: object = _UNSET
+        self.kv_format: Optional[PieceFormat] = None
 
 
-def _per_entry(cache: "weakref.WeakKeyDictionary", entry: SegmentEntry, device: torch.device, compute):
-    hit = cache.get(entry)
-    if hit is not None and hit[0] == device:
-        return hit[1]
-    value = compute(entry, device)
-    cache[entry] = (device, value)
-    return value
+_UNSET = object()
+_ENTRY_TABLES: "weakref.WeakKeyDictionary[SegmentEntry, _EntryTables]" = weakref.WeakKeyDictionary()
+# Every PieceFormat an entry's table has, once: equal formats are then one object, and a batch's
+# common format is found by identity instead of comparing (or hashing) dataclasses, ~0.5 us each.
+_FORMATS: Dict[PieceFormat, PieceFormat] = {}
 
 
-def _entry_addresses(entry: SegmentEntry, device: torch.device) -> Optional[np.ndarray]:
-    """The (T, S) data pointers of the entry's linear layers' summaries, [L, 2] (zeros where a
-    layer has none), or None when some summary cannot be read in place."""
+def _entry_tables(entries: Sequence[SegmentEntry], device: torch.device) -> List[_EntryTables]:
+    """The :class:`_EntryTables` of each entry on ``device`` (one weak-dictionary look-up each)."""
+    if not entries:
+        return []
+    device = concrete_device(device)
+    out = []
+    for entry in entries:
+        tables = _ENTRY_TABLES.get(entry)
+        if tables is None or tables.device != device:
+            tables = _ENTRY_TABLES[entry] = _EntryTables(device)
+        out.append(tables)
+    return out
+
+
+def _entry_summary_pointers(entry: SegmentEntry, device: torch.device) -> Optional[np.ndarray]:
+    """The entry's :attr:`_EntryTables.summaries`."""
     if not entry.linear:
         return None
     table = np.zeros((max(entry.linear) + 1, 2), dtype=np.int64)
@@ -404,12 +440,12 @@ def _entry_addresses(entry: SegmentEntry, device: torch.device) -> Optional[np.n
         if pair is None:
             return None
         table[layer] = pair
-    return table
+    return table.reshape(-1)
 
 
-def _entry_kv(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
-    """The K and V data pointers of the entry's attention layers, [L, 2] (zeros where a layer has
-    none), and the format they share; ``(None, None)`` when some layer's cannot be read in place."""
+def _entry_kv_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
+    """The entry's :attr:`_EntryTables.kv` and ``kv_format``; ``(None, None)`` when some layer's
+    K/V cannot be read in place."""
     if not entry.attention:
         return None, None
     table = np.zeros((max(entry.attention) + 1, 2), dtype=np.int64)
@@ -420,84 +456,73 @@ def _entry_kv(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.nd
             return None, None
         table[layer] = (payload.key.data_ptr(), payload.value.data_ptr())
     fmt = _common_format(formats)
-    return (None, None) if fmt is None else (table, fmt)
+    return (None, None) if fmt is None else (table.reshape(-1), _FORMATS.setdefault(fmt, fmt))
 
 
-def _stacked(tables: Sequence[Optional[np.ndarray]]) -> Optional[np.ndarray]:
-    """``[L, 2, N']`` of N per-entry ``[L, 2]`` tables, N' = N rounded up to an even count (zeros
-    after) so that each layer's table is 16-byte aligned (see _to_device); None when one is None
-    or their shapes differ."""
-    if any(t is None for t in tables) or len({t.shape for t in tables}) != 1:
+def _summary_pointers(entries: Sequence[SegmentEntry], tables: Sequence[_EntryTables]
+                      ) -> Optional[List[np.ndarray]]:
+    """Every body's flat summary pointer table (``tables[i]`` is ``entries[i]``'s), or None (no
+    body, or one whose summaries must be copied before a scan can read them, or tables of
+    different layer counts)."""
+    if not tables:
         return None
-    out = np.zeros(tables[0].shape + (len(tables) + len(tables) % _ALIGN_INT64,), dtype=np.int64)
-    np.stack(tables, axis=-1, out=out[..., :len(tables)])  # np.pad cost ~10x this
-    return out
+    for entry, t in zip(entries, tables):
+        if t.summaries is _UNSET:
+            t.summaries = _entry_summary_pointers(entry, t.device)
+    return _same_sized([t.summaries for t in tables])
 
 
-_ALIGN_INT64 = 2  # 16 bytes
+def _kv_pointers(entries: Sequence[SegmentEntry], tables: Sequence[_EntryTables]
+                 ) -> Tuple[Optional[List[np.ndarray]], Optional[PieceFormat]]:
+    """``(every piece's flat K/V pointer table, their common format)``, or ``(None, None)`` (no
+    piece, or one the K/V gather cannot read in place)."""
+    if not tables:
+        return None, None
+    for entry, t in zip(entries, tables):
+        if t.kv is _UNSET:
+            t.kv, t.kv_format = _entry_kv_pointers(entry, t.device)
+    fmt = _common_format([t.kv_format for t in tables])
+    pointers = None if fmt is None else _same_sized([t.kv for t in tables])
+    return (None, None) if pointers is None else (pointers, fmt)
 
 
-def _body_addresses(entries: Sequence[SegmentEntry], device: torch.device) -> Optional[np.ndarray]:
-    """``[L, 2, NB']`` data pointers of every body's summaries, or None (no body, or one whose
-    summaries must be copied before a scan can read them)."""
-    if not entries:
+def _same_sized(tables: List[Optional[np.ndarray]]) -> Optional[List[np.ndarray]]:
+    """``tables`` when none is None and all have one size (one layer count), else None."""
+    if any(t is None for t in tables) or len({t.size for t in tables}) != 1:
         return None
-    device = concrete_device(device)
-    return _stacked([_per_entry(_ENTRY_ADDRESSES, e, device, _entry_addresses) for e in entries])
+    return tables
+
+
+def _add_stacked(buffer: IndexBuffer, name: str, tables: Sequence[np.ndarray]) -> Tuple[int, int, int]:
+    """Declare ``name`` in ``buffer``: the ``[L, 2, N']`` stack of N flat ``[L * 2]`` pointer
+    tables, N' = N rounded up to an even count (zeros after) so that each layer's ``[2, N']``
+    starts 16-byte aligned as the buffer's tables do. Returns that shape."""
+    num = len(tables)
+    rows = tables[0].size  # L * 2
+    padded = num + num % ALIGN_INT64
+
+    def fill(out: np.ndarray) -> None:
+        grid = out.reshape(rows, padded)
+        grid[:, :num] = np.concatenate(tables).reshape(num, rows).T  # np.stack cost ~3x this
+        grid[:, num:] = 0
+
+    buffer.add(name, rows * padded, fill)
+    return rows // 2, 2, padded
 
 
 def _common_format(formats: Sequence[Optional[PieceFormat]]) -> Optional[PieceFormat]:
     """The format all of ``formats`` share, with the least alignment among them; None when one
     is None or they differ otherwise."""
-    if not formats or any(f is None for f in formats):
+    if not formats or formats[0] is None:
         return None
-    formats = set(formats)  # one per store entry, mostly equal: replace each distinct one once
+    if formats.count(formats[0]) == len(formats):  # one per store entry, mostly one object (_FORMATS)
+        return formats[0]
+    if any(f is None for f in formats):
+        return None
+    formats = set(formats)  # each distinct one replaced once
     align = min(f.align_bytes for f in formats)
     common = {dataclasses.replace(f, align_bytes=align) for f in formats}
     return common.pop() if len(common) == 1 else None
-
-
-def _kv_addresses(entries: Sequence[SegmentEntry], device: torch.device
-                  ) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
-    """``([L, 2, P'] data pointers of every piece's K and V, their common format)``, or
-    ``(None, None)`` (no piece, or one the K/V gather cannot read in place)."""
-    if not entries:
-        return None, None
-    device = concrete_device(device)
-    found = [_per_entry(_ENTRY_KV, e, device, _entry_kv) for e in entries]
-    fmt = _common_format([f for _, f in found])
-    table = None if fmt is None else _stacked([t for t, _ in found])
-    return (None, None) if table is None else (table, fmt)
-
-
-class _Ranges:
-    """An int64 index list made of runs of consecutive ints, held as (start, length) pairs.
-
-    A 32k-token all-hit prompt's key index has ~33k entries but only ~130 runs: they are
-    expanded by one vectorised numpy pass at the end, not a Python loop per token (17 ms of host
-    time per request as ``list.extend(range(...))``) nor one ``np.arange`` per run (~0.5 ms)."""
-
-    def __init__(self) -> None:
-        self._starts: List[int] = []
-        self._lengths: List[int] = []
-
-    def add(self, start: int, n: int) -> None:
-        self._starts.append(start)
-        self._lengths.append(n)
-
-    def array(self) -> np.ndarray:
-        lengths = np.asarray(self._lengths, dtype=np.int64)
-        starts = np.asarray(self._starts, dtype=np.int64)
-        total = int(lengths.sum())
-        # entry i of run r is starts[r] + (i - offset[r]), offset[r] = entries before run r
-        offsets = np.cumsum(lengths) - lengths
-        return np.repeat(starts - offsets, lengths) + np.arange(total, dtype=np.int64)
-
-
-def _flat_tokens(token_lists: Sequence[Tuple[int, ...]], total: int) -> np.ndarray:
-    """The token ids of the live elements, concatenated, as int64 (one numpy call, not one per
-    element)."""
-    return np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=total)
 
 
 def _tail_index(tail_ends: Sequence[Tuple[int, int]], runs: Sequence[Sequence[int]], w1: int,
@@ -514,36 +539,6 @@ def _tail_index(tail_ends: Sequence[Tuple[int, int]], runs: Sequence[Sequence[in
             else:
                 tail_index.append(start + j - w1)
     return tail_index
-
-
-def _to_device(lists: "Dict[str, Union[List[int], np.ndarray]]", device: torch.device) -> "Tuple[dict, dict]":
-    """Every index list as an int64 tensor, through one host buffer and one copy: ``(host views,
-    device views)`` of that buffer (the host views are what fla reads lengths from).
-
-    On CUDA the buffer is pinned and the copy asynchronous: a copy from pageable memory would
-    make the host wait for the device (one synchronisation per tensor, 13 per forward before).
-    The lists are written straight into it; the caching host allocator keeps it alive until the
-    copy has run."""
-    device = torch.device(device)
-    arrays = [np.asarray(v, dtype=np.int64).reshape(-1) for v in lists.values()]
-    # Every list starts 16-byte aligned: Triton specialises a kernel on whether each pointer
-    # argument is, so slices at varying offsets compiled a new variant of a kernel whenever a
-    # request's list lengths changed the parity (seconds inside a measured request).
-    parts: List[int] = []  # list, padding, list, padding, ...
-    for a in arrays:
-        parts += [a.size, -a.size % _ALIGN_INT64]
-    host = torch.empty(sum(parts), dtype=torch.long, pin_memory=device.type == "cuda")
-    buf = host.numpy()
-    offset = 0
-    for a, pad in zip(arrays, parts[1::2]):
-        buf[offset:offset + a.size] = a
-        buf[offset + a.size:offset + a.size + pad] = 0
-        offset += a.size + pad
-    moved = host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-    # one split per buffer gives every view (a slice per list cost a dispatch each)
-    host_views = host.split(parts)[::2]
-    device_views = moved.split(parts)[::2]
-    return dict(zip(lists.keys(), host_views)), dict(zip(lists.keys(), device_views))
 
 
 def _as_range(values: List[int]) -> Optional[Tuple[int, int]]:

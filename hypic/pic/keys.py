@@ -123,6 +123,16 @@ class StoreKey:
 
 
 MEMO_SEGMENT_KEYS = 8192  # segment keys a Keyer remembers (most recently used)
+PROBE_SAMPLE_TOKENS = 16  # about how many tokens, evenly spread (and the last), a memo probe hashes
+
+
+def _remember(memo: OrderedDict, slot: tuple, value) -> None:
+    """``memo[slot] = value`` as its most recently used (a slot taken over moves to the end too),
+    the least recently used dropped past :data:`MEMO_SEGMENT_KEYS`."""
+    memo[slot] = value
+    memo.move_to_end(slot)
+    if len(memo) > MEMO_SEGMENT_KEYS:
+        memo.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,10 @@ class Keyer:
     hash_fn: HashFn = sha256_digest
     _memo: "OrderedDict[tuple, StoreKey]" = field(default_factory=OrderedDict, init=False, repr=False,
                                                   compare=False)
+    # in front of _memo: (length, hash of a sample of the tokens, body start, salt) ->
+    # (the key's _memo key, the key); see segment_key
+    _probe: "OrderedDict[tuple, Tuple[tuple, StoreKey]]" = field(default_factory=OrderedDict, init=False,
+                                                                 repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.namespace, KeyNamespace):
@@ -159,23 +173,36 @@ class Keyer:
         # the tuple's hash, taken once: Python does not cache a tuple's hash, and the lookup and
         # the move to the end each hashed a 512-token segment again (~2.5 us each). A hit counts
         # only if its tokens equal these, so two tuples of one hash just take turns in the slot.
-        memo_key = None
-        if type(token_ids) is tuple and type(body_start) is int and (tenant_salt is None or type(tenant_salt) is str):
-            try:
-                memo_key = (hash(token_ids), body_start, tenant_salt)
-            except TypeError:  # an unhashable item: no memo (the key below says what is wrong)
-                memo_key = None
-            else:
-                hit = self._memo.get(memo_key)
-                if hit is not None and (hit.material is token_ids or hit.material == token_ids):
-                    self._memo.move_to_end(memo_key)
-                    return hit
-        key = self._segment_key(token_ids, body_start, tenant_salt)
-        if memo_key is not None:
-            self._memo[memo_key] = key
-            self._memo.move_to_end(memo_key)  # a slot taken over from a tuple of the same hash
-            if len(self._memo) > MEMO_SEGMENT_KEYS:
-                self._memo.popitem(last=False)
+        if not (type(token_ids) is tuple and type(body_start) is int
+                and (tenant_salt is None or type(tenant_salt) is str)):
+            return self._segment_key(token_ids, body_start, tenant_salt)
+        # First a probe by a sample of the tokens: a hit then reads them once (the comparison)
+        # instead of twice (their hash, then the comparison): ~1.5 us less per 512-token segment.
+        # Tuples that share a sample (a document with a few tokens changed) take turns in its
+        # slot and find their keys in the memo behind it, as without the probe.
+        try:
+            step = max(1, len(token_ids) // PROBE_SAMPLE_TOKENS)
+            probe = (len(token_ids), hash(token_ids[::step] + token_ids[-1:]), body_start, tenant_salt)
+        except TypeError:  # an unhashable item: no memo (the key below says what is wrong)
+            return self._segment_key(token_ids, body_start, tenant_salt)
+        held = self._probe.get(probe)
+        if held is not None and (held[1].material is token_ids or held[1].material == token_ids):
+            memo_key, key = held
+            self._probe.move_to_end(probe)
+            if self._memo.get(memo_key) is key:
+                self._memo.move_to_end(memo_key)
+            else:  # dropped from the memo, or its slot taken over there
+                _remember(self._memo, memo_key, key)
+            return key
+        try:
+            memo_key = (hash(token_ids), body_start, tenant_salt)
+        except TypeError:
+            return self._segment_key(token_ids, body_start, tenant_salt)
+        key = self._memo.get(memo_key)
+        if key is None or not (key.material is token_ids or key.material == token_ids):
+            key = self._segment_key(token_ids, body_start, tenant_salt)
+        _remember(self._memo, memo_key, key)
+        _remember(self._probe, probe, (memo_key, key))
         return key
 
     def _segment_key(self, token_ids: Sequence[int], body_start: int, tenant_salt: Optional[str]) -> StoreKey:

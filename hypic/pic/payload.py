@@ -211,6 +211,9 @@ class SegmentEntry:
         # Payloads are immutable (frozen dataclasses of tensors the store never resizes): the byte
         # count is taken once here instead of walking every layer on each read.
         object.__setattr__(self, "_nbytes", lin_bytes + att_bytes)
+        # The key is immutable too: its token counts, read per body per forward, are taken once.
+        object.__setattr__(self, "_num_tokens", self.key.num_tokens)
+        object.__setattr__(self, "_num_body_tokens", self._num_tokens - self.key.body_start)
 
     @property
     def token_ids(self):
@@ -218,7 +221,7 @@ class SegmentEntry:
 
     @property
     def num_tokens(self) -> int:
-        return self.key.num_tokens
+        return self._num_tokens
 
     @property
     def body_start(self) -> int:
@@ -226,7 +229,7 @@ class SegmentEntry:
 
     @property
     def num_body_tokens(self) -> int:
-        return self.num_tokens - self.body_start
+        return self._num_body_tokens
 
     @property
     def nbytes(self) -> int:

@@ -258,11 +258,17 @@ def _segment_keys(prompt, windows, keyer, tenant_salt) -> Tuple[Optional[StoreKe
     return tuple(keys)
 
 
+# Besides an index into the plan's handles (a store hit), what a key's first occurrence in a
+# request found: a miss whose segment is prefilled standalone, or one that runs live (inline).
+_PENDING = -1
+_MISSED = -2
+
+
 def _plan_segments(prompt, policy, windows, starts, store, keys, handles) -> List[Span]:
     standalone = policy.cold_policy == COLD_STANDALONE
-    hit_index = {}  # key -> index into handles
-    pending = set()  # keys prefilled standalone for this request
-    missed = set()  # keys already planned as an (inline) MISS in this request
+    # key -> handle index | _PENDING | _MISSED: one look-up per segment (a StoreKey's hash is a
+    # Python call)
+    found = {}
     spans: List[Span] = []
     for i, seg in enumerate(prompt.segments):
         num = len(seg)
@@ -271,21 +277,22 @@ def _plan_segments(prompt, policy, windows, starts, store, keys, handles) -> Lis
         if w == num:  # the seam covers the segment: no body, nothing to reuse or store
             spans.append(Span(SpanKind.MISS, i, starts[i], num, num, num))
             continue
-        if key not in hit_index and key not in pending and key not in missed:
+        outcome = found.get(key)
+        if outcome is None:
             handle = store.acquire(key)
             if handle is not None:
-                hit_index[key] = len(handles)
+                outcome = len(handles)
                 handles.append(handle)
             elif standalone:
-                pending.add(key)
+                outcome = _PENDING
             else:
-                missed.add(key)
+                found[key] = _MISSED
                 spans.append(Span(SpanKind.MISS, i, starts[i], num, num, w, key, writes_entry=True))
                 continue
-        if key in hit_index:
-            spans.append(Span(SpanKind.HIT, i, starts[i], num, w, w, key, hit_index[key],
-                              ENTRY_FROM_STORE))
-        elif key in pending:
+            found[key] = outcome
+        if outcome >= 0:
+            spans.append(Span(SpanKind.HIT, i, starts[i], num, w, w, key, outcome, ENTRY_FROM_STORE))
+        elif outcome == _PENDING:
             spans.append(Span(SpanKind.HIT, i, starts[i], num, w, w, key, -1, ENTRY_FROM_STANDALONE))
         else:  # a repeated cold segment under the inline policy: live again, not written again
             spans.append(Span(SpanKind.MISS, i, starts[i], num, num, w, key))

@@ -102,3 +102,26 @@ def test_segment_keys_are_remembered_by_token_tuple(monkeypatch):
     # items that cannot be hashed are not looked up, and fail as before
     with pytest.raises((TypeError, ValueError)):
         k.segment_key(([1], 2), 0)
+
+
+def test_tuples_sharing_the_probe_sample_keep_their_own_keys(monkeypatch):
+    import hypic.pic.keys as keys
+
+    k = keyer()
+    base = list(range(1000, 1512))
+    # the probe samples every 32nd token and the last: the same for these two
+    a, b = tuple(base), tuple(base[:-3] + [7, 7] + base[-1:])
+    assert a[::32] == b[::32] and a[-1] == b[-1]
+    key_a, key_b = k.segment_key(a, 8), k.segment_key(b, 8)
+    assert key_a.token_ids == a and key_b.token_ids == b and key_a.digest != key_b.digest
+    for _ in range(3):  # taking turns in the probe's slot, each finds its own key in the memo
+        assert k.segment_key(tuple(a), 8) is key_a and k.segment_key(tuple(b), 8) is key_b
+    assert keyer().segment_key(b, 8) == key_b
+    # bounded with the memo: a probe hit counts as a use there too
+    monkeypatch.setattr(keys, "MEMO_SEGMENT_KEYS", 2)
+    small = keyer()
+    first, second = small.segment_key(a, 8), small.segment_key((1, 2), 0)
+    assert small.segment_key(tuple(a), 8) is first  # a is now the most recent
+    small.segment_key((3, 4), 0)  # evicts (1, 2) from both
+    assert len(small._memo) == len(small._probe) == 2
+    assert small.segment_key(a, 8) is first and small.segment_key((1, 2), 0) is not second
