@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
-from typing import Callable, List, Tuple, TypeVar
+from typing import Callable, Iterator, List, Tuple, TypeVar
 
 import torch
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def env_vars(**values: str) -> Iterator[None]:
+    """Set environment switches (read by hypic at each call) for the ``with`` block, then put
+    back what was there (unset stays unset)."""
+    old = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def sync(device: str = "cuda") -> None:

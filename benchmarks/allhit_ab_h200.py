@@ -41,6 +41,7 @@ from hypic.models.loader import build_dummy_model
 from hypic.pic.segments import SegmentedPrompt
 
 from _gaps import gaps_text, gpu_gaps  # benchmarks/, the script's folder
+from _timing import env_vars
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic", "models", "configs",
                       "qwen3_5_35b_a3b.json")
@@ -190,20 +191,13 @@ def interleaved_ab(bench, prompt, name: str, values, repeats: int) -> dict:
     """TTFT of ``prompt`` with ``os.environ[name]`` set to each value in turn, ``repeats`` rounds
     of one request per value (a first round per value not counted: it compiles what the value
     needs); the variable is restored afterwards."""
-    old = os.environ.get(name)
     samples = {v: [] for v in values}
-    try:
-        for r in range(repeats + 1):
-            for v in values:
-                os.environ[name] = v
+    for r in range(repeats + 1):
+        for v in values:
+            with env_vars(**{name: v}):
                 ttft = bench.run(prompt).ttft_s * 1e3
-                if r:
-                    samples[v].append(ttft)
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+            if r:
+                samples[v].append(ttft)
     return {v: {"ttft_ms": t, "ttft_p50_ms": statistics.median(t)} for v, t in samples.items()}
 
 

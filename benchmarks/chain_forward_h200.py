@@ -27,7 +27,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from _timing import event_times_ms
+from _timing import env_vars, event_times_ms
 
 
 def main():
@@ -128,16 +128,8 @@ def run(nb: int, repeats: int) -> dict:
 
     def with_env(fn, **env):
         def run():
-            old = {key: os.environ.get(key) for key in env}
-            os.environ.update(env)
-            try:
+            with env_vars(**env):
                 return fn()
-            finally:
-                for key, value in old.items():
-                    if value is None:
-                        del os.environ[key]
-                    else:
-                        os.environ[key] = value
         return run
 
     fused_bf16x3 = with_env(fused, HYPIC_SCAN_PRECISION="bf16x3")

@@ -28,7 +28,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from _timing import event_times_ms
+from _timing import env_vars, event_times_ms
 
 H, HV, KD, VD = 16, 32, 128, 128
 
@@ -94,13 +94,10 @@ def cold(n: int, repeats: int) -> dict:
 
     def chain(impl, summarize):
         def fn():
-            os.environ["HYPIC_CHAIN_LONG"] = impl
-            try:
+            with env_vars(HYPIC_CHAIN_LONG=impl):
                 return gated_delta.gated_delta_chain_forward_and_summarize(
                     q, k, v, g, beta, cu_seqlens=cu, cu_chains=cu_chains, cu_seqlens_cpu=cu_cpu, summarize=summarize,
                     summary_spans=bodies)
-            finally:
-                del os.environ["HYPIC_CHAIN_LONG"]
         return fn
 
     one_cu_cpu = torch.tensor([0, t])
