@@ -7,7 +7,11 @@ key heads, K = V = 128) when its live spans run through the chain kernel's long-
   span's summary (fla's summary kernel), the chain scan, fla's state pass from the scanned states
   (``HYPIC_CHAIN_LONG=scan``); ``fused``: one chain walk (``HYPIC_CHAIN_LONG=fused``, the
   default); each with and without the written bodies' summaries a store write adds (fla's summary
-  kernel over every span; errors against a float64 walk of the same WY factors); and ``one_run``:
+  kernel over every span, ``HYPIC_COLD_SUMMARIES=fla``; or T alone from it and S from the
+  walk's recorded states, ``=walk``; errors against a float64 walk of the same WY factors, of
+  the summaries and of the state a body hands on after another prefix, ``T p + S``);
+  ``one_run_summaries``: ``=one_run``, fla's one-run forward with T from its summary kernel and
+  S from the run's chunk states; and ``one_run``:
   fla's plain forward of the same tokens as one sequence (what ``full_recompute`` runs).
 * ``seams``: the all-hit shape (N cached bodies, each after its 8-token seam, then the question):
   the seams applied by the one-chunk WY step (the default, h split for an fp32-accurate ``W h``)
@@ -92,12 +96,14 @@ def cold(n: int, repeats: int) -> dict:
 
     bodies = torch.arange(1, 2 * n, 2, device=dev)  # the written spans, as a cold forward asks
 
-    def chain(impl, summarize):
+    bodies_cpu, cu_chains_cpu = bodies.cpu(), cu_chains.cpu()
+
+    def chain(impl, summarize, mode="fla"):
         def fn():
-            with env_vars(HYPIC_CHAIN_LONG=impl):
+            with env_vars(HYPIC_CHAIN_LONG=impl, HYPIC_COLD_SUMMARIES=mode):
                 return gated_delta.gated_delta_chain_forward_and_summarize(
                     q, k, v, g, beta, cu_seqlens=cu, cu_chains=cu_chains, cu_seqlens_cpu=cu_cpu, summarize=summarize,
-                    summary_spans=bodies)
+                    summary_spans=bodies, cu_chains_cpu=cu_chains_cpu, summary_spans_cpu=bodies_cpu)
         return fn
 
     one_cu_cpu = torch.tensor([0, t])
@@ -107,18 +113,34 @@ def cold(n: int, repeats: int) -> dict:
         return gated_delta.gated_delta_forward(q, k, v, g, beta, cu_seqlens=one_cu, cu_seqlens_cpu=one_cu_cpu)
 
     o_s, f_s, s_s, _ = chain("scan", True)()
-    o_f, f_f, s_ff, _ = chain("fused", True)()
+    o_f, f_f, s_ff, _ = chain("fused", True, "fla")()  # fla's summary kernel: [S | T] of every span
+    _, _, s_fd, _ = chain("fused", True, "walk")()  # T from it, S from the walk's states
+    o_r, f_r, s_fr, _ = chain("fused", True, "one_run")()  # one run, S from its chunk states
     # float64 reference of the written spans' summaries, from the same WY factors
     from hypic.ops.linear import fla_paths
 
     _, _, k4, gc, w, u = fla_paths._wy_prepare(k, v, g, beta, cu, cu_cpu)
     t_ref, s_ref = span_summaries_float64(k4[0], w[0], u[0], gc[0], cu_cpu, bodies.cpu())
     o_1, f_1 = one_run()
+    # what a body hands on when reused after another prefix: T p + S, p a state of the walk's scale
+    p = f_f.double().cpu().expand(len(bodies), -1, -1, -1) * (1.0 + 0.1 * torch.randn(
+        len(bodies), HV, KD, VD, dtype=torch.float64))
+    handed = lambda summ: torch.matmul(summ.transition.double().cpu(), p) + summ.state.double().cpu()  # noqa: E731
+    handed_ref = torch.matmul(t_ref, p) + s_ref
     med = lambda fn: statistics.median(event_times_ms(fn, repeats=repeats))  # noqa: E731
     row = {"case": "cold", "segments": n, "live_tokens": t, "spans": len(lengths),
            "scan_ms": med(chain("scan", False)), "scan_summaries_ms": med(chain("scan", True)),
-           "fused_ms": med(chain("fused", False)), "fused_summaries_ms": med(chain("fused", True)),
+           "fused_ms": med(chain("fused", False)), "fused_summaries_ms": med(chain("fused", True, "fla")),
+           "fused_summaries_from_states_ms": med(chain("fused", True, "walk")),
+           "one_run_summaries_ms": med(chain("fused", True, "one_run")),
+           "summary_T_err_one_run": rel(s_fr.transition, t_ref), "summary_S_err_one_run": rel(s_fr.state, s_ref),
+           "handed_on_err_one_run": rel(handed(s_fr), handed_ref),
+           "o_one_run_path_vs_one_run": rel(o_r, o_1), "final_one_run_path_vs_one_run": rel(f_r, f_1),
            "summary_T_err_fla": rel(s_ff.transition, t_ref), "summary_S_err_fla": rel(s_ff.state, s_ref),
+           "summary_T_err_from_states": rel(s_fd.transition, t_ref),
+           "summary_S_err_from_states": rel(s_fd.state, s_ref),
+           "handed_on_err_fla": rel(handed(s_ff), handed_ref),
+           "handed_on_err_from_states": rel(handed(s_fd), handed_ref),
            "one_run_ms": med(one_run),
            "o_fused_vs_scan": rel(o_f, o_s), "final_fused_vs_scan": rel(f_f, f_s),
            "o_fused_vs_one_run": rel(o_f, o_1), "final_fused_vs_one_run": rel(f_f, f_1),
@@ -193,14 +215,19 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "chain_long.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"{'case':>6} {'n':>4} {'scan':>8} {'scan+S':>8} {'fused':>8} {'fused+S':>8} {'one run':>8} "
-          f"{'o diff':>8} {'fin diff':>8} {'T err':>8} {'S err':>8}")
+    print(f"{'case':>6} {'n':>4} {'scan':>8} {'scan+S':>8} {'fused':>8} {'fused+S':>8} {'+S(h)':>8} {'1run+S':>8} "
+          f"{'one run':>8} {'o diff':>8} {'fin diff':>8} {'T err':>8} {'S err':>8} {'S(h) err':>8} {'S 1run':>8} "
+          f"{'hand fla':>8} {'hand S(h)':>9} {'hand 1run':>9}")
     for r in rows:
         if r["case"] == "cold":
             print(f"{'cold':>6} {r['segments']:>4} {r['scan_ms']:>8.3f} {r['scan_summaries_ms']:>8.3f} "
-                  f"{r['fused_ms']:>8.3f} {r['fused_summaries_ms']:>8.3f} "
+                  f"{r['fused_ms']:>8.3f} {r['fused_summaries_ms']:>8.3f} {r['fused_summaries_from_states_ms']:>8.3f} "
+                  f"{r['one_run_summaries_ms']:>8.3f} "
                   f"{r['one_run_ms']:>8.3f} {r['o_fused_vs_scan']:>8.1e} {r['final_fused_vs_scan']:>8.1e} "
-                  f"{r['summary_T_err_fla']:>8.1e} {r['summary_S_err_fla']:>8.1e}")
+                  f"{r['summary_T_err_fla']:>8.1e} {r['summary_S_err_fla']:>8.1e} "
+                  f"{r['summary_S_err_from_states']:>8.1e} {r['summary_S_err_one_run']:>8.1e} "
+                  f"{r['handed_on_err_fla']:>8.1e} {r['handed_on_err_from_states']:>9.1e} "
+                  f"{r['handed_on_err_one_run']:>9.1e}")
         else:
             print(f"{'seams':>6} {r['bodies']:>4} short {r['short_ms']:.3f} ms long {r['long_ms']:.3f} ms; final err "
                   f"short {r['final_err_short']:.1e} long {r['final_err_long']:.1e}")

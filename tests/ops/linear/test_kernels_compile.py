@@ -1,4 +1,4 @@
-"""The chain walk's Triton kernel compiled for the H200 (sm_90) on this CPU-only machine.
+"""The chain walk's Triton kernels compiled for the H200 (sm_90) on this CPU-only machine.
 
 Triton's interpreter (the other kernel tests) runs the kernels' Python, not their compiled form:
 it does not check what only the compiler checks, e.g. that a loop-carried value keeps its type
@@ -15,7 +15,8 @@ triton = pytest.importorskip("triton")
 PTR = {"trans": "*fp32", "state": "*fp32", "init": "*fp32", "incoming": "*fp32", "final": "*fp32",
        "cu_chains": "*i64", "table": "*i64", "source": "*i64", "record": "*i64", "k": "*bf16", "w": "*bf16",
        "u": "*bf16", "g": "*fp32", "cu_spans": "*i64", "span_chunk": "*i64", "v_new": "*bf16", "h_chunks": "*bf16",
-       "num_table": "i64", "t_base": "i64", "s_base": "i64"}
+       "num_table": "i64", "t_base": "i64", "s_base": "i64", "rows": "*i64", "out": "*fp32", "NW": "i64",
+       "h": "*bf16", "NP": "i64"}
 # Qwen3.5-35B-A3B's linear layers: 16 key heads, 32 value heads, K = V = 128
 DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, PRECISION="tf32x3", SPLIT=1, USE_G=True, T_UNIT=64, S_UNIT=64)
 
@@ -32,10 +33,28 @@ def compile_sm90(fn, constexprs, num_warps=8):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-@pytest.mark.parametrize("fuse,long_wy", [(0, False), (1, False), (1, True)])
-def test_chain_kernel_compiles_for_sm90(fuse, long_wy):
+# (0, True, False, True): a cold prefill's walk recording the states around its written spans
+@pytest.mark.parametrize("fuse,long_wy,source,record", [(0, False, True, False), (1, False, True, False),
+                                                        (1, True, True, False), (0, True, False, True)])
+def test_chain_kernel_compiles_for_sm90(fuse, long_wy, source, record):
     from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
 
-    constexprs = dict(DIMS, BV=32, MODE=0, HAS_INIT=False, WHILE_LOOP=False, HAS_SOURCE=True, HAS_RECORD=False,
+    constexprs = dict(DIMS, BV=32, MODE=0, HAS_INIT=False, WHILE_LOOP=False, HAS_SOURCE=source, HAS_RECORD=record,
                       HAS_WY=True, LONG_WY=long_wy, BT=64, FUSE=fuse)
     assert compile_sm90(scan_chain_kernel, constexprs).asm["ptx"]
+
+
+@pytest.mark.parametrize("split,bv", [(1, 32), (0, 64)])
+def test_zero_start_from_states_kernel_compiles_for_sm90(split, bv):
+    from hypic.ops.linear._state_summary_kernel import zero_start_from_states_kernel
+
+    constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, PRECISION="tf32x3", SPLIT=split)
+    assert compile_sm90(zero_start_from_states_kernel, constexprs).asm["ptx"]
+
+
+@pytest.mark.parametrize("use_g", [True, False])
+def test_states_at_positions_kernel_compiles_for_sm90(use_g):
+    from hypic.ops.linear._state_summary_kernel import states_at_positions_kernel
+
+    constexprs = dict(H=16, HV=32, K=128, V=128, BK=128, BV=32, BT=64, USE_G=use_g, INTERPRET=False)
+    assert compile_sm90(states_at_positions_kernel, constexprs, num_warps=4).asm["ptx"]

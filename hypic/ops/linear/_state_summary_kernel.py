@@ -1,0 +1,106 @@
+"""The Triton kernel of :mod:`hypic.ops.linear.state_summary` (imported lazily, so a CPU-only
+machine never imports Triton). Module-level so that the dot helper it shares with the chain kernel
+resolves as a global both when compiled and under ``TRITON_INTERPRET=1``."""
+
+import triton
+import triton.language as tl
+
+from hypic.ops.linear._triton_scan_kernel import fp32_dot
+
+
+@triton.jit(do_not_specialize=["NW"])
+def zero_start_from_states_kernel(
+    trans,      # [NW, HV, K, K] fp32: T of each written span
+    incoming,   # [R, HV, K, V] fp32: recorded states
+    final,      # [B, HV, K, V] fp32: each chain's final state
+    rows,       # [2, NW] int64: per written span the row of `incoming` it enters with, and the row
+                #   holding the state after it (or -chain - 1: final[chain])
+    out,        # [NW, HV, K, V] fp32 out: S(C_i | 0)
+    NW,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """``S_i = h_after_i - T_i h_before_i`` for one (V block, head, span): the state a span adds
+    from a zero start, read off the states a forward walked in and out of it with."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_w = tl.program_id(2).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    kv_off = o_k[:, None] * V + o_v[None, :]
+    b_t = tl.load(trans + (i_w * HV + i_h) * K * K + o_k[:, None] * K + o_k[None, :],
+                  mask=m_k[:, None] & m_k[None, :], other=0.0)
+    enter = tl.load(rows + i_w)
+    b_in = tl.load(incoming + (enter * HV + i_h) * K * V + kv_off, mask=m_kv, other=0.0)
+    row = tl.load(rows + NW + i_w)
+    # the state after the span: a recorded row, or its chain's final state (one of the two loads
+    # is fully masked; the mask is a tile, which the interpreter needs)
+    in_chain = (kv_off * 0 + row) >= 0
+    b_after = tl.load(incoming + (tl.maximum(row, 0) * HV + i_h) * K * V + kv_off, mask=m_kv & in_chain, other=0.0)
+    b_after += tl.load(final + (tl.maximum(-row - 1, 0) * HV + i_h) * K * V + kv_off, mask=m_kv & ~in_chain,
+                       other=0.0)
+    b_s = b_after - fp32_dot(b_t, b_in, PRECISION, SPLIT)
+    tl.store(out + (i_w * HV + i_h) * K * V + kv_off, b_s, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["NP"])
+def states_at_positions_kernel(
+    h,          # [NC, HV, K, V] state entering each chunk (fla's state pass, its dtype)
+    v_new,      # [T, HV, V] the pass's v_new = u - W h (its dtype)
+    k,          # [T, H, K] keys
+    g,          # [T, HV] fp32 chunk-local cumulative log2 gate (read when USE_G)
+    table,      # [3, NP] int64: per position its chunk row, the chunk's first token, tokens into it (0..BT-1)
+    out,        # [NP, HV, K, V] fp32 out: the state after the position's first n chunk tokens
+    NP,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    USE_G: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """``gamma_n h_c + (K_n * exp2(g_{n-1} - g))^T v_new_n`` over the first n tokens of chunk c:
+    the state part-way into a chunk, in the pass's own precision (bf16 products of a bf16 model,
+    fp32 accumulation, as fla's chunk step). n = 0 is the chunk's entering state itself."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_p = tl.program_id(2).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    kv_off = o_k[:, None] * V + o_v[None, :]
+    row = tl.load(table + i_p)
+    first = tl.load(table + NP + i_p)
+    n = tl.load(table + 2 * NP + i_p)
+    b_h = tl.load(h + (row * HV + i_h) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n
+    rows = first + o_t
+    b_v = tl.load(v_new + (rows * HV + i_h)[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                  other=0.0).to(tl.float32)
+    if USE_G:
+        g_last = tl.load(g + (first + n - 1) * HV + i_h, mask=n > 0, other=0.0).to(tl.float32)
+        b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+        b_v = b_v * tl.where(m_t, tl.exp2(g_last - b_g), 0.0)[:, None]
+        b_h = b_h * tl.exp2(g_last)
+    b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0)
+    b_vk = b_v.to(b_k.dtype)
+    if INTERPRET:
+        b_h += tl.dot(tl.trans(b_k).to(tl.float32), b_vk.to(tl.float32), input_precision="ieee")
+    else:
+        b_h = tl.dot(tl.trans(b_k), b_vk, b_h, out_dtype=tl.float32)
+    tl.store(out + (i_p * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)
