@@ -46,23 +46,25 @@ def inputs(t, gen, dev):
     return q, k, v, g, beta
 
 
-def span_summaries_float64(k, w, u, g, cu_spans, spans, chunk_size: int = 64):
-    """Float64 zero-start summaries of ``spans`` from their WY factors (CPU, plain loop): per
-    span, S walked from zero and T from the identity by ``h <- exp2(g_last) h + (K * exp2(g_last - g))^T
-    (U - W h)`` (T without U), chunk by chunk from the span's first token."""
-    f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
+def span_summaries_float64(k, w, u, g, cu_spans, spans, chunk_size: int = 64, device="cpu"):
+    """Float64 zero-start summaries of ``spans`` from their WY factors (plain loop, on ``device``):
+    per span, S walked from zero and T from the identity by ``h <- exp2(g_last) h + (K *
+    exp2(g_last - g))^T (U - W h)`` (T without U), chunk by chunk from the span's first token."""
+    f64 = lambda x: None if x is None else x.detach().to(device, torch.float64)  # noqa: E731
     k, w, u, g = f64(k), f64(w), f64(u), f64(g)
     bounds = [int(x) for x in cu_spans.tolist()]
     num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
-    key_heads = torch.arange(num_heads) // (num_heads // k.shape[1])
+    key_heads = torch.arange(num_heads, device=device) // (num_heads // k.shape[1])
     out_t, out_s = [], []
     for s in [int(x) for x in spans.tolist()]:
         a, b = bounds[s], bounds[s + 1]
-        h = torch.cat([torch.zeros(num_heads, key_dim, value_dim, dtype=torch.float64),
-                       torch.eye(key_dim, dtype=torch.float64).expand(num_heads, key_dim, key_dim)], dim=-1)
+        h = torch.cat([torch.zeros(num_heads, key_dim, value_dim, dtype=torch.float64, device=device),
+                       torch.eye(key_dim, dtype=torch.float64, device=device).expand(num_heads, key_dim, key_dim)],
+                      dim=-1)
         for t0 in range(a, b, chunk_size):
             t1 = min(t0 + chunk_size, b)
-            uu = torch.cat([u[t0:t1], torch.zeros(t1 - t0, num_heads, key_dim, dtype=torch.float64)], dim=-1)
+            uu = torch.cat([u[t0:t1], torch.zeros(t1 - t0, num_heads, key_dim, dtype=torch.float64, device=device)],
+                           dim=-1)
             vn = uu - torch.einsum("thk,hkv->thv", w[t0:t1], h)
             if g is not None:
                 g_last = g[t1 - 1]

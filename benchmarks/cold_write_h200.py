@@ -7,8 +7,9 @@ The shape is a cold 32k request in 512-token segments: N segments, each its 8-to
 forward (what ``full_recompute`` runs), the chain walk without summaries, and the write op in
 each mode (``fla``: the walk and fla's ``[S | T]`` launch; ``walk``: the walk recording its
 states, T from fla's kernel, S derived; ``one_run``: fla's one-run forward, T from fla's kernel
-on the spans' chunking, S from the run's chunk states). No float64 reference here (its CPU loop
-takes minutes on the device host); ``chain_long_h200.py`` has one.
+on the spans' chunking, S from the run's chunk states). The first bodies' summaries are checked
+against a float64 walk of the same WY factors, on the GPU, under two gate regimes
+(``--gate-biases``).
 
     python3 benchmarks/cold_write_h200.py --out OUT   # -> OUT/cold_write.json, OUT/cold_write_profile.txt
 """
@@ -21,21 +22,21 @@ import os
 import statistics
 
 import torch
+import torch.nn.functional as F
 
 from _timing import env_vars, event_times_ms
-from chain_long_h200 import inputs, rel
+from chain_long_h200 import KD, inputs, rel, span_summaries_float64
+
+REFERENCE_BODIES = 4  # bodies whose summaries are checked against a float64 walk (on the GPU)
 
 
-def main():
-    from hypic.ops.linear import gated_delta
+def layer(n: int, gate_bias: float, repeats: int, profile: bool):
+    """One row (and kernel tables when ``profile``) at ``n`` segments, gates ``logsigmoid(x +
+    gate_bias)``: 3 decays ~0.95 a token (T of a 504-token body is ~0, S is the state after it),
+    7 ~0.999 (T stays large: S = h_after - T h_before cancels)."""
+    from hypic.ops.linear import fla_paths, gated_delta
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--segments", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=10)
-    args = ap.parse_args()
     dev = torch.device("cuda")
-    n = args.segments
     gen = torch.Generator(device=dev).manual_seed(0)
     lengths = [8, 504] * n + [64]
     t = sum(lengths)
@@ -45,7 +46,8 @@ def main():
     cu_chains = cu_chains_cpu.to(dev)
     bodies_cpu = torch.arange(1, 2 * n, 2)
     bodies = bodies_cpu.to(dev)
-    q, k, v, g, beta = inputs(t, gen, dev)
+    q, k, v, _, beta = inputs(t, gen, dev)
+    g = F.logsigmoid(torch.randn(t, 32, device=dev, generator=gen) + gate_bias)
     one_cpu = torch.tensor([0, t])
     one = one_cpu.to(dev)
 
@@ -64,21 +66,29 @@ def main():
     cases = {"one_run_plain": plain, "walk_no_summaries": write("walk", summarize=False),
              "fla": write("fla"), "walk": write("walk"), "one_run": write("one_run")}
     outs = {name: fn() for name, fn in cases.items()}
-    med = lambda fn: statistics.median(event_times_ms(fn, repeats=args.repeats))  # noqa: E731
-    row = {"segments": n, "live_tokens": t, "spans": len(lengths)}
+    _, _, k4, gc, w, u = fla_paths._wy_prepare(k, v, g, beta, cu, cu_cpu)
+    t_ref, s_ref = span_summaries_float64(k4[0], w[0], u[0], gc[0], cu_cpu, bodies_cpu[:REFERENCE_BODIES],
+                                          device=dev)
+    med = lambda fn: statistics.median(event_times_ms(fn, repeats=repeats))  # noqa: E731
+    row = {"segments": n, "gate_bias": gate_bias, "live_tokens": t, "spans": len(lengths)}
     for name, fn in cases.items():
         row[f"{name}_ms"] = med(fn)
     o_plain = outs["one_run_plain"][0]
     base = outs["fla"]
-    for name in ("walk", "one_run"):
+    nr = REFERENCE_BODIES
+    for name in ("fla", "walk", "one_run"):
         o, final, summ, _ = outs[name]
-        row[f"{name}_T_vs_fla"] = rel(summ.transition, base[2].transition)
-        row[f"{name}_S_vs_fla"] = rel(summ.state, base[2].state)
-        row[f"{name}_o_vs_plain"] = rel(o, o_plain)
-        row[f"{name}_final_vs_fla"] = rel(final, base[1])
+        row[f"{name}_T_err"] = rel(summ.transition[:nr], t_ref)
+        row[f"{name}_S_err"] = rel(summ.state[:nr], s_ref)
+        if name != "fla":
+            row[f"{name}_S_vs_fla"] = rel(summ.state, base[2].state)
+            row[f"{name}_o_vs_plain"] = rel(o, o_plain)
+            row[f"{name}_final_vs_fla"] = rel(final, base[1])
+    row["T_ref_norm_ratio"] = float(t_ref.norm() / (torch.eye(KD, dtype=torch.float64, device=dev).norm()
+                                                    * (t_ref.shape[0] * t_ref.shape[1]) ** 0.5))
     print(json.dumps(row), flush=True)
     tables = []
-    for name in ("fla", "walk", "one_run"):
+    for name in (("fla", "walk", "one_run") if profile else ()):
         fn = cases[name]
         fn()
         torch.cuda.synchronize()
@@ -86,19 +96,37 @@ def main():
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
-        tables.append(f"== {name} (3 calls) ==\n"
+        tables.append(f"== {name}, gate bias {gate_bias} (3 calls) ==\n"
                       + prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=60))
+    return row, tables
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--segments", type=int, default=64)
+    ap.add_argument("--gate-biases", default="3,7")
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    rows, tables = [], []
+    for i, bias in enumerate(float(b) for b in args.gate_biases.split(",")):
+        row, tab = layer(args.segments, bias, args.repeats, profile=i == 0)
+        rows.append(row)
+        tables += tab
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cold_write.json"), "w") as f:
-        json.dump(row, f, indent=1)
+        json.dump(rows, f, indent=1)
     with open(os.path.join(args.out, "cold_write_profile.txt"), "w") as f:
         f.write("\n\n".join(tables))
-    print(f"{'case':>20} {'ms':>8}")
-    for name in cases:
-        print(f"{name:>20} {row[name + '_ms']:>8.3f}")
-    for name in ("walk", "one_run"):
-        print(f"{name}: T vs fla {row[name + '_T_vs_fla']:.1e}, S vs fla {row[name + '_S_vs_fla']:.1e}, "
-              f"o vs plain {row[name + '_o_vs_plain']:.1e}, final vs fla {row[name + '_final_vs_fla']:.1e}")
+    names = ("one_run_plain", "walk_no_summaries", "fla", "walk", "one_run")
+    print(f"{'bias':>5} " + " ".join(f"{n:>17}" for n in names) + "   (ms per layer)")
+    for r in rows:
+        print(f"{r['gate_bias']:>5} " + " ".join(f"{r[n + '_ms']:>17.3f}" for n in names))
+    print(f"{'bias':>5} {'|T|/|I|':>8} " + " ".join(f"{m + ' T/S err':>22}" for m in ("fla", "walk", "one_run"))
+          + "   (vs float64, first bodies)")
+    for r in rows:
+        print(f"{r['gate_bias']:>5} {r['T_ref_norm_ratio']:>8.3f} "
+              + " ".join(f"{r[m + '_T_err']:>10.1e} {r[m + '_S_err']:>11.1e}" for m in ("fla", "walk", "one_run")))
     print("\n\n".join(tables))
 
 

@@ -125,7 +125,8 @@ def zero_start_from_states(trans: torch.Tensor, incoming: torch.Tensor, final: t
     kernel[grid](trans.contiguous(), incoming.contiguous(), final.contiguous(),
                  rows.to(device=trans.device, dtype=torch.int64).contiguous(), out, nw,
                  HV=num_heads, K=key_dim, V=value_dim, BK=max(16, triton.next_power_of_2(key_dim)),
-                 PRECISION="tf32x3" if split else precision, SPLIT=split, **fixed)
+                 BKK=32 if key_dim > 16 else 16, PRECISION="tf32x3" if split else precision, SPLIT=split,
+                 **fixed)
     return out
 
 
@@ -221,9 +222,10 @@ def _kernel(name: str):
         _KERNELS[name] = (kernel, {"BV": 32})
         return _KERNELS[name]
     configs = [
-        triton.Config({"BV": 32}, num_warps=4, num_stages=1),
-        triton.Config({"BV": 32}, num_warps=8, num_stages=1),
-        triton.Config({"BV": 64}, num_warps=8, num_stages=1),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+        triton.Config({"BV": 128}, num_warps=8, num_stages=2),
     ]
     key = ["HV", "K", "V", "PRECISION", "SPLIT"] if name == "zero_start" else ["H", "HV", "K", "V", "BT", "USE_G"]
     _KERNELS[name] = (triton.autotune(configs=configs, key=key)(kernel), {})

@@ -96,13 +96,24 @@ def _build_kernel():
         triton.Config({"BV": 32}, num_warps=8, num_stages=2),
         triton.Config({"BV": 64}, num_warps=8, num_stages=1),
     ]
+    # A chain of live spans alone walked chunk by chunk (a cold prefill: no T tile) can take
+    # deeper pipelines of its per-chunk loads, as fla's own state pass does (stages 2-4).
+    walk_only = [
+        triton.Config({"BV": 32}, num_warps=4, num_stages=3),
+        triton.Config({"BV": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BV": 64}, num_warps=8, num_stages=3),
+    ]
     if _interpreting():
         return scan_chain_kernel, 32
 
     def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
         # scalar / diagonal T: no big tile, nothing to tune (saves compile time)
-        mode = {**named_args, **kwargs}.get("MODE", MODE_DENSE)
-        return configs if mode == MODE_DENSE else configs[2:3]
+        if args.get("MODE", MODE_DENSE) != MODE_DENSE:
+            return configs[2:3]
+        if args.get("LONG_WY") and not args.get("HAS_SOURCE"):
+            return configs + walk_only
+        return configs
 
     key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "SPLIT", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
            "LONG_WY", "T_UNIT", "S_UNIT", "FUSE"]

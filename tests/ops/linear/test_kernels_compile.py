@@ -21,7 +21,7 @@ PTR = {"trans": "*fp32", "state": "*fp32", "init": "*fp32", "incoming": "*fp32",
 DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, PRECISION="tf32x3", SPLIT=1, USE_G=True, T_UNIT=64, S_UNIT=64)
 
 
-def compile_sm90(fn, constexprs, num_warps=8):
+def compile_sm90(fn, constexprs, num_warps=8, num_stages=None):
     try:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -30,7 +30,8 @@ def compile_sm90(fn, constexprs, num_warps=8):
     names = fn.arg_names
     signature = {a: ("constexpr" if a in constexprs else PTR[a]) for a in names}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 # (0, True, False, True): a cold prefill's walk recording the states around its written spans
@@ -48,7 +49,7 @@ def test_chain_kernel_compiles_for_sm90(fuse, long_wy, source, record):
 def test_zero_start_from_states_kernel_compiles_for_sm90(split, bv):
     from hypic.ops.linear._state_summary_kernel import zero_start_from_states_kernel
 
-    constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, PRECISION="tf32x3", SPLIT=split)
+    constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, BKK=32, PRECISION="tf32x3", SPLIT=split)
     assert compile_sm90(zero_start_from_states_kernel, constexprs).asm["ptx"]
 
 
@@ -58,3 +59,12 @@ def test_states_at_positions_kernel_compiles_for_sm90(use_g):
 
     constexprs = dict(H=16, HV=32, K=128, V=128, BK=128, BV=32, BT=64, USE_G=use_g, INTERPRET=False)
     assert compile_sm90(states_at_positions_kernel, constexprs, num_warps=4).asm["ptx"]
+
+
+def test_cold_walk_compiles_with_deeper_pipelines_for_sm90():
+    """The configs a chain of live spans alone is tuned over (three stages, no T tile)."""
+    from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
+
+    constexprs = dict(DIMS, BV=64, MODE=0, HAS_INIT=False, WHILE_LOOP=False, HAS_SOURCE=False, HAS_RECORD=True,
+                      HAS_WY=True, LONG_WY=True, BT=64, FUSE=0)
+    assert compile_sm90(scan_chain_kernel, constexprs, num_warps=4, num_stages=3).asm["ptx"]
