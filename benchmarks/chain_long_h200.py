@@ -84,16 +84,20 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def cold_shape(n: int, dev):
+    """A cold 32k-style request of n segments (8-token seam + 504-token body each) and a 64-token
+    question, one chain: ``(lengths, tokens, cu_spans on the host, on dev, cu_chains on dev)``."""
+    lengths = [8, 504] * n + [64]
+    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
+    return lengths, sum(lengths), cu_cpu, cu_cpu.to(dev), torch.tensor([0, len(lengths)], device=dev)
+
+
 def cold(n: int, repeats: int) -> dict:
     from hypic.ops.linear import gated_delta
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    lengths = [8, 504] * n + [64]
-    t = sum(lengths)
-    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
-    cu = cu_cpu.to(dev)
-    cu_chains = torch.tensor([0, len(lengths)], device=dev)
+    lengths, t, cu_cpu, cu, cu_chains = cold_shape(n, dev)
     q, k, v, g, beta = inputs(t, gen, dev)
 
     bodies = torch.arange(1, 2 * n, 2, device=dev)  # the written spans, as a cold forward asks

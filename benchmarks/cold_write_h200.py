@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from _timing import env_vars, event_times_ms
-from chain_long_h200 import KD, inputs, rel, span_summaries_float64
+from chain_long_h200 import KD, cold_shape, inputs, rel, span_summaries_float64
 
 REFERENCE_BODIES = 4  # bodies whose summaries are checked against a float64 walk (on the GPU)
 
@@ -38,12 +38,8 @@ def layer(n: int, gate_bias: float, repeats: int, profile: bool):
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    lengths = [8, 504] * n + [64]
-    t = sum(lengths)
-    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
-    cu = cu_cpu.to(dev)
-    cu_chains_cpu = torch.tensor([0, len(lengths)])
-    cu_chains = cu_chains_cpu.to(dev)
+    lengths, t, cu_cpu, cu, cu_chains = cold_shape(n, dev)
+    cu_chains_cpu = cu_chains.cpu()
     bodies_cpu = torch.arange(1, 2 * n, 2)
     bodies = bodies_cpu.to(dev)
     q, k, v, _, beta = inputs(t, gen, dev)

@@ -1,11 +1,11 @@
 """The Triton kernel of :mod:`hypic.ops.linear.state_summary` (imported lazily, so a CPU-only
-machine never imports Triton). Module-level so that the dot helper it shares with the chain kernel
-resolves as a global both when compiled and under ``TRITON_INTERPRET=1``."""
+machine never imports Triton). Module-level so that the helpers it shares with the chain kernel
+resolve as globals both when compiled and under ``TRITON_INTERPRET=1``."""
 
 import triton
 import triton.language as tl
 
-from hypic.ops.linear._triton_scan_kernel import fp32_dot
+from hypic.ops.linear._triton_scan_kernel import fp32_dot, state_tile
 
 
 @triton.jit(do_not_specialize=["NW"])
@@ -33,12 +33,7 @@ def zero_start_from_states_kernel(
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     i_w = tl.program_id(2).to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    kv_off = o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, kv_off = state_tile(i_v, K, V, BK, BV)
     enter = tl.load(rows + i_w)
     row = tl.load(rows + NW + i_w)
     # the state after the span: a recorded row, or its chain's final state (one of the two loads
@@ -82,12 +77,7 @@ def states_at_positions_kernel(
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     i_p = tl.program_id(2).to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    kv_off = o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, kv_off = state_tile(i_v, K, V, BK, BV)
     row = tl.load(table + i_p)
     first = tl.load(table + NP + i_p)
     n = tl.load(table + 2 * NP + i_p)

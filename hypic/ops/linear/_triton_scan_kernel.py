@@ -33,6 +33,17 @@ def span_offsets(table, source, i, i_h, num_table, t_base, s_base,
 
 
 @triton.jit
+def state_tile(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Rows (all K), columns (V block ``i_v``), their masks and the element offsets of one
+    program's ``[BK, BV]`` tile of a ``[K, V]`` state."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    return o_k, o_v, m_k, m_v, m_k[:, None] & m_v[None, :], o_k[:, None] * V + o_v[None, :]
+
+
+@triton.jit
 def split_bf16(x):
     """fp32 ``x`` as ``hi + lo``, both bf16 (16 significant bits between them)."""
     hi = x.to(tl.bfloat16)
@@ -390,13 +401,7 @@ def scan_chain_kernel(
     start = tl.load(cu_chains + i_b).to(tl.int64)
     end = tl.load(cu_chains + i_b + 1).to(tl.int64)
     T_SIZE: tl.constexpr = K * K if MODE == 0 else (K if MODE == 1 else 1)
-
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    kv_off = o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, kv_off = state_tile(i_v, K, V, BK, BV)
 
     if HAS_INIT:
         b_h = tl.load(init + (i_b * HV + i_h) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
