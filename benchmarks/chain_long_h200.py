@@ -9,10 +9,9 @@ key heads, K = V = 128) when its live spans run through the chain kernel's long-
   default); each with and without the written bodies' summaries a store write adds (fla's summary
   kernel over every span, ``HYPIC_COLD_SUMMARIES=fla``; or T alone from it and S from the
   walk's recorded states, ``=walk``; errors against a float64 walk of the same WY factors, of
-  the summaries and of the state a body hands on after another prefix, ``T p + S``);
-  ``one_run_summaries``: ``=one_run``, fla's one-run forward with T from its summary kernel and
-  S from the run's chunk states; and ``one_run``:
-  fla's plain forward of the same tokens as one sequence (what ``full_recompute`` runs).
+  the summaries and of the state a body hands on after another prefix, ``T p + S``); and
+  ``one_run``: fla's plain forward of the same tokens as one sequence (what ``full_recompute``
+  runs).
 * ``seams``: the all-hit shape (N cached bodies, each after its 8-token seam, then the question):
   the seams applied by the one-chunk WY step (the default, h split for an fp32-accurate ``W h``)
   or by the long-span walk (h rounded to bf16 as fla's prefill does), scans alone.
@@ -102,14 +101,12 @@ def cold(n: int, repeats: int) -> dict:
 
     bodies = torch.arange(1, 2 * n, 2, device=dev)  # the written spans, as a cold forward asks
 
-    bodies_cpu, cu_chains_cpu = bodies.cpu(), cu_chains.cpu()
-
     def chain(impl, summarize, mode="fla"):
         def fn():
             with env_vars(HYPIC_CHAIN_LONG=impl, HYPIC_COLD_SUMMARIES=mode):
                 return gated_delta.gated_delta_chain_forward_and_summarize(
                     q, k, v, g, beta, cu_seqlens=cu, cu_chains=cu_chains, cu_seqlens_cpu=cu_cpu, summarize=summarize,
-                    summary_spans=bodies, cu_chains_cpu=cu_chains_cpu, summary_spans_cpu=bodies_cpu)
+                    summary_spans=bodies)
         return fn
 
     one_cu_cpu = torch.tensor([0, t])
@@ -121,7 +118,6 @@ def cold(n: int, repeats: int) -> dict:
     o_s, f_s, s_s, _ = chain("scan", True)()
     o_f, f_f, s_ff, _ = chain("fused", True, "fla")()  # fla's summary kernel: [S | T] of every span
     _, _, s_fd, _ = chain("fused", True, "walk")()  # T from it, S from the walk's states
-    o_r, f_r, s_fr, _ = chain("fused", True, "one_run")()  # one run, S from its chunk states
     # float64 reference of the written spans' summaries, from the same WY factors
     from hypic.ops.linear import fla_paths
 
@@ -138,10 +134,6 @@ def cold(n: int, repeats: int) -> dict:
            "scan_ms": med(chain("scan", False)), "scan_summaries_ms": med(chain("scan", True)),
            "fused_ms": med(chain("fused", False)), "fused_summaries_ms": med(chain("fused", True, "fla")),
            "fused_summaries_from_states_ms": med(chain("fused", True, "walk")),
-           "one_run_summaries_ms": med(chain("fused", True, "one_run")),
-           "summary_T_err_one_run": rel(s_fr.transition, t_ref), "summary_S_err_one_run": rel(s_fr.state, s_ref),
-           "handed_on_err_one_run": rel(handed(s_fr), handed_ref),
-           "o_one_run_path_vs_one_run": rel(o_r, o_1), "final_one_run_path_vs_one_run": rel(f_r, f_1),
            "summary_T_err_fla": rel(s_ff.transition, t_ref), "summary_S_err_fla": rel(s_ff.state, s_ref),
            "summary_T_err_from_states": rel(s_fd.transition, t_ref),
            "summary_S_err_from_states": rel(s_fd.state, s_ref),
@@ -221,19 +213,17 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "chain_long.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"{'case':>6} {'n':>4} {'scan':>8} {'scan+S':>8} {'fused':>8} {'fused+S':>8} {'+S(h)':>8} {'1run+S':>8} "
-          f"{'one run':>8} {'o diff':>8} {'fin diff':>8} {'T err':>8} {'S err':>8} {'S(h) err':>8} {'S 1run':>8} "
-          f"{'hand fla':>8} {'hand S(h)':>9} {'hand 1run':>9}")
+    print(f"{'case':>6} {'n':>4} {'scan':>8} {'scan+S':>8} {'fused':>8} {'fused+S':>8} {'+S(h)':>8} "
+          f"{'one run':>8} {'o diff':>8} {'fin diff':>8} {'T err':>8} {'S err':>8} {'S(h) err':>8} "
+          f"{'hand fla':>8} {'hand S(h)':>9}")
     for r in rows:
         if r["case"] == "cold":
             print(f"{'cold':>6} {r['segments']:>4} {r['scan_ms']:>8.3f} {r['scan_summaries_ms']:>8.3f} "
                   f"{r['fused_ms']:>8.3f} {r['fused_summaries_ms']:>8.3f} {r['fused_summaries_from_states_ms']:>8.3f} "
-                  f"{r['one_run_summaries_ms']:>8.3f} "
                   f"{r['one_run_ms']:>8.3f} {r['o_fused_vs_scan']:>8.1e} {r['final_fused_vs_scan']:>8.1e} "
                   f"{r['summary_T_err_fla']:>8.1e} {r['summary_S_err_fla']:>8.1e} "
-                  f"{r['summary_S_err_from_states']:>8.1e} {r['summary_S_err_one_run']:>8.1e} "
-                  f"{r['handed_on_err_fla']:>8.1e} {r['handed_on_err_from_states']:>9.1e} "
-                  f"{r['handed_on_err_one_run']:>9.1e}")
+                  f"{r['summary_S_err_from_states']:>8.1e} "
+                  f"{r['handed_on_err_fla']:>8.1e} {r['handed_on_err_from_states']:>9.1e}")
         else:
             print(f"{'seams':>6} {r['bodies']:>4} short {r['short_ms']:.3f} ms long {r['long_ms']:.3f} ms; final err "
                   f"short {r['final_err_short']:.1e} long {r['final_err_long']:.1e}")

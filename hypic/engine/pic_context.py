@@ -220,9 +220,7 @@ class PicContext(ForwardContext):
             # a cold prefill's writes are a run of spans: their summaries are then views
             summary_spans=lay.write_span_range if lay.write_span_range is not None else lay.write_spans,
             record_rows=lay.checkpoint_record_rows if checkpoints else None,
-            num_records=lay.num_checkpoint_records if checkpoints else None,
-            cu_chains_cpu=lay.cu_chains_cpu,
-            summary_spans_cpu=None if lay.write_span_range is not None else lay.write_spans_cpu)
+            num_records=lay.num_checkpoint_records if checkpoints else None)
         rec.final_states = final
         # Only segment writes read the summaries (row i: write i's span; [K, K] T and [K, V] S,
         # 4 MiB per span and layer at 35B-A3B widths), so none are formed for checkpoints alone:

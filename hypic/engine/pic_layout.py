@@ -108,7 +108,6 @@ class PackedLayout:
     cu_spans_cpu: torch.Tensor  # host copy: fla reads lengths from it instead of the device
     # chain of every request: live elements and bodies in prompt order
     cu_chains: torch.Tensor  # [B+1]
-    cu_chains_cpu: torch.Tensor  # host copy
     chain_source: torch.Tensor  # [M] int64 per chain element: live span s -> s, body b -> -b - 1
     bodies: List[Tuple[int, BodyElement]]  # (request, body) in body-summary order
     body_drop_transition_host: List[bool]  # per body: `addition` mode drops its T
@@ -126,7 +125,6 @@ class PackedLayout:
     # tails recorded: per write (in `writes` order) then per request's final conv state
     writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
     write_spans: torch.Tensor  # [NW] live element index of each write
-    write_spans_cpu: torch.Tensor  # host copy
     # host: (a, b) when the writes are live elements a..b-1 in order (their summaries are then a
     # slice of every live span's, not a gathered copy), else None
     write_span_range: Optional[Tuple[int, int]]
@@ -345,8 +343,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     buffer.ranges("positions_k", [0] * len(requests), [b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])])
     body_shape = None if body_addresses is None else _add_stacked(buffer, "body_addresses", body_addresses)
     kv_shape = None if kv_addresses is None else _add_stacked(buffer, "kv_addresses", kv_addresses)
-    cpu, dev = buffer.finish(device, host_names=("cu_live_per_request", "cu_spans", "cu_runs", "cu_chains",
-                                                           "write_spans"))
+    cpu, dev = buffer.finish(device, host_names=("cu_live_per_request", "cu_spans", "cu_runs"))
     layout = PackedLayout(
         requests=list(requests),
         input_ids=dev["input_ids"],
@@ -358,7 +355,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         cu_spans=dev["cu_spans"],
         cu_spans_cpu=cpu["cu_spans"],
         cu_chains=dev["cu_chains"],
-        cu_chains_cpu=cpu["cu_chains"],
         chain_source=dev["chain_source"],
         bodies=bodies,
         body_drop_transition_host=drop_t,
@@ -370,7 +366,6 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         tail_index=dev["tail_index"],
         writes=writes,
         write_spans=dev["write_spans"],
-        write_spans_cpu=cpu["write_spans"],
         write_span_range=_as_range(write_span_ids),
         any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
         checkpoint_record_rows=dev["checkpoint_record_rows"],

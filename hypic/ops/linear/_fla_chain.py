@@ -20,9 +20,9 @@ chain and fla's state pass does not run.
 
 A store write asks for the written spans' zero-start summaries as well; they come from the same
 WY factors, beside the chain: fla's summary kernel over every span, then the written spans' rows
-(views when they are a run). A cold prefill's writes (a run of spans, nothing cached) take only T
-from that kernel and S from the states the walk records around each written span
-(:mod:`hypic.ops.linear.state_summary`). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
+(views when they are a run). A cold prefill's writes (nothing cached, no checkpoint records) take
+only T from that kernel and S from the states the walk records around each written span
+(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
 than a chunk (A/B measurements)."""
 
 from __future__ import annotations
@@ -72,8 +72,7 @@ def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source
 
 def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_chains, source=None, bodies=None,
                                             initial_states=None, scale=None, cu_seqlens_cpu=None, summarize=True,
-                                            summary_spans=None, record_rows=None, num_records=None,
-                                            cu_chains_cpu=None, summary_spans_cpu=None):
+                                            summary_spans=None, record_rows=None, num_records=None):
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
     if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
         return _on_cpu_reference("gated_delta", "gated_delta_chain_forward_and_summarize", (q, k, v, g, beta),
@@ -82,21 +81,6 @@ def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_
                                       initial_states=initial_states, scale=scale, summarize=summarize,
                                       summary_spans=summary_spans, record_rows=record_rows,
                                       num_records=num_records))
-    if (summarize and source is None and record_rows is None and cu_seqlens_cpu is not None
-            and cu_chains_cpu is not None and cold_summaries_mode() == "one_run"):
-        # a cold prefill: each chain is one request's tokens, run as full_recompute runs them
-        spans = summary_spans if isinstance(summary_spans, tuple) else (
-            None if summary_spans_cpu is None and summary_spans is not None
-            else list(range(cu_seqlens_cpu.numel() - 1)) if summary_spans is None else summary_spans_cpu.tolist())
-        if spans is not None and bool((cu_chains_cpu[1:] > cu_chains_cpu[:-1]).all()):
-            from hypic.ops.linear._fla_cold import cold_one_run
-
-            _check_fla_inputs("gated_delta_chain_forward", k.shape[-1], q, k, v, g, beta)
-            with torch.no_grad():
-                o, final, summary = cold_one_run(q, k, v, g, beta, cu_seqlens, cu_seqlens_cpu, cu_chains_cpu,
-                                                 initial_states, k.shape[-1] ** -0.5 if scale is None else float(scale),
-                                                 spans)
-            return o, final, summary, None
     return _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
                   summarize, summary_spans, record_rows, num_records)
 
@@ -133,7 +117,7 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         # the states around them and their S comes from those (hypic/ops/linear/state_summary.py),
         # so fla's summary kernel composes T alone.
         from_states = (summarize and long_spans and source is None and record_rows is None
-                       and summary_spans is not None and cold_summaries_mode() != "fla")
+                       and summary_spans is not None and cold_summaries_mode() == "walk")
         if from_states:
             record_rows, num_records, rows = written_span_rows(cu_chains, summary_spans,
                                                                cu_seqlens_cpu.numel() - 1)

@@ -220,8 +220,6 @@ def gated_delta_chain_forward_and_summarize(
     summary_spans: Optional[Union[torch.Tensor, Tuple[int, int]]] = None,
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
-    cu_chains_cpu: Optional[torch.Tensor] = None,
-    summary_spans_cpu: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[DenseSummary], Optional[torch.Tensor]]:
     """:func:`gated_delta_chain_forward` for a forward that writes to the store: returns
     ``(o, final, summary, incoming)``. ``summary`` (when ``summarize``) holds the zero-start
@@ -230,10 +228,7 @@ def gated_delta_chain_forward_and_summarize(
     default every live span; else None. With ``record_rows``
     (int64 ``[M]`` per chain element, -1: not kept) ``incoming [num_records, HV, K, V]`` holds
     the state entering element i in row ``record_rows[i]`` (what a prefix checkpoint stores as
-    the state after the element before it), else None. ``cu_chains_cpu`` and
-    ``summary_spans_cpu`` are optional host copies of ``cu_chains`` and ``summary_spans`` (as
-    ``cu_seqlens_cpu``): with them the GPU path can run a cold prefill's chains as one run each
-    (:mod:`hypic.ops.linear._fla_cold`) without a host sync.
+    the state after the element before it), else None.
 
     The GPU path walks every chain once, live spans of any length chunk by chunk from their WY
     factors (the state pass of a cold prefill, carried across its spans and cached bodies), and
@@ -250,30 +245,15 @@ def gated_delta_chain_forward_and_summarize(
     elif num_records is not None:
         raise ValueError("num_records without record_rows")
     _check_summary_spans(summary_spans, int(cu_seqlens.numel() - 1))
-    _check_host_copy("cu_chains_cpu", cu_chains_cpu, cu_chains)
-    if summary_spans_cpu is not None and not isinstance(summary_spans, torch.Tensor):
-        raise ValueError("summary_spans_cpu is the host copy of a summary_spans index tensor")
-    _check_host_copy("summary_spans_cpu", summary_spans_cpu, summary_spans)
     fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
     if fast is not None:
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
                     initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
-                    summary_spans=summary_spans, record_rows=record_rows, num_records=num_records,
-                    cu_chains_cpu=cu_chains_cpu, summary_spans_cpu=summary_spans_cpu)
+                    summary_spans=summary_spans, record_rows=record_rows, num_records=num_records)
     o, final, summary = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
                                           scale, scale_f)
     records = chain_recorded_states(summary, cu_chains, source, bodies, initial_states, record_rows, num_records)
     return o, final, select_spans(summary, summary_spans) if summarize else None, records
-
-
-def _check_host_copy(name: str, host: Optional[torch.Tensor], tensor: Optional[torch.Tensor]) -> None:
-    if host is None:
-        return
-    if not isinstance(host, torch.Tensor) or host.device.type != "cpu" or host.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D CPU tensor")
-    if tensor is None or host.numel() != tensor.numel():
-        raise ValueError(f"{name} must copy its device tensor ({0 if tensor is None else tensor.numel()} values), "
-                         f"got {host.numel()}")
 
 
 def _check_summary_spans(spans, num_spans: int) -> None:

@@ -9,39 +9,37 @@ span and head. With fp32 boundary states the derivation's own error is 2.9e-7 (f
 on the CPU, ``benchmarks/summary_from_states_cpu.py``); what is left is T's error times the
 entering state, the same term T's error adds when the entry is reused after another prefix.
 
-The same identity holds for any forward that has the states around the span: fla's one-run
-forward of the whole request (what ``full_recompute`` runs) keeps the state entering every
-64-token chunk (in the activations' dtype), and :func:`states_at_positions` carries it part-way
-into a chunk, to a span bound that is not chunk-aligned (a body starts after its seam). With
-bf16 boundary states the derivation's error is at most 1.8e-3 with the Qwen3.5 gate recipe (the
-same study), against 3.0e-3-3.7e-3 for fla's summary kernel's own S on the H200.
-:func:`cold_summaries_mode` (``HYPIC_COLD_SUMMARIES``) picks the path.
-
-:func:`zero_start_from_states` and :func:`states_at_positions` are Triton kernels on CUDA (and
-under the interpreter); the ``*_reference`` functions are the plain torch forms beside them.
+``HYPIC_COLD_SUMMARIES`` (:func:`cold_summaries_mode`) switches it for A/B runs.
+:func:`zero_start_from_states` is the Triton kernel on CUDA (and under the interpreter);
+:func:`zero_start_from_states_reference` is the plain torch form beside it.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
-from typing import List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
 ENV = "HYPIC_COLD_SUMMARIES"
-COLD_SUMMARY_MODES = ("one_run", "walk", "fla")
+COLD_SUMMARY_MODES = ("walk", "fla")
 DEFAULT_COLD_SUMMARIES = "walk"
 _KERNELS = {}
 
 
 def cold_summaries_mode() -> str:
     """``HYPIC_COLD_SUMMARIES``: how a cold prefill (no cached bodies, no checkpoint records)
-    forms its written spans' summaries. ``one_run``: each request's tokens as fla's one-run
-    forward (what ``full_recompute`` runs, so the outputs are the same), T from fla's summary
-    kernel over the spans, S from the run's chunk states at the spans' bounds; ``walk``: the chain
-    walk over the spans, T from fla's summary kernel, S from the walk's fp32 states; ``fla``: the
-    walk, and fla's summary kernel for T and S."""
+    forms its written spans' summaries. ``walk`` (default): the chain walk records its fp32
+    states around the spans, fla's summary kernel composes T alone, S is derived; ``fla``: the
+    walk, and fla's summary kernel for T and S (for A/B runs).
+
+    Measured on the H200 (session 16, ``benchmarks/cold_write_h200.py``, one layer of a cold 32k
+    request in 64 x (8 + 504) + 64 spans): ``walk`` 3.80-3.86 ms against ``fla`` 4.17-4.22, S
+    1.6e-3-2.3e-3 from float64 either way; cold 32k TTFT +8.1% over ``full_recompute`` (session
+    14, ``fla``: +9.4%). A third mode, fla's one-run forward per request with S from its bf16
+    chunk states carried to the spans' bounds, was slower (4.39-4.45 ms: it needs a second WY
+    step for T on the spans' chunking) and twice as far from float64 (S 3.1e-3-4.2e-3); it was
+    removed (commit 1fd74cc has it)."""
     value = os.environ.get(ENV, DEFAULT_COLD_SUMMARIES)
     if value not in COLD_SUMMARY_MODES:
         raise ValueError(f"{ENV} must be one of {COLD_SUMMARY_MODES}, got {value!r}")
@@ -130,94 +128,17 @@ def zero_start_from_states(trans: torch.Tensor, incoming: torch.Tensor, final: t
     return out
 
 
-def position_table(cu_seqlens_cpu: torch.Tensor, positions: List[int], chunk_tokens: int) -> List[List[int]]:
-    """``[3, NP]`` host rows locating token boundaries ``positions`` (indices into the packed
-    tokens, each inside a sequence of ``cu_seqlens_cpu`` or at its start, not at its end) in a
-    varlen chunked pass: the chunk row holding the boundary (chunks laid sequence by sequence),
-    that chunk's first token, and how many of its tokens come before the boundary."""
-    bounds = [int(x) for x in cu_seqlens_cpu.tolist()]
-    first_chunk = [0]
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        first_chunk.append(first_chunk[-1] + -(-(b - a) // chunk_tokens))
-    rows: List[List[int]] = [[], [], []]
-    for p in positions:
-        seq = bisect.bisect_right(bounds, p) - 1
-        if not 0 <= seq < len(bounds) - 1 or p >= bounds[seq + 1]:
-            raise ValueError(f"position {p} is not inside a sequence of {bounds}")
-        c, n = divmod(p - bounds[seq], chunk_tokens)
-        rows[0].append(first_chunk[seq] + c)
-        rows[1].append(bounds[seq] + c * chunk_tokens)
-        rows[2].append(n)
-    return rows
-
-
-def states_at_positions_reference(h: torch.Tensor, v_new: torch.Tensor, k: torch.Tensor, g: Optional[torch.Tensor],
-                                  table: torch.Tensor) -> torch.Tensor:
-    """The state after the first ``table[2, i]`` tokens of chunk ``table[0, i]`` (first token
-    ``table[1, i]``): ``exp2(g_last) h_c + sum_t exp2(g_last - g_t) k_t v_new_t^T`` (plain loop,
-    float64 on the CPU; ``g`` None: no gates). Inputs as :func:`states_at_positions`'."""
-    f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
-    h, v_new, k, g = f64(h), f64(v_new), f64(k), f64(g)
-    num_heads = v_new.shape[1]
-    key_heads = torch.arange(num_heads) // (num_heads // k.shape[1])
-    out = []
-    for row, first, n in zip(*(table.tolist())):
-        state = h[row].clone()
-        if n:
-            vn = v_new[first:first + n]
-            if g is not None:
-                g_last = g[first + n - 1]
-                vn = vn * torch.exp2(g_last[None, :] - g[first:first + n])[..., None]
-                state = torch.exp2(g_last)[:, None, None] * state
-            state = state + torch.einsum("thk,thv->hkv", k[first:first + n][:, key_heads], vn)
-        out.append(state)
-    if not out:
-        return torch.empty(0, *h.shape[1:], dtype=torch.float64)
-    return torch.stack(out)
-
-
-def states_at_positions(h: torch.Tensor, v_new: torch.Tensor, k: torch.Tensor, g: Optional[torch.Tensor],
-                        table: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
-    """fp32 ``[NP, HV, K, V]`` states part-way into chunks (``table`` from :func:`position_table`,
-    int64 ``[3, NP]`` on the device): ``h [NC, HV, K, V]`` the states entering each chunk,
-    ``v_new [T, HV, V]``, ``k [T, H, K]`` and ``g [T, HV]`` (fp32 chunk-local cumulative log2
-    gate, or None) of fla's chunked state pass. One Triton launch on CUDA (and under the
-    interpreter); :func:`states_at_positions_reference` elsewhere."""
-    from hypic.ops.linear.triton_scan import _interpreting
-
-    if not (h.is_cuda or _interpreting()):
-        return states_at_positions_reference(h, v_new, k, g, table).to(torch.float32)
-    import triton
-
-    num_positions = table.shape[1]
-    num_heads, key_dim, value_dim = h.shape[1:]
-    out = torch.empty(num_positions, num_heads, key_dim, value_dim, device=h.device, dtype=torch.float32)
-    if num_positions == 0:
-        return out
-    kernel, fixed = _kernel("positions")
-
-    def grid(meta):
-        return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_positions)
-
-    use_g = g is not None
-    kernel[grid](h, v_new, k, g.to(torch.float32) if use_g else table, table.contiguous(), out, num_positions,
-                 H=k.shape[1], HV=num_heads, K=key_dim, V=value_dim, BK=max(16, triton.next_power_of_2(key_dim)),
-                 BT=chunk_tokens, USE_G=use_g, INTERPRET=_interpreting(), **fixed)
-    return out
-
-
 def _kernel(name: str):
-    """The kernel ``name`` ("zero_start" or "positions"), autotuned over the V block and warps on
-    GPU (outputs are fully rewritten by every launch, so benchmarking runs are harmless); one
-    fixed block under the interpreter."""
+    """The kernel ``name`` ("zero_start"), autotuned over the V block and warps on GPU (its
+    output is fully rewritten by every launch, so benchmarking runs are harmless); one fixed
+    block under the interpreter."""
     if name in _KERNELS:
         return _KERNELS[name]
     import triton
 
-    from hypic.ops.linear import _state_summary_kernel as module
+    from hypic.ops.linear._state_summary_kernel import zero_start_from_states_kernel as kernel
     from hypic.ops.linear.triton_scan import _interpreting
 
-    kernel = (module.zero_start_from_states_kernel if name == "zero_start" else module.states_at_positions_kernel)
     if _interpreting():
         _KERNELS[name] = (kernel, {"BV": 32})
         return _KERNELS[name]
@@ -227,11 +148,9 @@ def _kernel(name: str):
         triton.Config({"BV": 64}, num_warps=8, num_stages=2),
         triton.Config({"BV": 128}, num_warps=8, num_stages=2),
     ]
-    key = ["HV", "K", "V", "PRECISION", "SPLIT"] if name == "zero_start" else ["H", "HV", "K", "V", "BT", "USE_G"]
-    _KERNELS[name] = (triton.autotune(configs=configs, key=key)(kernel), {})
+    _KERNELS[name] = (triton.autotune(configs=configs, key=["HV", "K", "V", "PRECISION", "SPLIT"])(kernel), {})
     return _KERNELS[name]
 
 
-__all__ = ["COLD_SUMMARY_MODES", "ENV", "cold_summaries_mode", "position_table", "states_at_positions",
-           "states_at_positions_reference", "written_span_rows", "zero_start_from_states",
+__all__ = ["COLD_SUMMARY_MODES", "ENV", "cold_summaries_mode", "written_span_rows", "zero_start_from_states",
            "zero_start_from_states_reference"]

@@ -15,8 +15,7 @@ triton = pytest.importorskip("triton")
 PTR = {"trans": "*fp32", "state": "*fp32", "init": "*fp32", "incoming": "*fp32", "final": "*fp32",
        "cu_chains": "*i64", "table": "*i64", "source": "*i64", "record": "*i64", "k": "*bf16", "w": "*bf16",
        "u": "*bf16", "g": "*fp32", "cu_spans": "*i64", "span_chunk": "*i64", "v_new": "*bf16", "h_chunks": "*bf16",
-       "num_table": "i64", "t_base": "i64", "s_base": "i64", "rows": "*i64", "out": "*fp32", "NW": "i64",
-       "h": "*bf16", "NP": "i64"}
+       "num_table": "i64", "t_base": "i64", "s_base": "i64", "rows": "*i64", "out": "*fp32", "NW": "i64"}
 # Qwen3.5-35B-A3B's linear layers: 16 key heads, 32 value heads, K = V = 128
 DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, PRECISION="tf32x3", SPLIT=1, USE_G=True, T_UNIT=64, S_UNIT=64)
 
@@ -51,14 +50,6 @@ def test_zero_start_from_states_kernel_compiles_for_sm90(split, bv):
 
     constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, BKK=32, PRECISION="tf32x3", SPLIT=split)
     assert compile_sm90(zero_start_from_states_kernel, constexprs).asm["ptx"]
-
-
-@pytest.mark.parametrize("use_g", [True, False])
-def test_states_at_positions_kernel_compiles_for_sm90(use_g):
-    from hypic.ops.linear._state_summary_kernel import states_at_positions_kernel
-
-    constexprs = dict(H=16, HV=32, K=128, V=128, BK=128, BV=32, BT=64, USE_G=use_g, INTERPRET=False)
-    assert compile_sm90(states_at_positions_kernel, constexprs, num_warps=4).asm["ptx"]
 
 
 def test_cold_walk_compiles_with_deeper_pipelines_for_sm90():
