@@ -22,8 +22,8 @@ A store write asks for the written spans' zero-start summaries as well; they com
 WY factors, beside the chain: fla's summary kernel over every span, then the written spans' rows
 (views when they are a run). A cold prefill's writes (nothing cached, no checkpoint records) take
 only T from that kernel and S from the states the walk records around each written span
-(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
-than a chunk (A/B measurements)."""
+(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``). ``HYPIC_CHAIN_LONG=scan``
+restores the former path for spans longer than a chunk (A/B measurements)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import torch
 ENV = "HYPIC_COLD_SUMMARIES"
 COLD_SUMMARY_MODES = ("walk", "fla")
 DEFAULT_COLD_SUMMARIES = "walk"
-_KERNELS = {}
+_KERNEL = None
 
 
 def cold_summaries_mode() -> str:
@@ -114,7 +114,7 @@ def zero_start_from_states(trans: torch.Tensor, incoming: torch.Tensor, final: t
     out = torch.empty(nw, num_heads, key_dim, value_dim, device=trans.device, dtype=torch.float32)
     if nw == 0:
         return out
-    kernel, fixed = _kernel("zero_start")
+    kernel, fixed = _kernel()
     split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
 
     def grid(meta):
@@ -128,28 +128,28 @@ def zero_start_from_states(trans: torch.Tensor, incoming: torch.Tensor, final: t
     return out
 
 
-def _kernel(name: str):
-    """The kernel ``name`` ("zero_start"), autotuned over the V block and warps on GPU (its
-    output is fully rewritten by every launch, so benchmarking runs are harmless); one fixed
-    block under the interpreter."""
-    if name in _KERNELS:
-        return _KERNELS[name]
+def _kernel():
+    """The kernel, autotuned over the V block and warps on GPU (its output is fully rewritten by
+    every launch, so benchmarking runs are harmless); one fixed block under the interpreter."""
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL
     import triton
 
     from hypic.ops.linear._state_summary_kernel import zero_start_from_states_kernel as kernel
     from hypic.ops.linear.triton_scan import _interpreting
 
     if _interpreting():
-        _KERNELS[name] = (kernel, {"BV": 32})
-        return _KERNELS[name]
+        _KERNEL = (kernel, {"BV": 32})
+        return _KERNEL
     configs = [
         triton.Config({"BV": 32}, num_warps=4, num_stages=2),
         triton.Config({"BV": 64}, num_warps=4, num_stages=2),
         triton.Config({"BV": 64}, num_warps=8, num_stages=2),
         triton.Config({"BV": 128}, num_warps=8, num_stages=2),
     ]
-    _KERNELS[name] = (triton.autotune(configs=configs, key=["HV", "K", "V", "PRECISION", "SPLIT"])(kernel), {})
-    return _KERNELS[name]
+    _KERNEL = (triton.autotune(configs=configs, key=["HV", "K", "V", "PRECISION", "SPLIT"])(kernel), {})
+    return _KERNEL
 
 
 __all__ = ["COLD_SUMMARY_MODES", "ENV", "cold_summaries_mode", "written_span_rows", "zero_start_from_states",
