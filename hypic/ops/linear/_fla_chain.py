@@ -21,8 +21,9 @@ chain and fla's state pass does not run.
 A store write asks for the written spans' zero-start summaries as well; they come from the same
 WY factors, beside the chain: fla's summary kernel over every span, then the written spans' rows
 (views when they are a run). A cold prefill's writes (nothing cached, no checkpoint records) take
-only T from that kernel and S from the states the walk records around each written span
-(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``). ``HYPIC_CHAIN_LONG=scan``
+S from the states the walk records around each written span
+(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``) and T from one launch over
+the written spans alone (:mod:`hypic.ops.linear.transition`, ``HYPIC_TRANSITION_IMPL``). ``HYPIC_CHAIN_LONG=scan``
 restores the former path for spans longer than a chunk (A/B measurements)."""
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from hypic.ops.linear._fla_common import (
     _summary_classes,
     span_chunk_rows,
 )
+from hypic.ops.linear.cold_walk import chunk_walk_table, walk_chains_flat, walk_loop
 from hypic.ops.linear.state_summary import cold_summaries_mode, written_span_rows, zero_start_from_states
 from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
 
@@ -114,27 +116,30 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         else:
             span_chunk, num_chunks = table.span_chunk, table.chunk_spans.shape[0]
         # A cold prefill's writes (every element live, no checkpoint records): the walk records
-        # the states around them and their S comes from those (hypic/ops/linear/state_summary.py),
-        # so fla's summary kernel composes T alone.
+        # the states around them and their S comes from those (hypic/ops/linear/state_summary.py);
+        # T is composed for the written spans alone (hypic/ops/linear/transition.py).
         from_states = (summarize and long_spans and source is None and record_rows is None
                        and summary_spans is not None and cold_summaries_mode() == "walk")
         if from_states:
             record_rows, num_records, rows = written_span_rows(cu_chains, summary_spans,
                                                                cu_seqlens_cpu.numel() - 1)
-        out = scan_chain_wy_triton(
-            k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
-            second=bodies, source=source, long_spans=long_spans, record_rows=record_rows, num_records=num_records)
+        # live spans alone (a cold prefill): one flat loop over their chunks (cold_walk.py)
+        flat = chunk_walk_table(cu, cu_seqlens_cpu) if long_spans and source is None and walk_loop() == "flat" else None
+        if flat is not None:
+            out = walk_chains_flat(k4[0], w[0], u[0], None if gc is None else gc[0], flat, cu_chains,
+                                   _state_or_none(initial_states), record_rows, num_records)
+        else:
+            out = scan_chain_wy_triton(
+                k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
+                second=bodies, source=source, long_spans=long_spans, record_rows=record_rows,
+                num_records=num_records)
         v_new, h, final = out[:3]
         incoming = out[3] if record_rows is not None else None
         o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
                         cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
         summary = None
         if from_states:
-            _, trans = fla_paths._delta_summaries(k4, w, u, gc, cu, cu_seqlens_cpu, transition_only=True)
-            if isinstance(summary_spans, tuple):
-                trans = trans[summary_spans[0]:summary_spans[1]]  # a run: a view
-            else:
-                trans = trans.index_select(0, rows[0])
+            trans = fla_paths._transitions(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans)
             state = zero_start_from_states(trans, incoming, final, rows)
             summary = _summary_classes()[0](transition=trans, state=state)
             incoming = None  # the walk's records were for the derivation, not the caller's

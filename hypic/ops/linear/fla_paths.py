@@ -115,6 +115,24 @@ def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
     return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only)
 
 
+def _transitions(k4, w, u, gc, cu, cu_cpu, spans=None):
+    """T of the given spans (an index tensor or a host ``(a, b)``; every span when None), fp32:
+    the one-chunk closed form when every span fits in a chunk, else :func:`wy_transitions` over
+    those spans alone (``HYPIC_TRANSITION_IMPL=fla``: fla's summary kernel with ``V = 0`` over
+    every span, then the rows)."""
+    from hypic.ops.linear.transition import transition_impl, wy_transitions
+
+    num_spans = cu.numel() - 1
+    if transition_impl() == "triton" and _short_spans(k4, u, cu, cu_cpu)[0] is None:
+        return wy_transitions(k4[0], w[0], None if gc is None else gc[0], cu, (0, num_spans) if spans is None else spans)
+    _, trans = _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only=True)
+    if spans is None:
+        return trans
+    if isinstance(spans, tuple):
+        return trans[spans[0]:spans[1]]  # a run: a view
+    return trans.index_select(0, spans.to(device=trans.device, dtype=torch.int64))
+
+
 def _zero_start_summary(k4, w, u, gc, cu, cu_cpu):
     """Dense zero-start summaries (T and S) of every span of a prepared input."""
     zero_start, trans = _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only=False)
@@ -133,7 +151,7 @@ def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary
     if h0 is not None:
         return o, final, _zero_start_summary(k4, w, u, gc, cu, cu_cpu)
     # zero start: the forward's final states are S(C|0); only T is left to compute
-    _, trans = _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only=True)
+    trans = _transitions(k4, w, u, gc, cu, cu_cpu)
     return o, final, _summary_classes()[0](transition=trans, state=final.clone())
 
 

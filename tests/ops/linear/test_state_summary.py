@@ -122,12 +122,13 @@ def test_kernel_matches_reference_on_cuda(precision):
 
 
 @pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
-@pytest.mark.parametrize("mode", ["walk", "fla"])
-def test_cold_write_path_on_cuda(monkeypatch, mode):
+@pytest.mark.parametrize("mode,transition", [("walk", "triton"), ("walk", "fla"), ("fla", "triton")])
+def test_cold_write_path_on_cuda(monkeypatch, mode, transition):
     """A cold prefill's write op on CUDA (every element live, 512-token segments after 8-token
-    seams, the bodies written) in each ``HYPIC_COLD_SUMMARIES`` mode, against the float64 CPU
-    reference."""
+    seams, the bodies written) in each ``HYPIC_COLD_SUMMARIES`` mode (and, for ``walk``, each
+    ``HYPIC_TRANSITION_IMPL``), against the float64 CPU reference."""
     monkeypatch.setenv("HYPIC_COLD_SUMMARIES", mode)
+    monkeypatch.setenv("HYPIC_TRANSITION_IMPL", transition)
     pieces = [[("live", 8), ("live", 504), ("live", 8), ("live", 504), ("live", 64)],
               [("live", 8), ("live", 200)]]
     dims = dict(h=2, hv=4, kd=128, vd=128)

@@ -1,0 +1,86 @@
+"""The Triton kernel of :mod:`hypic.ops.linear.transition` (imported lazily, so a CPU-only
+machine never imports Triton). Module-level so that the helpers it shares with the chain kernel
+resolve as globals both when compiled and under ``TRITON_INTERPRET=1``."""
+
+import triton
+import triton.language as tl
+
+from hypic.ops.linear._triton_scan_kernel import bf16_fp32_dot, fp32_dot
+
+
+@triton.jit
+def transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                     USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """Chunk ``c`` of a span applied to a column block of its T:
+    ``T <- gamma T - Kd^T (W T)`` with ``Kd = diag(exp2(g_last - g)) K``, T kept fp32 and both
+    products fp32-accurate (T is split, W and K are exact in their bf16)."""
+    o_t = tl.arange(0, BT)
+    m_t = (c * BT + o_t) < length
+    rows = bos + c * BT + o_t
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    if w.dtype.element_ty == tl.bfloat16:
+        b_x = bf16_fp32_dot(b_w, b_t, PRECISION, SPLIT)  # [BT, BC]
+    else:
+        b_x = fp32_dot(b_w.to(tl.float32), b_t, PRECISION, SPLIT)
+    if USE_G:
+        last = tl.minimum((c + 1) * BT, length) - 1
+        g_last = tl.load(g + (bos + last) * HV + i_h).to(tl.float32)
+        b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+        # the key decay goes on the rows of W T (exact bf16 keys stay unsplit)
+        b_x = b_x * tl.where(m_t, tl.exp2(g_last - b_g), 0.0)[:, None]
+        b_t = b_t * tl.exp2(g_last)
+    b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    if k.dtype.element_ty == tl.bfloat16:
+        b_t -= bf16_fp32_dot(tl.trans(b_k), b_x, PRECISION, SPLIT)
+    else:
+        b_t -= fp32_dot(tl.trans(b_k.to(tl.float32)), b_x, PRECISION, SPLIT)
+    return b_t
+
+
+@triton.jit(do_not_specialize=["NW"])
+def wy_transition_kernel(
+    k,          # [T, H, K] keys (the WY step's, bf16 or fp32)
+    w,          # [T, HV, K] WY factors
+    g,          # [T, HV] chunk-local cumulative log2 gate (read only when USE_G)
+    cu_spans,   # [N + 1] int64 span bounds
+    spans,      # [NW] int64: the spans whose T is formed
+    out,        # [NW, HV, K, K] fp32 out: T of each
+    NW,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BC: tl.constexpr,   # columns of T per program
+    BT: tl.constexpr,   # fla's chunk size: the WY factors are chunk-local
+    USE_G: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """One (column block, head, span): T's columns from the identity's, chunk by chunk."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_w = tl.program_id(2).to(tl.int64)
+    s = tl.load(spans + i_w)
+    bos = tl.load(cu_spans + s).to(tl.int64)
+    length = tl.load(cu_spans + s + 1).to(tl.int64) - bos
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < K
+    b_t = tl.where((o_k[:, None] == o_c[None, :]) & m_k[:, None], 1.0, 0.0)
+    if INTERPRET:
+        # the interpreter cannot run ``range`` over bounds loaded from memory
+        c = length * 0
+        while c * BT < length:
+            b_t = transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k, H, HV, K, BT, USE_G, PRECISION,
+                                   SPLIT)
+            c += 1
+    else:
+        for c in range(0, tl.cdiv(length, BT)):
+            b_t = transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k, H, HV, K, BT, USE_G, PRECISION,
+                                   SPLIT)
+    tl.store(out + (i_w * HV + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_t,
+             mask=m_k[:, None] & m_c[None, :])

@@ -1,0 +1,145 @@
+"""A span's transition operator T_C from its WY factors, for the spans a forward writes.
+
+A delta-rule span C maps an entering state h to ``T_C h + S(C|0)``. Chunk by chunk (fla's WY
+form, chunk-local log2 gates ``g``), ``T_C`` is the left product of the chunks'
+``gamma I - Kd^T W`` with ``gamma = exp2(g_last)`` and ``Kd = diag(exp2(g_last - g)) K``: the
+state pass with ``u = 0``, started from the identity. When a forward already yields S (a zero
+start, or :mod:`hypic.ops.linear.state_summary` on a cold prefill), T is all that is left.
+
+:func:`wy_transitions` is one Triton launch over (column block, head, span) for the requested
+spans only, written in their order (no gather afterwards); it replaces fla's summary kernel
+launched with ``V = 0`` (``HYPIC_TRANSITION_IMPL=fla``), which composes every span of the
+forward (seams and questions too) and builds each chunk's full ``[K, K]`` factor before a TF32
+product. Here T's columns take ``W T`` and ``K^T (.)`` with T split into bf16 halves (2 MMAs a
+product, W and K exact in bf16): fp32-accurate products, where fla's TF32 rounds T to 10 bits.
+:func:`wy_transitions_reference` is the plain torch form beside it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple, Union
+
+import torch
+
+ENV = "HYPIC_TRANSITION_IMPL"
+TRANSITION_IMPLS = ("triton", "fla")
+CHUNK_TOKENS = 64  # fla's chunk size: the WY factors are chunk-local
+_KERNEL = None
+
+Spans = Union[torch.Tensor, Tuple[int, int]]
+
+
+def transition_impl() -> str:
+    """``HYPIC_TRANSITION_IMPL``: ``triton`` (default, :func:`wy_transitions`) or ``fla`` (fla's
+    summary kernel with ``V = 0`` over every span, then the requested rows; for A/B runs)."""
+    value = os.environ.get(ENV, "triton")
+    if value not in TRANSITION_IMPLS:
+        raise ValueError(f"{ENV} must be one of {TRANSITION_IMPLS}, got {value!r}")
+    return value
+
+
+def span_ids(spans: Spans, num_spans: int, device) -> torch.Tensor:
+    """``spans`` (an index tensor, or a host ``(a, b)`` for spans ``a .. b-1``) as an int64 index
+    tensor on ``device`` (no host sync)."""
+    if isinstance(spans, tuple):
+        a, b = spans
+        if not 0 <= a <= b <= num_spans:
+            raise ValueError(f"spans {a}..{b} must lie within the {num_spans} spans")
+        return torch.arange(a, b, dtype=torch.int64, device=device)
+    if spans.dim() != 1:
+        raise ValueError(f"spans must be a 1-d index tensor, got shape {tuple(spans.shape)}")
+    return spans.to(device=device, dtype=torch.int64)
+
+
+def _check(k, w, g, cu_spans) -> None:
+    if k.dim() != 3 or w.dim() != 3 or k.shape[0] != w.shape[0] or k.shape[2] != w.shape[2]:
+        raise ValueError(f"k must be [T, H, K] and w [T, HV, K] alike, got {tuple(k.shape)} and {tuple(w.shape)}")
+    if w.shape[1] % k.shape[1]:
+        raise ValueError(f"w's {w.shape[1]} heads must be a multiple of k's {k.shape[1]}")
+    if g is not None and tuple(g.shape) != tuple(w.shape[:2]):
+        raise ValueError(f"g must be [T, HV] = {tuple(w.shape[:2])}, got {tuple(g.shape)}")
+    if cu_spans.dim() != 1 or cu_spans.numel() < 1:
+        raise ValueError(f"cu_spans must be a 1-d bounds tensor, got shape {tuple(cu_spans.shape)}")
+
+
+def wy_transitions_reference(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
+                             spans: Spans, chunk_size: int = CHUNK_TOKENS) -> torch.Tensor:
+    """T ``[NW, HV, K, K]`` of the given spans by plain loops, in float64 on the CPU (for tests)."""
+    _check(k, w, g, cu_spans)
+    f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
+    k, w, g = f64(k), f64(w), f64(g)
+    bounds = [int(x) for x in cu_spans.tolist()]
+    ids = span_ids(spans, len(bounds) - 1, "cpu").tolist()
+    num_heads, key_dim = w.shape[1], w.shape[2]
+    key_heads = torch.arange(num_heads) // (num_heads // k.shape[1])
+    out = torch.zeros(len(ids), num_heads, key_dim, key_dim, dtype=torch.float64)
+    for n, s in enumerate(ids):
+        t = torch.eye(key_dim, dtype=torch.float64).expand(num_heads, key_dim, key_dim).clone()
+        for t0 in range(bounds[s], bounds[s + 1], chunk_size):
+            t1 = min(t0 + chunk_size, bounds[s + 1])
+            kk = k[t0:t1][:, key_heads]  # [BT, HV, K]
+            x = torch.einsum("thk,hkc->thc", w[t0:t1], t)
+            if g is not None:
+                g_last = g[t1 - 1]
+                x = x * torch.exp2(g_last[None, :] - g[t0:t1])[..., None]
+                t = torch.exp2(g_last)[:, None, None] * t
+            t = t - torch.einsum("thk,thc->hkc", kk, x)
+        out[n] = t
+    return out
+
+
+def wy_transitions(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
+                   spans: Spans, precision: Optional[str] = None) -> torch.Tensor:
+    """:func:`wy_transitions_reference` as one Triton launch on CUDA (and under the interpreter),
+    fp32 out; its products in the chain scan's dot precision (``HYPIC_SCAN_PRECISION``, bf16x3 by
+    default). Elsewhere the reference, in the inputs' dtype."""
+    from hypic.ops.linear.triton_scan import _interpreting, scan_precision
+
+    _check(k, w, g, cu_spans)
+    if not (w.is_cuda or _interpreting()):
+        return wy_transitions_reference(k, w, g, cu_spans, spans).to(w.dtype)
+    import triton
+
+    precision = scan_precision(precision)
+    ids = span_ids(spans, cu_spans.numel() - 1, w.device)
+    num_heads, key_dim = w.shape[1], w.shape[2]
+    out = torch.empty(ids.numel(), num_heads, key_dim, key_dim, device=w.device, dtype=torch.float32)
+    if ids.numel() == 0:
+        return out
+    kernel, fixed = _kernel()
+    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
+
+    def grid(meta):
+        return (triton.cdiv(key_dim, meta["BC"]), num_heads, ids.numel())
+
+    kernel[grid](k.contiguous(), w.contiguous(), None if g is None else g.contiguous(),
+                 cu_spans.to(device=w.device, dtype=torch.int64).contiguous(), ids.contiguous(), out, ids.numel(),
+                 H=k.shape[1], HV=num_heads, K=key_dim, BK=max(16, triton.next_power_of_2(key_dim)),
+                 BT=CHUNK_TOKENS, USE_G=g is not None, PRECISION="tf32x3" if split else precision, SPLIT=split,
+                 INTERPRET=_interpreting(), **fixed)
+    return out
+
+
+def _kernel():
+    """The kernel, autotuned over the column block, warps and stages on GPU (its output is fully
+    rewritten by every launch, so benchmarking runs are harmless); one block under the
+    interpreter."""
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL
+    import triton
+
+    from hypic.ops.linear._transition_kernel import wy_transition_kernel as kernel
+    from hypic.ops.linear.triton_scan import _interpreting
+
+    if _interpreting():
+        _KERNEL = (kernel, {"BC": 32})
+        return _KERNEL
+    configs = [triton.Config({"BC": bc}, num_warps=nw, num_stages=ns)
+               for bc, nw, ns in [(32, 2, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2)]]
+    _KERNEL = (triton.autotune(configs=configs, key=["H", "HV", "K", "USE_G", "PRECISION", "SPLIT"])(kernel), {})
+    return _KERNEL
+
+
+__all__ = ["ENV", "TRANSITION_IMPLS", "span_ids", "transition_impl", "wy_transitions", "wy_transitions_reference"]
