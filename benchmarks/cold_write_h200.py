@@ -4,11 +4,11 @@ from each other (Qwen3.5-35B-A3B widths: 16 key heads, 32 value heads, K = V = 1
 
 The shape is a cold 32k request in 512-token segments: N segments, each its 8-token seam and
 504-token body (the body written), then a 64-token question, one chain. Timed: fla's plain one-run
-forward (what ``full_recompute`` runs), the chain walk without summaries (flat loop, and the
-chain kernel's span-by-span loop: ``HYPIC_WALK_LOOP``), and the write op in each mode (``fla``:
-the walk and fla's ``[S | T]`` launch; ``walk``: the walk recording its states, T of the written
-spans from hypic's kernel, S derived; ``walk_fla_t``: T from fla's ``V = 0`` launch instead
-(``HYPIC_TRANSITION_IMPL=fla``); ``walk_spans``: the span-by-span walk). The first bodies'
+forward (what ``full_recompute`` runs), the chain walk without summaries, and the write op in
+each mode (``fla``: the walk and fla's ``[S | T]`` launch; ``walk``: the walk recording its
+states, T of the written spans from hypic's kernel on a side stream beside the walk's output
+kernel, S derived; ``walk_inline``: that T launched in line, ``HYPIC_TRANSITION_OVERLAP=0``;
+``walk_fla_t``: T from fla's ``V = 0`` launch, ``HYPIC_TRANSITION_IMPL=fla``). The first bodies'
 summaries are checked against a float64 walk of the same WY factors, on the GPU, under two gate
 regimes (``--gate-biases``).
 
@@ -29,8 +29,8 @@ from _timing import env_vars, event_times_ms
 from chain_long_h200 import KD, cold_shape, inputs, rel, span_summaries_float64
 
 REFERENCE_BODIES = 4  # bodies whose summaries are checked against a float64 walk (on the GPU)
-SUMMARIZING = ("fla", "walk_fla_t", "walk_spans", "walk")
-TIMED = ("one_run_plain", "walk_no_summaries", "spans_no_summaries") + SUMMARIZING
+SUMMARIZING = ("fla", "walk_fla_t", "walk_inline", "walk")
+TIMED = ("one_run_plain", "walk_no_summaries") + SUMMARIZING
 
 
 def layer(n: int, gate_bias: float, repeats: int, profile: bool):
@@ -49,9 +49,10 @@ def layer(n: int, gate_bias: float, repeats: int, profile: bool):
     one_cpu = torch.tensor([0, t])
     one = one_cpu.to(dev)
 
-    def write(mode, summarize=True, transition="triton", loop="flat"):
+    def write(mode, summarize=True, transition="triton", overlap="1"):
         def fn():
-            with env_vars(HYPIC_COLD_SUMMARIES=mode, HYPIC_TRANSITION_IMPL=transition, HYPIC_WALK_LOOP=loop):
+            with env_vars(HYPIC_COLD_SUMMARIES=mode, HYPIC_TRANSITION_IMPL=transition,
+                          HYPIC_TRANSITION_OVERLAP=overlap):
                 return gated_delta.gated_delta_chain_forward_and_summarize(
                     q, k, v, g, beta, cu_seqlens=cu, cu_chains=cu_chains, cu_seqlens_cpu=cu_cpu,
                     summarize=summarize, summary_spans=bodies)
@@ -61,9 +62,8 @@ def layer(n: int, gate_bias: float, repeats: int, profile: bool):
         return gated_delta.gated_delta_forward(q, k, v, g, beta, cu_seqlens=one, cu_seqlens_cpu=one_cpu)
 
     cases = {"one_run_plain": plain, "walk_no_summaries": write("walk", summarize=False),
-             "spans_no_summaries": write("walk", summarize=False, loop="spans"),
              "fla": write("fla"), "walk_fla_t": write("walk", transition="fla"),
-             "walk_spans": write("walk", loop="spans"), "walk": write("walk")}
+             "walk_inline": write("walk", overlap="0"), "walk": write("walk")}
     outs = {name: fn() for name, fn in cases.items()}
     _, _, k4, gc, w, u = fla_paths._wy_prepare(k, v, g, beta, cu, cu_cpu)
     t_ref, s_ref = span_summaries_float64(k4[0], w[0], u[0], gc[0], cu_cpu, bodies_cpu[:REFERENCE_BODIES],
@@ -83,14 +83,13 @@ def layer(n: int, gate_bias: float, repeats: int, profile: bool):
             row[f"{name}_S_vs_fla"] = rel(summ.state, base[2].state)
             row[f"{name}_o_vs_plain"] = rel(o, o_plain)
             row[f"{name}_final_vs_fla"] = rel(final, base[1])
-    # the flat walk and the span-by-span walk run the same per-chunk maths
-    row["flat_vs_spans_o"] = rel(outs["walk"][0], outs["walk_spans"][0])
-    row["flat_vs_spans_final"] = rel(outs["walk"][1], outs["walk_spans"][1])
+    # T beside the output kernel or in line: the same launch, so the same summaries
+    row["overlap_vs_inline_T"] = rel(outs["walk"][2].transition, outs["walk_inline"][2].transition)
     row["T_ref_norm_ratio"] = float(t_ref.norm() / (torch.eye(KD, dtype=torch.float64, device=dev).norm()
                                                     * (t_ref.shape[0] * t_ref.shape[1]) ** 0.5))
     print(json.dumps(row), flush=True)
     tables = []
-    for name in (("walk_fla_t", "walk_spans", "walk") if profile else ()):
+    for name in (("walk_inline", "walk") if profile else ()):
         fn = cases[name]
         fn()
         torch.cuda.synchronize()

@@ -42,7 +42,6 @@ from hypic.ops.linear._fla_common import (
     _summary_classes,
     span_chunk_rows,
 )
-from hypic.ops.linear.cold_walk import chunk_walk_table, walk_chains_flat, walk_loop
 from hypic.ops.linear.state_summary import cold_summaries_mode, written_span_rows, zero_start_from_states
 from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
 
@@ -123,23 +122,19 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         if from_states:
             record_rows, num_records, rows = written_span_rows(cu_chains, summary_spans,
                                                                cu_seqlens_cpu.numel() - 1)
-        # live spans alone (a cold prefill): one flat loop over their chunks (cold_walk.py)
-        flat = chunk_walk_table(cu, cu_seqlens_cpu) if long_spans and source is None and walk_loop() == "flat" else None
-        if flat is not None:
-            out = walk_chains_flat(k4[0], w[0], u[0], None if gc is None else gc[0], flat, cu_chains,
-                                   _state_or_none(initial_states), record_rows, num_records)
-        else:
-            out = scan_chain_wy_triton(
-                k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
-                second=bodies, source=source, long_spans=long_spans, record_rows=record_rows,
-                num_records=num_records)
+        out = scan_chain_wy_triton(
+            k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
+            second=bodies, source=source, long_spans=long_spans, record_rows=record_rows, num_records=num_records)
         v_new, h, final = out[:3]
         incoming = out[3] if record_rows is not None else None
+        # T needs only the WY factors: queued beside the walk's output kernel (after the walk,
+        # which then holds its SMs first), read back before S is derived from it
+        pending = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans) if from_states else None
         o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
                         cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
         summary = None
         if from_states:
-            trans = fla_paths._transitions(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans)
+            trans = pending()
             state = zero_start_from_states(trans, incoming, final, rows)
             summary = _summary_classes()[0](transition=trans, state=state)
             incoming = None  # the walk's records were for the derivation, not the caller's

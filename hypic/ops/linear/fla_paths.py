@@ -115,22 +115,25 @@ def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
     return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only)
 
 
-def _transitions(k4, w, u, gc, cu, cu_cpu, spans=None):
-    """T of the given spans (an index tensor or a host ``(a, b)``; every span when None), fp32:
-    the one-chunk closed form when every span fits in a chunk, else :func:`wy_transitions` over
-    those spans alone (``HYPIC_TRANSITION_IMPL=fla``: fla's summary kernel with ``V = 0`` over
-    every span, then the rows)."""
-    from hypic.ops.linear.transition import transition_impl, wy_transitions
+def _transitions_beside(k4, w, u, gc, cu, cu_cpu, spans=None):
+    """T of the given spans (an index tensor or a host ``(a, b)``; every span when None), fp32,
+    as a ``result()`` to call before T or the inputs are used again: the one-chunk closed form
+    when every span fits in a chunk, else :func:`wy_transitions_beside` over those spans alone
+    (on a side stream, beside what the caller queues next); ``HYPIC_TRANSITION_IMPL=fla``:
+    fla's summary kernel with ``V = 0`` over every span, then the rows."""
+    from hypic.ops.linear.transition import transition_impl, wy_transitions_beside
 
     num_spans = cu.numel() - 1
     if transition_impl() == "triton" and _short_spans(k4, u, cu, cu_cpu)[0] is None:
-        return wy_transitions(k4[0], w[0], None if gc is None else gc[0], cu, (0, num_spans) if spans is None else spans)
+        return wy_transitions_beside(k4[0], w[0], None if gc is None else gc[0], cu,
+                                     (0, num_spans) if spans is None else spans)
     _, trans = _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only=True)
-    if spans is None:
-        return trans
-    if isinstance(spans, tuple):
-        return trans[spans[0]:spans[1]]  # a run: a view
-    return trans.index_select(0, spans.to(device=trans.device, dtype=torch.int64))
+    if spans is not None:
+        if isinstance(spans, tuple):
+            trans = trans[spans[0]:spans[1]]  # a run: a view
+        else:
+            trans = trans.index_select(0, spans.to(device=trans.device, dtype=torch.int64))
+    return lambda: trans
 
 
 def _zero_start_summary(k4, w, u, gc, cu, cu_cpu):
@@ -144,14 +147,16 @@ def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary
     scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
     cu, ci, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu)
     h0 = _state_or_none(initial_state)
+    # zero start: the forward's final states are S(C|0) and only T is left to compute, queued
+    # beside the state pass and the output (it needs only the WY factors)
+    pending = _transitions_beside(k4, w, u, gc, cu, cu_cpu) if with_summary and h0 is None else None
     o, final = _wy_state_and_output(_b1(q), k4, w, u, gc, h0, cu, ci, scale)
     o = o[0].to(v.dtype)
     if not with_summary:
         return o, final
     if h0 is not None:
         return o, final, _zero_start_summary(k4, w, u, gc, cu, cu_cpu)
-    # zero start: the forward's final states are S(C|0); only T is left to compute
-    trans = _transitions(k4, w, u, gc, cu, cu_cpu)
+    trans = pending()
     return o, final, _summary_classes()[0](transition=trans, state=final.clone())
 
 

@@ -18,14 +18,16 @@ product, W and K exact in bf16): fp32-accurate products, where fla's TF32 rounds
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
 ENV = "HYPIC_TRANSITION_IMPL"
+OVERLAP_ENV = "HYPIC_TRANSITION_OVERLAP"
 TRANSITION_IMPLS = ("triton", "fla")
 CHUNK_TOKENS = 64  # fla's chunk size: the WY factors are chunk-local
 _KERNEL = None
+_SIDE_STREAMS: dict = {}
 
 Spans = Union[torch.Tensor, Tuple[int, int]]
 
@@ -89,36 +91,88 @@ def wy_transitions_reference(k: torch.Tensor, w: torch.Tensor, g: Optional[torch
     return out
 
 
+def transition_overlap() -> bool:
+    """``HYPIC_TRANSITION_OVERLAP`` (default 1): :func:`wy_transitions_beside` launches on a side
+    stream, so T's programs fill the SMs the chain walk leaves idle (it runs ~64 programs on the
+    H200's 132 SMs); 0 launches in line, for A/B runs."""
+    value = os.environ.get(OVERLAP_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{OVERLAP_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def wy_transitions(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
                    spans: Spans, precision: Optional[str] = None) -> torch.Tensor:
     """:func:`wy_transitions_reference` as one Triton launch on CUDA (and under the interpreter),
     fp32 out; its products in the chain scan's dot precision (``HYPIC_SCAN_PRECISION``, bf16x3 by
     default). Elsewhere the reference, in the inputs' dtype."""
+    return wy_transitions_beside(k, w, g, cu_spans, spans, precision, overlap=False)()
+
+
+def wy_transitions_beside(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
+                          spans: Spans, precision: Optional[str] = None,
+                          overlap: Optional[bool] = None) -> Callable[[], torch.Tensor]:
+    """:func:`wy_transitions` launched now, on CUDA on a side stream (``overlap``, default
+    ``HYPIC_TRANSITION_OVERLAP``) after the work queued so far; returns ``result()``, which makes
+    the current stream wait for it and returns T. Call ``result()`` before anything reads T and
+    before the inputs may be freed: they and T are allocated on the current stream, which must
+    not reuse them while the side stream still works on them."""
     from hypic.ops.linear.triton_scan import _interpreting, scan_precision
 
     _check(k, w, g, cu_spans)
     if not (w.is_cuda or _interpreting()):
-        return wy_transitions_reference(k, w, g, cu_spans, spans).to(w.dtype)
-    import triton
-
+        out = wy_transitions_reference(k, w, g, cu_spans, spans).to(w.dtype)
+        return lambda: out
     precision = scan_precision(precision)
     ids = span_ids(spans, cu_spans.numel() - 1, w.device)
     num_heads, key_dim = w.shape[1], w.shape[2]
     out = torch.empty(ids.numel(), num_heads, key_dim, key_dim, device=w.device, dtype=torch.float32)
     if ids.numel() == 0:
+        return lambda: out
+    cu_spans = cu_spans.to(device=w.device, dtype=torch.int64).contiguous()
+    k, w, g = k.contiguous(), w.contiguous(), None if g is None else g.contiguous()
+    overlap = transition_overlap() if overlap is None else overlap
+    # inside a CUDA graph capture the side stream would have to join the capture: in line
+    if not w.is_cuda or not overlap or torch.cuda.is_current_stream_capturing():
+        _launch(k, w, g, cu_spans, ids, out, precision)
+        return lambda: out
+    current = torch.cuda.current_stream(w.device)
+    side = _side_stream(w.device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        _launch(k, w, g, cu_spans, ids, out, precision)
+
+    def result() -> torch.Tensor:
+        current.wait_stream(side)
         return out
+    return result
+
+
+def _side_stream(device: torch.device):
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+def _launch(k, w, g, cu_spans, ids, out, precision: str) -> None:
+    import triton
+
+    from hypic.ops.linear.triton_scan import _interpreting
+
+    num_heads, key_dim = w.shape[1], w.shape[2]
     kernel, fixed = _kernel()
     split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
 
     def grid(meta):
         return (triton.cdiv(key_dim, meta["BC"]), num_heads, ids.numel())
 
-    kernel[grid](k.contiguous(), w.contiguous(), None if g is None else g.contiguous(),
-                 cu_spans.to(device=w.device, dtype=torch.int64).contiguous(), ids.contiguous(), out, ids.numel(),
+    kernel[grid](k, w, g, cu_spans, ids.contiguous(), out, ids.numel(),
                  H=k.shape[1], HV=num_heads, K=key_dim, BK=max(16, triton.next_power_of_2(key_dim)),
                  BT=CHUNK_TOKENS, USE_G=g is not None, PRECISION="tf32x3" if split else precision, SPLIT=split,
                  INTERPRET=_interpreting(), **fixed)
-    return out
 
 
 def _kernel():
@@ -142,4 +196,5 @@ def _kernel():
     return _KERNEL
 
 
-__all__ = ["ENV", "TRANSITION_IMPLS", "span_ids", "transition_impl", "wy_transitions", "wy_transitions_reference"]
+__all__ = ["ENV", "OVERLAP_ENV", "TRANSITION_IMPLS", "span_ids", "transition_impl", "transition_overlap",
+           "wy_transitions", "wy_transitions_beside", "wy_transitions_reference"]

@@ -14,7 +14,14 @@ import textwrap
 import pytest
 import torch
 
-from hypic.ops.linear.transition import span_ids, transition_impl, wy_transitions, wy_transitions_reference
+from hypic.ops.linear.transition import (
+    span_ids,
+    transition_impl,
+    transition_overlap,
+    wy_transitions,
+    wy_transitions_beside,
+    wy_transitions_reference,
+)
 from hypic.ops.linear.triton_scan import scan_chain_wy_reference
 from tests.interpreter import interpreted_error
 from tests.ops.linear.test_chain_forward import CUDA, rel
@@ -65,8 +72,9 @@ def test_reference_is_the_walk_from_the_identity_with_no_values(gated):
     assert torch.equal(trans[3], torch.eye(kd, dtype=torch.float64).expand(hv, kd, kd))
     assert torch.equal(wy_transitions_reference(k, w, g, cu, (1, 4)),
                        wy_transitions_reference(k, w, g, cu, torch.tensor([1, 2, 3])))
-    # off CUDA (and not interpreted) the op is the reference
+    # off CUDA (and not interpreted) the op is the reference, beside or not
     assert torch.equal(wy_transitions(k, w, g, cu, spans), trans)
+    assert torch.equal(wy_transitions_beside(k, w, g, cu, spans)(), trans)
 
 
 def test_checks():
@@ -91,6 +99,13 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv("HYPIC_TRANSITION_IMPL", "cp")
     with pytest.raises(ValueError, match="HYPIC_TRANSITION_IMPL"):
         transition_impl()
+    monkeypatch.delenv("HYPIC_TRANSITION_OVERLAP", raising=False)
+    assert transition_overlap()
+    monkeypatch.setenv("HYPIC_TRANSITION_OVERLAP", "0")
+    assert not transition_overlap()
+    monkeypatch.setenv("HYPIC_TRANSITION_OVERLAP", "yes")
+    with pytest.raises(ValueError, match="HYPIC_TRANSITION_OVERLAP"):
+        transition_overlap()
 
 
 KERNEL_CASE = PROBLEM + textwrap.dedent("""
@@ -144,3 +159,19 @@ def test_against_fla_and_the_raw_recurrence_on_cuda():
     assert rel(own.cpu(), truth) < 2e-2
     # from the same bf16 factors the two agree far closer than either is to the truth
     assert rel(own, fla_t.index_select(0, spans)) < 1e-2
+
+
+@pytest.mark.skipif(not CUDA, reason="streams need CUDA")
+def test_side_stream_launch_on_cuda():
+    """T launched on the side stream while the current stream keeps working on its inputs' memory
+    neighbours equals the in-line launch, once ``result()`` has joined the streams."""
+    k, w, g, cu = wy_problem([512] * 16, h=16, hv=32, kd=128, dtype=torch.bfloat16)  # noqa: F821
+    d = lambda x: x.to("cuda")  # noqa: E731
+    k, w, g, cu = d(k), d(w), d(g.float()), d(cu)
+    spans = torch.arange(1, 16, 2, device="cuda")
+    inline = wy_transitions_beside(k, w, g, cu, spans, overlap=False)()
+    result = wy_transitions_beside(k, w, g, cu, spans, overlap=True)
+    busy = torch.randn(4096, 4096, device="cuda")
+    for _ in range(4):  # work queued on the current stream meanwhile
+        busy = busy @ busy / 64.0
+    assert torch.equal(result(), inline)
