@@ -6,8 +6,8 @@ The shape is a cold 32k request in 512-token segments: N segments, each its 8-to
 504-token body (the body written), then a 64-token question, one chain. Timed: fla's plain one-run
 forward (what ``full_recompute`` runs), the chain walk without summaries, and the write op in
 each mode (``fla``: the walk and fla's ``[S | T]`` launch; ``walk``: the walk recording its
-states, T of the written spans from hypic's kernel on a side stream beside the walk's output
-kernel, S derived; ``walk_inline``: that T launched in line, ``HYPIC_TRANSITION_OVERLAP=0``;
+states, T of the written spans from hypic's kernel on a side stream beside the walk, S
+derived; ``walk_inline``: that T launched in line, ``HYPIC_TRANSITION_OVERLAP=0``;
 ``walk_fla_t``: T from fla's ``V = 0`` launch, ``HYPIC_TRANSITION_IMPL=fla``). The first bodies'
 summaries are checked against a float64 walk of the same WY factors, on the GPU, under two gate
 regimes (``--gate-biases``).

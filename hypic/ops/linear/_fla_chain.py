@@ -122,19 +122,21 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         if from_states:
             record_rows, num_records, rows = written_span_rows(cu_chains, summary_spans,
                                                                cu_seqlens_cpu.numel() - 1)
+        # T needs only the WY factors: set up here, launched once the walk is queued (which then
+        # holds its SMs first) and read back before S is derived from it
+        beside = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans) if from_states else None
         out = scan_chain_wy_triton(
             k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
             second=bodies, source=source, long_spans=long_spans, record_rows=record_rows, num_records=num_records)
         v_new, h, final = out[:3]
         incoming = out[3] if record_rows is not None else None
-        # T needs only the WY factors: queued beside the walk's output kernel (after the walk,
-        # which then holds its SMs first), read back before S is derived from it
-        pending = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans) if from_states else None
+        if beside is not None:
+            beside.launch()
         o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
                         cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
         summary = None
         if from_states:
-            trans = pending()
+            trans = beside.result()
             state = zero_start_from_states(trans, incoming, final, rows)
             summary = _summary_classes()[0](transition=trans, state=state)
             incoming = None  # the walk's records were for the derivation, not the caller's

@@ -116,12 +116,13 @@ def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
 
 
 def _transitions_beside(k4, w, u, gc, cu, cu_cpu, spans=None):
-    """T of the given spans (an index tensor or a host ``(a, b)``; every span when None), fp32,
-    as a ``result()`` to call before T or the inputs are used again: the one-chunk closed form
-    when every span fits in a chunk, else :func:`wy_transitions_beside` over those spans alone
-    (on a side stream, beside what the caller queues next); ``HYPIC_TRANSITION_IMPL=fla``:
-    fla's summary kernel with ``V = 0`` over every span, then the rows."""
-    from hypic.ops.linear.transition import transition_impl, wy_transitions_beside
+    """T of the given spans (an index tensor or a host ``(a, b)``; every span when None), fp32, as
+    a :class:`~hypic.ops.linear.transition.BesideTransitions` to ``launch()`` and then read with
+    ``result()``: the one-chunk closed form when every span fits in a chunk, else
+    :func:`wy_transitions_beside` over those spans alone (on a side stream from now, beside what
+    the caller queues before ``launch()``); ``HYPIC_TRANSITION_IMPL=fla``: fla's summary kernel
+    with ``V = 0`` over every span, then the rows."""
+    from hypic.ops.linear.transition import BesideTransitions, transition_impl, wy_transitions_beside
 
     num_spans = cu.numel() - 1
     if transition_impl() == "triton" and _short_spans(k4, u, cu, cu_cpu)[0] is None:
@@ -133,7 +134,7 @@ def _transitions_beside(k4, w, u, gc, cu, cu_cpu, spans=None):
             trans = trans[spans[0]:spans[1]]  # a run: a view
         else:
             trans = trans.index_select(0, spans.to(device=trans.device, dtype=torch.int64))
-    return lambda: trans
+    return BesideTransitions(trans)
 
 
 def _zero_start_summary(k4, w, u, gc, cu, cu_cpu):
@@ -149,14 +150,16 @@ def _wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, scale, with_summary
     h0 = _state_or_none(initial_state)
     # zero start: the forward's final states are S(C|0) and only T is left to compute, queued
     # beside the state pass and the output (it needs only the WY factors)
-    pending = _transitions_beside(k4, w, u, gc, cu, cu_cpu) if with_summary and h0 is None else None
+    beside = _transitions_beside(k4, w, u, gc, cu, cu_cpu) if with_summary and h0 is None else None
     o, final = _wy_state_and_output(_b1(q), k4, w, u, gc, h0, cu, ci, scale)
+    if beside is not None:
+        beside.launch()  # after the state pass and output are queued: they take the SMs first
     o = o[0].to(v.dtype)
     if not with_summary:
         return o, final
     if h0 is not None:
         return o, final, _zero_start_summary(k4, w, u, gc, cu, cu_cpu)
-    trans = pending()
+    trans = beside.result()
     return o, final, _summary_classes()[0](transition=trans, state=final.clone())
 
 

@@ -106,46 +106,71 @@ def wy_transitions(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], 
     """:func:`wy_transitions_reference` as one Triton launch on CUDA (and under the interpreter),
     fp32 out; its products in the chain scan's dot precision (``HYPIC_SCAN_PRECISION``, bf16x3 by
     default). Elsewhere the reference, in the inputs' dtype."""
-    return wy_transitions_beside(k, w, g, cu_spans, spans, precision, overlap=False)()
+    return wy_transitions_beside(k, w, g, cu_spans, spans, precision, overlap=False).launch().result()
+
+
+class BesideTransitions:
+    """T of some spans formed beside other work (:func:`wy_transitions_beside`). Everything the
+    launch reads or writes is allocated when this is made, on the current stream, whose position
+    is then marked; :meth:`launch` queues the kernel, on a side stream after that mark (so the
+    work queued in between, e.g. the chain walk, runs alongside it) or in line; :meth:`result`
+    makes the current stream wait for it and returns T. Call :meth:`result` before anything
+    reads T and before the inputs may be freed (the current stream must not reuse their memory
+    while the side stream works on it)."""
+
+    def __init__(self, out: torch.Tensor, args=None, overlap: bool = False) -> None:
+        self._out = out
+        self._args = args  # None: ``out`` is already T
+        self._side = None
+        self._mark = None
+        if args is not None and overlap:
+            self._side = _side_stream(out.device)
+            self._mark = torch.cuda.Event()
+            self._mark.record(torch.cuda.current_stream(out.device))
+
+    def launch(self) -> "BesideTransitions":
+        if self._args is not None:
+            if self._side is None:
+                _launch(*self._args)
+            else:
+                self._side.wait_event(self._mark)
+                with torch.cuda.stream(self._side):
+                    _launch(*self._args)
+            self._args = None
+        return self
+
+    def result(self) -> torch.Tensor:
+        if self._args is not None:
+            raise RuntimeError("BesideTransitions.result() before launch()")
+        if self._side is not None:
+            torch.cuda.current_stream(self._out.device).wait_stream(self._side)
+            self._side = None
+        return self._out
 
 
 def wy_transitions_beside(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
                           spans: Spans, precision: Optional[str] = None,
-                          overlap: Optional[bool] = None) -> Callable[[], torch.Tensor]:
-    """:func:`wy_transitions` launched now, on CUDA on a side stream (``overlap``, default
-    ``HYPIC_TRANSITION_OVERLAP``) after the work queued so far; returns ``result()``, which makes
-    the current stream wait for it and returns T. Call ``result()`` before anything reads T and
-    before the inputs may be freed: they and T are allocated on the current stream, which must
-    not reuse them while the side stream still works on them."""
+                          overlap: Optional[bool] = None) -> BesideTransitions:
+    """:func:`wy_transitions` to be launched by the returned object's ``launch()``, on CUDA on a
+    side stream from the current stream's position now (``overlap``, default
+    ``HYPIC_TRANSITION_OVERLAP``; in line inside a CUDA graph capture), so work queued on the
+    current stream before ``launch()`` runs beside it. Off CUDA T is formed now."""
     from hypic.ops.linear.triton_scan import _interpreting, scan_precision
 
     _check(k, w, g, cu_spans)
     if not (w.is_cuda or _interpreting()):
-        out = wy_transitions_reference(k, w, g, cu_spans, spans).to(w.dtype)
-        return lambda: out
+        return BesideTransitions(wy_transitions_reference(k, w, g, cu_spans, spans).to(w.dtype))
     precision = scan_precision(precision)
-    ids = span_ids(spans, cu_spans.numel() - 1, w.device)
+    ids = span_ids(spans, cu_spans.numel() - 1, w.device).contiguous()
     num_heads, key_dim = w.shape[1], w.shape[2]
     out = torch.empty(ids.numel(), num_heads, key_dim, key_dim, device=w.device, dtype=torch.float32)
     if ids.numel() == 0:
-        return lambda: out
+        return BesideTransitions(out)
     cu_spans = cu_spans.to(device=w.device, dtype=torch.int64).contiguous()
     k, w, g = k.contiguous(), w.contiguous(), None if g is None else g.contiguous()
     overlap = transition_overlap() if overlap is None else overlap
-    # inside a CUDA graph capture the side stream would have to join the capture: in line
-    if not w.is_cuda or not overlap or torch.cuda.is_current_stream_capturing():
-        _launch(k, w, g, cu_spans, ids, out, precision)
-        return lambda: out
-    current = torch.cuda.current_stream(w.device)
-    side = _side_stream(w.device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        _launch(k, w, g, cu_spans, ids, out, precision)
-
-    def result() -> torch.Tensor:
-        current.wait_stream(side)
-        return out
-    return result
+    overlap = overlap and w.is_cuda and not torch.cuda.is_current_stream_capturing()
+    return BesideTransitions(out, (k, w, g, cu_spans, ids, out, precision), overlap)
 
 
 def _side_stream(device: torch.device):
@@ -169,7 +194,7 @@ def _launch(k, w, g, cu_spans, ids, out, precision: str) -> None:
     def grid(meta):
         return (triton.cdiv(key_dim, meta["BC"]), num_heads, ids.numel())
 
-    kernel[grid](k, w, g, cu_spans, ids.contiguous(), out, ids.numel(),
+    kernel[grid](k, w, g, cu_spans, ids, out, ids.numel(),
                  H=k.shape[1], HV=num_heads, K=key_dim, BK=max(16, triton.next_power_of_2(key_dim)),
                  BT=CHUNK_TOKENS, USE_G=g is not None, PRECISION="tf32x3" if split else precision, SPLIT=split,
                  INTERPRET=_interpreting(), **fixed)
@@ -197,4 +222,4 @@ def _kernel():
 
 
 __all__ = ["ENV", "OVERLAP_ENV", "TRANSITION_IMPLS", "span_ids", "transition_impl", "transition_overlap",
-           "wy_transitions", "wy_transitions_beside", "wy_transitions_reference"]
+           "BesideTransitions", "wy_transitions", "wy_transitions_beside", "wy_transitions_reference"]

@@ -74,7 +74,8 @@ def test_reference_is_the_walk_from_the_identity_with_no_values(gated):
                        wy_transitions_reference(k, w, g, cu, torch.tensor([1, 2, 3])))
     # off CUDA (and not interpreted) the op is the reference, beside or not
     assert torch.equal(wy_transitions(k, w, g, cu, spans), trans)
-    assert torch.equal(wy_transitions_beside(k, w, g, cu, spans)(), trans)
+    beside = wy_transitions_beside(k, w, g, cu, spans)
+    assert torch.equal(beside.launch().result(), trans)
 
 
 def test_checks():
@@ -163,15 +164,20 @@ def test_against_fla_and_the_raw_recurrence_on_cuda():
 
 @pytest.mark.skipif(not CUDA, reason="streams need CUDA")
 def test_side_stream_launch_on_cuda():
-    """T launched on the side stream while the current stream keeps working on its inputs' memory
-    neighbours equals the in-line launch, once ``result()`` has joined the streams."""
+    """T set up, then work queued on the current stream (as the chain walk is), then T launched on
+    the side stream from the mark before that work and more work queued: once ``result()`` has
+    joined the streams it equals the in-line launch."""
     k, w, g, cu = wy_problem([512] * 16, h=16, hv=32, kd=128, dtype=torch.bfloat16)  # noqa: F821
     d = lambda x: x.to("cuda")  # noqa: E731
     k, w, g, cu = d(k), d(w), d(g.float()), d(cu)
     spans = torch.arange(1, 16, 2, device="cuda")
-    inline = wy_transitions_beside(k, w, g, cu, spans, overlap=False)()
-    result = wy_transitions_beside(k, w, g, cu, spans, overlap=True)
+    inline = wy_transitions_beside(k, w, g, cu, spans, overlap=False).launch().result()
+    beside = wy_transitions_beside(k, w, g, cu, spans, overlap=True)
+    with pytest.raises(RuntimeError, match="before launch"):
+        beside.result()
     busy = torch.randn(4096, 4096, device="cuda")
     for _ in range(4):  # work queued on the current stream meanwhile
         busy = busy @ busy / 64.0
-    assert torch.equal(result(), inline)
+    beside.launch()
+    busy = busy @ busy
+    assert torch.equal(beside.result(), inline)
