@@ -3,9 +3,8 @@
 A cold PIC prefill writes every segment body's summary ``(T_C, S(C|0))`` while its forward walks
 the true prefix through the same spans. The walk already has, in fp32, the state entering the
 body and the state after it, and ``h_after = T_C h_before + S(C|0)`` holds exactly, so
-``S(C|0) = h_after - T_C h_before``: fla's summary kernel then has to compose only T (its
-``V = 0`` launch), not T and S, and the S half of that launch is replaced by one product per
-span and head. With fp32 boundary states the derivation's own error is 2.9e-7 (float64 study
+``S(C|0) = h_after - T_C h_before``: only T is left to compose (for the written spans alone,
+:mod:`hypic.ops.linear.transition`), and S costs one product per span and head. With fp32 boundary states the derivation's own error is 2.9e-7 (float64 study
 on the CPU, ``benchmarks/summary_from_states_cpu.py``); what is left is T's error times the
 entering state, the same term T's error adds when the entry is reused after another prefix.
 
@@ -30,13 +29,15 @@ _KERNEL = None
 def cold_summaries_mode() -> str:
     """``HYPIC_COLD_SUMMARIES``: how a cold prefill (no cached bodies, no checkpoint records)
     forms its written spans' summaries. ``walk`` (default): the chain walk records its fp32
-    states around the spans, fla's summary kernel composes T alone, S is derived; ``fla``: the
-    walk, and fla's summary kernel for T and S (for A/B runs).
+    states around the spans, T is composed for the written spans alone
+    (:mod:`hypic.ops.linear.transition`), S is derived; ``fla``: the walk, and fla's summary
+    kernel for T and S (for A/B runs).
 
-    Measured on the H200 (session 16, ``benchmarks/cold_write_h200.py``, one layer of a cold 32k
-    request in 64 x (8 + 504) + 64 spans): ``walk`` 3.80-3.86 ms against ``fla`` 4.17-4.22, S
-    1.6e-3-2.3e-3 from float64 either way; cold 32k TTFT +8.1% over ``full_recompute`` (session
-    14, ``fla``: +9.4%). A third mode, fla's one-run forward per request with S from its bf16
+    Measured on the H200 (``benchmarks/cold_write_h200.py``, one layer of a cold 32k request in
+    64 x (8 + 504) + 64 spans): session 16, T from fla's ``V = 0`` launch, ``walk`` 3.80-3.86 ms
+    against ``fla`` 4.17-4.22, S 1.6e-3-2.3e-3 from float64 either way, cold 32k TTFT +8.1% over
+    ``full_recompute`` (session 14, ``fla``: +9.4%); session 17, T from hypic's kernel beside the
+    walk, ``walk`` 3.37-3.43 ms against ``fla`` 4.13-4.16, cold 32k TTFT +7.0%. A third mode, fla's one-run forward per request with S from its bf16
     chunk states carried to the spans' bounds, was slower (4.39-4.45 ms: it needs a second WY
     step for T on the spans' chunking) and twice as far from float64 (S 3.1e-3-4.2e-3); it was
     removed (commit 1fd74cc has it)."""
