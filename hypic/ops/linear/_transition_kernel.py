@@ -5,7 +5,7 @@ resolve as globals both when compiled and under ``TRITON_INTERPRET=1``."""
 import triton
 import triton.language as tl
 
-from hypic.ops.linear._triton_scan_kernel import bf16_fp32_dot, fp32_dot
+from hypic.ops.linear._triton_scan_kernel import bf16_fp32_dot, chunk_decay, fp32_dot
 
 
 @triton.jit
@@ -25,12 +25,10 @@ def transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k,
     else:
         b_x = fp32_dot(b_w.to(tl.float32), b_t, PRECISION, SPLIT)
     if USE_G:
-        last = tl.minimum((c + 1) * BT, length) - 1
-        g_last = tl.load(g + (bos + last) * HV + i_h).to(tl.float32)
-        b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+        decay, gamma = chunk_decay(g, bos, length, c, rows, m_t, i_h, HV, BT)
         # the key decay goes on the rows of W T (exact bf16 keys stay unsplit)
-        b_x = b_x * tl.where(m_t, tl.exp2(g_last - b_g), 0.0)[:, None]
-        b_t = b_t * tl.exp2(g_last)
+        b_x = b_x * decay[:, None]
+        b_t = b_t * gamma
     b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
     if k.dtype.element_ty == tl.bfloat16:
         b_t -= bf16_fp32_dot(tl.trans(b_k), b_x, PRECISION, SPLIT)

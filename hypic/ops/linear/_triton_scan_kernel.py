@@ -169,6 +169,17 @@ def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k,
 
 
 @triton.jit
+def chunk_decay(g, bos, length, c, rows, m_t, i_h, HV: tl.constexpr, BT: tl.constexpr):
+    """Chunk ``c`` of a span (``rows``, ``m_t`` its tokens): each token's decay to the chunk's
+    end, ``exp2(g_last - g)`` (0 past the span), and the chunk's whole decay ``exp2(g_last)``,
+    from the chunk-local cumulative log2 gate."""
+    last = tl.minimum((c + 1) * BT, length) - 1
+    g_last = tl.load(g + (bos + last) * HV + i_h).to(tl.float32)
+    b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+    return tl.where(m_t, tl.exp2(g_last - b_g), 0.0), tl.exp2(g_last)
+
+
+@triton.jit
 def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
              USE_G: tl.constexpr, INTERPRET: tl.constexpr):
@@ -191,11 +202,9 @@ def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_
     b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
     tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
     if USE_G:
-        last = tl.minimum((c + 1) * BT, length) - 1
-        g_last = tl.load(g + (bos + last) * HV + i_h).to(tl.float32)
-        b_g = tl.load(g + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-        b_v = b_v * tl.where(m_t, tl.exp2(g_last - b_g), 0.0)[:, None]
-        b_h = b_h * tl.exp2(g_last)
+        decay, gamma = chunk_decay(g, bos, length, c, rows, m_t, i_h, HV, BT)
+        b_v = b_v * decay[:, None]
+        b_h = b_h * gamma
     else:
         b_v = tl.where(m_tv, b_v, 0.0)
     b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
