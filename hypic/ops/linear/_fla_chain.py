@@ -125,15 +125,21 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         # T needs only the WY factors: set up here, launched once the walk is queued (which then
         # holds its SMs first) and read back before S is derived from it
         beside = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans) if from_states else None
-        out = scan_chain_wy_triton(
-            k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
-            second=bodies, source=source, long_spans=long_spans, record_rows=record_rows, num_records=num_records)
-        v_new, h, final = out[:3]
-        incoming = out[3] if record_rows is not None else None
-        if beside is not None:
-            beside.launch()
-        o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
-                        cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
+        try:
+            out = scan_chain_wy_triton(
+                k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
+                second=bodies, source=source, long_spans=long_spans, record_rows=record_rows,
+                num_records=num_records)
+            v_new, h, final = out[:3]
+            incoming = out[3] if record_rows is not None else None
+            if beside is not None:
+                beside.launch()
+            o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
+                            cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
+        except BaseException:
+            if beside is not None:
+                beside.join()  # the side stream must be done with the inputs before they are freed
+            raise
         summary = None
         if from_states:
             trans = beside.result()

@@ -145,12 +145,17 @@ class BesideTransitions:
             self._args = None
         return self
 
+    def join(self) -> None:
+        """Make the current stream wait for the launch, if one is on the side stream (safe in any
+        state: an error path calls it so that no freed input is still being read)."""
+        if self._args is None and self._side is not None:
+            torch.cuda.current_stream(self._out.device).wait_stream(self._side)
+            self._side = None
+
     def result(self) -> torch.Tensor:
         if self._args is not None:
             raise RuntimeError("BesideTransitions.result() before launch()")
-        if self._side is not None:
-            torch.cuda.current_stream(self._out.device).wait_stream(self._side)
-            self._side = None
+        self.join()
         return self._out
 
 

@@ -175,6 +175,7 @@ def test_side_stream_launch_on_cuda():
     beside = wy_transitions_beside(k, w, g, cu, spans, overlap=True)
     with pytest.raises(RuntimeError, match="before launch"):
         beside.result()
+    beside.join()  # nothing launched yet: a no-op (what an error path calls)
     busy = torch.randn(4096, 4096, device="cuda")
     for _ in range(4):  # work queued on the current stream meanwhile
         busy = busy @ busy / 64.0
