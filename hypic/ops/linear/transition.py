@@ -57,6 +57,9 @@ def span_ids(spans: Spans, num_spans: int, device) -> torch.Tensor:
         return torch.arange(a, b, dtype=torch.int64, device=device)
     if spans.dim() != 1:
         raise ValueError(f"spans must be a 1-d index tensor, got shape {tuple(spans.shape)}")
+    if not spans.is_cuda and spans.numel() and not (0 <= int(spans.min()) and int(spans.max()) < num_spans):
+        # (a device tensor is not read back: that would synchronise the host with the device)
+        raise ValueError(f"span indices must lie in [0, {num_spans}), got {spans.tolist()}")
     return spans.to(device=device, dtype=torch.int64)
 
 

@@ -84,6 +84,8 @@ def test_checks():
         span_ids((1, 3), 2, "cpu")
     with pytest.raises(ValueError, match="1-d index tensor"):
         span_ids(torch.tensor([[0]]), 2, "cpu")
+    with pytest.raises(ValueError, match=r"lie in \[0, 2\)"):
+        span_ids(torch.tensor([0, 2]), 2, "cpu")
     with pytest.raises(ValueError, match="k must be"):
         wy_transitions_reference(k[:5], w, g, cu, (0, 2))
     with pytest.raises(ValueError, match="multiple of"):
@@ -112,8 +114,9 @@ def test_env_switch(monkeypatch):
 KERNEL_CASE = PROBLEM + textwrap.dedent("""
     from hypic.ops.linear.transition import wy_transitions, wy_transitions_reference
 
-    def kernel_case(device, precision, gated=True, kd=32, lengths=(8, 504, 3, 130, 64, 0, 65), spans=(6, 1, 3, 5, 2)):
-        k, w, g, cu = wy_problem(list(lengths), kd=kd, dtype=torch.bfloat16)
+    def kernel_case(device, precision, gated=True, kd=32, lengths=(8, 504, 3, 130, 64, 0, 65), spans=(6, 1, 3, 5, 2),
+                    dtype=torch.bfloat16):
+        k, w, g, cu = wy_problem(list(lengths), kd=kd, dtype=dtype)
         g = g.float() if gated else None
         spans = torch.tensor(spans)
         ref = wy_transitions_reference(k, w, g, cu, spans)  # the bf16 factors, exactly, in float64
@@ -129,6 +132,12 @@ def test_kernel_matches_reference_under_interpreter(precision, gated):
     # bf16x3 keeps 16 significant bits of T per product (2.5e-6 gated, 1.6e-5 ungated measured)
     tol = 1e-4 if precision == "bf16x3" else 1e-6
     assert interpreted_error(KERNEL_CASE + f"print(kernel_case('cpu', {precision!r}, {gated}))\n") < tol
+
+
+def test_kernel_with_fp32_factors_under_interpreter():
+    # fp32 WY factors (an fp32 model): both products split both operands
+    script = KERNEL_CASE + "print(kernel_case('cpu', 'bf16x3', True, dtype=torch.float32))\n"
+    assert interpreted_error(script) < 1e-4
 
 
 @pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
