@@ -22,9 +22,10 @@ A store write asks for the written spans' zero-start summaries as well; they com
 WY factors, beside the chain: fla's summary kernel over every span, then the written spans' rows
 (views when they are a run). A cold prefill's writes (nothing cached, no checkpoint records) take
 S from the states the walk records around each written span
-(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``) and T from one launch over
-the written spans alone (:mod:`hypic.ops.linear.transition`, ``HYPIC_TRANSITION_IMPL``). ``HYPIC_CHAIN_LONG=scan``
-restores the former path for spans longer than a chunk (A/B measurements)."""
+(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``) and T from one launch over the
+written spans alone, on a side stream beside the walk (:mod:`hypic.ops.linear.transition`,
+``HYPIC_TRANSITION_IMPL``). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
+than a chunk (A/B measurements)."""
 
 from __future__ import annotations
 
@@ -124,7 +125,9 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
                                                                cu_seqlens_cpu.numel() - 1)
         # T needs only the WY factors: set up here, launched once the walk is queued (which then
         # holds its SMs first) and read back before S is derived from it
-        beside = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans) if from_states else None
+        beside = None
+        if from_states:
+            beside = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans)
         try:
             out = scan_chain_wy_triton(
                 k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),

@@ -4,9 +4,10 @@ A cold PIC prefill writes every segment body's summary ``(T_C, S(C|0))`` while i
 the true prefix through the same spans. The walk already has, in fp32, the state entering the
 body and the state after it, and ``h_after = T_C h_before + S(C|0)`` holds exactly, so
 ``S(C|0) = h_after - T_C h_before``: only T is left to compose (for the written spans alone,
-:mod:`hypic.ops.linear.transition`), and S costs one product per span and head. With fp32 boundary states the derivation's own error is 2.9e-7 (float64 study
-on the CPU, ``benchmarks/summary_from_states_cpu.py``); what is left is T's error times the
-entering state, the same term T's error adds when the entry is reused after another prefix.
+:mod:`hypic.ops.linear.transition`), and S costs one product per span and head. With fp32
+boundary states the derivation's own error is 2.9e-7 (float64 study on the CPU,
+``benchmarks/summary_from_states_cpu.py``); what is left is T's error times the entering state,
+the same term T's error adds when the entry is reused after another prefix.
 
 ``HYPIC_COLD_SUMMARIES`` (:func:`cold_summaries_mode`) switches it for A/B runs.
 :func:`zero_start_from_states` is the Triton kernel on CUDA (and under the interpreter);
@@ -24,6 +25,8 @@ ENV = "HYPIC_COLD_SUMMARIES"
 COLD_SUMMARY_MODES = ("walk", "fla")
 DEFAULT_COLD_SUMMARIES = "walk"
 _KERNEL = None
+_WRITTEN_ROWS: list = []  # (cu_chains, spans, num_spans, answer), most recent first
+_MAX_WRITTEN_ROWS = 8
 
 
 def cold_summaries_mode() -> str:
@@ -37,10 +40,10 @@ def cold_summaries_mode() -> str:
     64 x (8 + 504) + 64 spans): session 16, T from fla's ``V = 0`` launch, ``walk`` 3.80-3.86 ms
     against ``fla`` 4.17-4.22, S 1.6e-3-2.3e-3 from float64 either way, cold 32k TTFT +8.1% over
     ``full_recompute`` (session 14, ``fla``: +9.4%); session 17, T from hypic's kernel beside the
-    walk, ``walk`` 3.37-3.43 ms against ``fla`` 4.13-4.16, cold 32k TTFT +7.0%. A third mode, fla's one-run forward per request with S from its bf16
-    chunk states carried to the spans' bounds, was slower (4.39-4.45 ms: it needs a second WY
-    step for T on the spans' chunking) and twice as far from float64 (S 3.1e-3-4.2e-3); it was
-    removed (commit 1fd74cc has it)."""
+    walk, ``walk`` 3.37-3.43 ms against ``fla`` 4.13-4.16, cold 32k TTFT +7.0%. A third mode,
+    fla's one-run forward per request with S from its bf16 chunk states carried to the spans'
+    bounds, was slower (4.39-4.45 ms: it needs a second WY step for T on the spans' chunking)
+    and twice as far from float64 (S 3.1e-3-4.2e-3); it was removed (commit 1fd74cc has it)."""
     value = os.environ.get(ENV, DEFAULT_COLD_SUMMARIES)
     if value not in COLD_SUMMARY_MODES:
         raise ValueError(f"{ENV} must be one of {COLD_SUMMARY_MODES}, got {value!r}")
@@ -55,22 +58,26 @@ def written_span_rows(cu_chains: torch.Tensor, spans: Union[torch.Tensor, Tuple[
     device with no host sync. Every element's entering state is recorded (row i: element i; a
     cold prefill needs nearly all of them, a written body's and the next seam's), so written span
     s enters with row s and leaves with row s + 1, or, as the last element of its chain, with
-    that chain's final state (``-chain - 1``)."""
+    that chain's final state (``-chain - 1``). Every linear layer of a forward asks with the same
+    layout tensors: the answer is kept for them (by identity, as the chunk tables are)."""
+    from hypic.ops.linear.transition import span_ids
+
+    for held_cu, held_spans, held_num, rows in _WRITTEN_ROWS:
+        if held_cu is cu_chains and held_num == num_spans and (
+                held_spans is spans or (isinstance(spans, tuple) and isinstance(held_spans, tuple)
+                                        and held_spans == spans)):
+            return rows
     device = cu_chains.device
-    if isinstance(spans, tuple):
-        a, b = spans
-        if not 0 <= a <= b <= num_spans:
-            raise ValueError(f"written spans {a}..{b} must lie within the {num_spans} spans")
-        spans = torch.arange(a, b, dtype=torch.int64, device=device)
-    elif spans.dim() != 1:
-        raise ValueError(f"written spans must be a 1-d index tensor, got shape {tuple(spans.shape)}")
-    spans = spans.to(device=device, dtype=torch.int64)
+    ids = span_ids(spans, num_spans, device)
     cu = cu_chains.to(torch.int64)
-    chain = torch.searchsorted(cu, spans, right=True) - 1
+    chain = torch.searchsorted(cu, ids, right=True) - 1
     chain_end = cu[(chain + 1).clamp(max=cu.numel() - 1)]
-    exit_rows = torch.where(spans + 1 < chain_end, spans + 1, -chain - 1)
+    exit_rows = torch.where(ids + 1 < chain_end, ids + 1, -chain - 1)
     record_rows = torch.arange(num_spans, dtype=torch.int64, device=device)
-    return record_rows, num_spans, torch.stack([spans, exit_rows])
+    rows = (record_rows, num_spans, torch.stack([ids, exit_rows]))
+    _WRITTEN_ROWS.insert(0, (cu_chains, spans, num_spans, rows))
+    del _WRITTEN_ROWS[_MAX_WRITTEN_ROWS:]
+    return rows
 
 
 def _check(trans, incoming, final, rows) -> None:
