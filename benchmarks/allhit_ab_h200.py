@@ -90,6 +90,10 @@ def main():
                     help="per-layer host and GPU clocks of --repeats more requests (no profiler)")
     ap.add_argument("--ab-env", default=None, help="an environment switch to A/B in this process")
     ap.add_argument("--ab-values", default="1,0", help="its values, one request each per round")
+    ap.add_argument("--fresh-graphs-profile", action="store_true",
+                    help="also profile the Python functions of one request whose layout's core graphs are not "
+                         "kept (HYPIC_KEPT_LAYOUTS=0: its first layers run eagerly, then are captured, as for "
+                         "every request of a new shape), by cumulative time")
     ap.add_argument("--census", action="store_true",
                     help="also count the non-view aten ops of one request by the hypic line that issued them")
     args = ap.parse_args()
@@ -174,6 +178,10 @@ def main():
             buf = io.StringIO()
             pstats.Stats(py_prof, stream=buf).sort_stats("tottime").print_stats(45)
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, Python functions by own time ==\n" + buf.getvalue())
+        if args.fresh_graphs_profile:
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, graphs not kept, Python by cumulative time ==\n"
+                         + fresh_graphs_profile(bench, prompt, sync))
+            print(texts[-1][:6000], flush=True)
         if args.census:
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, aten ops by issuing hypic line ==\n"
                          + op_census(lambda: (bench.run(prompt), sync())))
@@ -185,6 +193,26 @@ def main():
         json.dump(res, f, indent=1)
     with open(os.path.join(args.out, f"allhit_ab_{args.tag}_profile.txt"), "w") as f:
         f.write("\n\n".join(texts))
+
+
+def fresh_graphs_profile(bench, prompt, sync, top: int = 70) -> str:
+    """cProfile of one request under ``HYPIC_KEPT_LAYOUTS=0`` (after one untimed such request):
+    what a request of a layout whose core graphs are not kept spends host time on."""
+    import cProfile
+    import io
+    import pstats
+
+    with env_vars(HYPIC_KEPT_LAYOUTS="0"):
+        bench.run(prompt)
+        sync()
+        py_prof = cProfile.Profile()
+        py_prof.enable()
+        bench.run(prompt)
+        sync()
+        py_prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(py_prof, stream=buf).sort_stats("cumulative").print_stats(top)
+    return buf.getvalue()
 
 
 def interleaved_ab(bench, prompt, name: str, values, repeats: int) -> dict:

@@ -17,7 +17,7 @@ expansion, whatever their number; only the host views a caller asks for are made
 from __future__ import annotations
 
 import struct
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ class IndexBuffer:
         self._values: List[Tuple[str, List[int]]] = []
         self._ranges: List[Tuple[str, List[int], List[int], int]] = []
         self._custom: List[Tuple[str, int, Callable[[np.ndarray], None]]] = []
+        self.device_tensor: Optional[torch.Tensor] = None  # after finish(): what every device view is of
 
     def values(self, name: str, values: List[int]) -> None:
         """A table holding ``values`` (Python ints)."""
@@ -48,18 +49,46 @@ class IndexBuffer:
         array of that size; not called when ``size`` is 0)."""
         self._custom.append((name, size, fill))
 
-    def finish(self, device: torch.device, host_names: Sequence[str] = ()
+    def _names_sizes(self) -> Tuple[List[str], List[int]]:
+        names = [t[0] for t in self._values] + [t[0] for t in self._ranges] + [t[0] for t in self._custom]
+        sizes = [len(t[1]) for t in self._values] + [t[3] for t in self._ranges] + [t[1] for t in self._custom]
+        return names, sizes
+
+    def numel(self) -> int:
+        """Elements of the whole buffer (every table and its alignment padding)."""
+        return sum(size + (-size % ALIGN_INT64) for size in self._names_sizes()[1])
+
+    def signature(self, value_names: Sequence[str]) -> tuple:
+        """What two buffers must share for one's device tensor to stand for the other's: every
+        table's name and size, and the values of the ``values`` tables named in ``value_names``
+        (those a reader looks at on the host)."""
+        names, sizes = self._names_sizes()
+        values = dict(self._values)
+        missing = [n for n in value_names if n not in values]
+        if missing:
+            raise ValueError(f"signature: {missing} are not value tables of this buffer")
+        return tuple(names), tuple(sizes), tuple(tuple(values[n]) for n in value_names)
+
+    def finish(self, device: torch.device, host_names: Sequence[str] = (), out: Optional[torch.Tensor] = None
                ) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
         """``(host views, device views)``: each table as a 1-D int64 tensor on ``device`` (views of
         one buffer), and host views of the tables named in ``host_names``.
 
         On CUDA the host buffer is pinned and copied asynchronously; the caching host allocator
-        keeps it alive until the copy has run (and the host views keep their part alive)."""
+        keeps it alive until the copy has run (and the host views keep their part alive).
+        ``out``: an int64 tensor of :meth:`numel` elements on ``device`` to copy into (in stream
+        order, after whatever reads it already queued) instead of a new one, so that device views
+        of an earlier buffer with this one's :meth:`signature` now hold this one's tables."""
         device = torch.device(device)
-        names = [t[0] for t in self._values] + [t[0] for t in self._ranges] + [t[0] for t in self._custom]
-        sizes = [len(t[1]) for t in self._values] + [t[3] for t in self._ranges] + [t[1] for t in self._custom]
+        names, sizes = self._names_sizes()
         pads = [-size % ALIGN_INT64 for size in sizes]
-        host = torch.empty(sum(sizes) + sum(pads), dtype=torch.long, pin_memory=device.type == "cuda")
+        numel = sum(sizes) + sum(pads)
+        if out is not None and (out.dtype != torch.long or out.dim() != 1 or out.numel() != numel
+                                or out.device.type != device.type or not out.is_contiguous()
+                                or (device.index is not None and out.device.index != device.index)):
+            raise ValueError(f"out must be a contiguous 1-D int64 tensor of {numel} elements on {device}, got "
+                             f"{out.dtype} {tuple(out.shape)} on {out.device}")
+        host = torch.empty(numel, dtype=torch.long, pin_memory=device.type == "cuda")
         buf = host.numpy()
         offsets = [0]
         for size, pad in zip(sizes, pads):
@@ -86,7 +115,10 @@ class IndexBuffer:
             if size:
                 fill(buf[offsets[i]:offsets[i] + size])
             buf[offsets[i] + size:offsets[i + 1]] = 0
-        moved = host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+        if out is not None:
+            moved = out.copy_(host, non_blocking=device.type == "cuda")
+        else:
+            moved = host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
         # one split gives every device view (a slice per table cost a dispatch each): each table,
         # and after it its padding where it has any (a zero-size piece would cost a tensor too)
         parts: List[int] = []
@@ -96,6 +128,7 @@ class IndexBuffer:
             parts.append(size)
             if pad:
                 parts.append(pad)
+        self.device_tensor = moved
         pieces = moved.split(parts)
         device_views = {name: pieces[i] for name, i in zip(names, table_pieces)}
         if moved is host:  # the device is the host: its views are the host views

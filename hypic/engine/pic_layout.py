@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -163,6 +163,12 @@ class PackedLayout:
     logits_rows: torch.Tensor  # [B'] packed row of each request's last token (need_logits only)
     write_key_rows: List[Tuple[int, int]]  # per write: its rows [a, b) in the packed keys
     final_tail_slots: List[int]  # per request: index of its final conv state among the tails
+    # The one device tensor every index table above is a view of, and what another layout's must
+    # share for its views to stand for this one's (IndexBuffer.signature: every table's size,
+    # and the values of the tables read on the host): the engine keeps CUDA graphs of a layout's
+    # cores and replays them for a later layout of the same signature copied into this buffer.
+    index_device: Optional[torch.Tensor] = None
+    index_signature: Optional[tuple] = None
 
     def piece_table(self, layer_idx: int) -> Optional[PieceTable]:
         """The cached pieces of attention layer ``layer_idx`` as the K/V gather reads them in
@@ -172,7 +178,15 @@ class PackedLayout:
         return PieceTable(self.kv_addresses[layer_idx], self.kv_format)
 
 
-def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: torch.device) -> PackedLayout:
+# the tables read on the host (each a list of ints): also the ones a layout's signature holds
+HOST_TABLES = ("cu_live_per_request", "cu_spans", "cu_runs")
+
+
+def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: torch.device,
+                 buffer_for: Optional[Callable[[tuple], Optional[torch.Tensor]]] = None) -> PackedLayout:
+    """The packed layout of ``requests``. ``buffer_for(signature)``: a device tensor of an earlier
+    layout with that :attr:`PackedLayout.index_signature` to copy this one's tables into (so
+    that graphs captured over the earlier one read this one's), or None for a new tensor."""
     if not requests:
         raise ValueError("a PIC forward needs at least one request")
     w1 = conv_width - 1
@@ -343,7 +357,9 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     buffer.ranges("positions_k", [0] * len(requests), [b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])])
     body_shape = None if body_addresses is None else _add_stacked(buffer, "body_addresses", body_addresses)
     kv_shape = None if kv_addresses is None else _add_stacked(buffer, "kv_addresses", kv_addresses)
-    cpu, dev = buffer.finish(device, host_names=("cu_live_per_request", "cu_spans", "cu_runs"))
+    signature = buffer.signature(HOST_TABLES)
+    cpu, dev = buffer.finish(device, host_names=HOST_TABLES,
+                             out=None if buffer_for is None else buffer_for(signature))
     layout = PackedLayout(
         requests=list(requests),
         input_ids=dev["input_ids"],
@@ -388,6 +404,8 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         logits_rows=dev["logits_rows"],
         write_key_rows=write_key_rows,
         final_tail_slots=final_tail_for_request,
+        index_device=buffer.device_tensor,
+        index_signature=signature,
     )
     return layout
 

@@ -21,7 +21,7 @@ from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
-from hypic.engine.layer_graphs import CudaGraphBackend, LayerReplays, layer_graphs_enabled
+from hypic.engine.layer_graphs import CudaGraphBackend, LayerReplays, LayoutGraphs, layer_graphs_enabled
 from hypic.engine.pic_context import PicContext, remember_tail_rows
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
@@ -60,6 +60,7 @@ class PicRunner:
         self.skipped_writes = 0  # cold segments not recorded because the store could not hold them
         self.graphs = make_token_graphs(self.device)  # None on CPU or with HYPIC_CUDA_GRAPHS=0
         self._replays: Optional[LayerReplays] = None  # the last forward's core graphs
+        self.layout_graphs = LayoutGraphs()  # core graphs kept across forwards, by layout signature
 
     # ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -238,7 +239,8 @@ class PicRunner:
     # ---------------------------------------------------------------------------------------------
     def _forward(self, layouts: Sequence[RequestLayout], want_caches: bool = True):
         width = self.spec.conv_kernel_size
-        layout = build_layout(layouts, width, self.device)
+        layout = build_layout(layouts, width, self.device,
+                              buffer_for=self.layout_graphs.buffer_for if self._core_graphs_on() else None)
         ctx = PicContext(self.spec, layout)
         ctx.graphs = self.graphs
         ctx.replays = self._layer_replays(layout)
@@ -246,22 +248,36 @@ class PicRunner:
         caches = self._decode_caches(ctx) if want_caches else []
         return logits, caches, ctx
 
+    def _core_graphs_on(self) -> bool:
+        return self.graphs is not None and layer_graphs_enabled()
+
+    def _replays_backend(self):
+        return CudaGraphBackend(self.device, self.graphs.pool)
+
+    def _max_core_graph_tokens(self) -> int:
+        return self.graphs.buckets[-1]
+
     def _layer_replays(self, layout) -> Optional[LayerReplays]:
-        """Per-forward graphs of the linear layers' cores (:mod:`hypic.engine.layer_graphs`) for a
-        forward that writes nothing and whose live tokens fit the row-wise graphs' largest bucket
-        (a cached request: above it, kernels are long enough that launching them costs little),
-        else None. The previous forward's graphs are dropped here, when the next forward starts,
-        not when their forward returned with its replays possibly still queued."""
+        """Graphs of the linear layers' cores (:mod:`hypic.engine.layer_graphs`) for a forward
+        that writes nothing and whose live tokens fit the row-wise graphs' largest bucket (a
+        cached request: above it, kernels are long enough that launching them costs little),
+        else None: those of an earlier forward of the same layout signature when they are kept
+        (:class:`LayoutGraphs`), else new ones. Graphs are dropped here, when the next forward
+        starts, not when their forward returned with its replays possibly still queued."""
         self._replays = None
-        if (self.graphs is None or not layer_graphs_enabled() or layout.writes or layout.linear_one_run_per_request
-                or layout.input_ids.shape[0] > self.graphs.buckets[-1]):
+        if (not self._core_graphs_on() or layout.writes or layout.linear_one_run_per_request
+                or layout.input_ids.shape[0] > self._max_core_graph_tokens()):
             return None
-        self._replays = LayerReplays(CudaGraphBackend(self.device, self.graphs.pool))
+        self._replays = self.layout_graphs.replays_for(layout, lambda: LayerReplays(self._replays_backend()))
+        self._replays.holder = layout
         return self._replays
 
     def _decode_caches(self, ctx: PicContext) -> List[SequenceCache]:
         lay = ctx.layout
         cu_keys = lay.cu_keys_host
+        # a kept index buffer is rewritten by the next forward of its signature: the decode
+        # caches hold a copy of the key positions instead (one for every layer)
+        positions_k = lay.positions_k.clone() if self.layout_graphs.keeps(lay) else lay.positions_k
         out = []
         for b, req in enumerate(lay.requests):
             layers = []
@@ -272,7 +288,7 @@ class PicRunner:
                     cache = DecodeLinearCache(_own_row(rec.final_states, b), _own_row(rec.tails, lay.final_tail_slots[b]))
                     cache.num_tokens = num_tokens
                 elif len(lay.requests) == 1:  # the record is this sequence's alone: no copy
-                    cache = DecodeAttentionCache.adopt(rec.keys, rec.values, lay.positions_k)
+                    cache = DecodeAttentionCache.adopt(rec.keys, rec.values, positions_k)
                 else:
                     cache = DecodeAttentionCache(self.spec.num_key_value_heads, self.spec.head_dim,
                                                  rec.keys.dtype, rec.keys.device)

@@ -1,6 +1,7 @@
 """Tests of hypic/engine/index_buffer.py: the packed host buffer of a forward's index tables."""
 
 import numpy as np
+import pytest
 import torch
 
 from hypic.engine.index_buffer import IndexBuffer, fill_ranges, iota
@@ -59,3 +60,37 @@ def test_host_views_of_another_device():
     host, dev = buf.finish(torch.device("meta"), host_names=("r",))
     assert dev["a"].device.type == "meta" and dev["a"].shape == (3,) and dev["r"].shape == (4,)
     assert list(host) == ["r"] and host["r"].device.type == "cpu" and host["r"].tolist() == [5, 6, 7, 8]
+
+
+def _buffer(values, positions):
+    buf = IndexBuffer()
+    buf.values("a", values)
+    buf.ranges("b", [positions, 0], [3, 2])
+    return buf
+
+
+def test_signature_holds_every_size_and_the_named_values():
+    sig = _buffer([1, 2, 3], 7).signature(("a",))
+    assert sig == _buffer([1, 2, 3], 40).signature(("a",))  # ranges' values are not in it
+    assert sig != _buffer([1, 2, 4], 7).signature(("a",))  # a host-read table's values are
+    assert sig != _buffer([1, 2], 7).signature(("a",))  # and every size
+    assert _buffer([1, 2, 3], 7).signature(()) == _buffer([9, 9, 9], 7).signature(())
+    with pytest.raises(ValueError, match="not value tables"):
+        _buffer([1], 0).signature(("b",))
+
+
+def test_finish_into_an_earlier_buffer_rewrites_its_views():
+    first = _buffer([1, 2, 3], 7)
+    _, dev1 = first.finish(torch.device("cpu"))
+    whole = first.device_tensor
+    assert whole.numel() == first.numel() == 4 + 6
+    second = _buffer([4, 5, 6], 20)
+    host, dev2 = second.finish(torch.device("cpu"), host_names=("a",), out=whole)
+    assert second.device_tensor is whole
+    assert dev1["a"].tolist() == [4, 5, 6] and dev1["b"].tolist() == [20, 21, 22, 0, 1]
+    assert dev2["b"].data_ptr() == dev1["b"].data_ptr()
+    assert host["a"].tolist() == [4, 5, 6] and host["a"].data_ptr() != dev2["a"].data_ptr()
+    for bad in (torch.zeros(9, dtype=torch.long), torch.zeros(10, dtype=torch.int32),
+                torch.zeros(20, dtype=torch.long)[::2]):
+        with pytest.raises(ValueError, match="out must be"):
+            _buffer([4, 5, 6], 20).finish(torch.device("cpu"), out=bad)

@@ -162,3 +162,107 @@ def test_a_cached_request_with_replayed_conv_cores_matches_the_eager_forward(mon
         if hasattr(a, "conv_state"):
             torch.testing.assert_close(a.conv_state, b.conv_state)
             torch.testing.assert_close(a.recurrent_state, b.recurrent_state)
+
+
+class _Layout:
+    def __init__(self, signature, buffer):
+        self.index_signature, self.index_device = signature, buffer
+
+
+def test_layout_graphs_keep_the_last_layouts_by_signature():
+    kept = layer_graphs.LayoutGraphs(max_layouts=2)
+    made = []
+
+    def make():
+        made.append(LayerReplays(RecordingBackend()))
+        return made[-1]
+
+    a = _Layout("A", torch.zeros(4, dtype=torch.long))
+    assert kept.buffer_for("A") is None and not kept.keeps(a)
+    first = kept.replays_for(a, make)
+    assert kept.buffer_for("A") is a.index_device and kept.keeps(a)
+    again = _Layout("A", a.index_device)  # a later layout built into the kept buffer
+    assert kept.replays_for(again, make) is first and kept.num_reused == 1 and len(made) == 1
+    elsewhere = _Layout("A", torch.zeros(4, dtype=torch.long))  # same signature, its own buffer
+    assert not kept.keeps(elsewhere)
+    replaced = kept.replays_for(elsewhere, make)
+    assert replaced is not first and kept.buffer_for("A") is elsewhere.index_device
+    kept.replays_for(_Layout("B", torch.zeros(2, dtype=torch.long)), make)
+    kept.replays_for(_Layout("A", elsewhere.index_device), make)  # A used last: B is the oldest
+    kept.replays_for(_Layout("C", torch.zeros(2, dtype=torch.long)), make)
+    assert len(kept) == 2 and kept.buffer_for("B") is None and kept.buffer_for("A") is not None
+    none_kept = layer_graphs.LayoutGraphs(max_layouts=0)
+    none_kept.replays_for(a, make)
+    assert len(none_kept) == 0 and none_kept.buffer_for("A") is None
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="max_layouts"):
+            layer_graphs.LayoutGraphs(max_layouts=bad)
+
+
+def test_kept_layouts_switch(monkeypatch):
+    kept = layer_graphs.LayoutGraphs()
+    assert kept.max_layouts == layer_graphs.MAX_KEPT_LAYOUTS
+    kept.replays_for(_Layout("A", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
+    monkeypatch.setenv(layer_graphs.KEPT_ENV, "0")  # read at every call: an A/B in one process
+    assert kept.buffer_for("A") is None and len(kept) == 0
+    for bad in ("-1", "x", ""):
+        monkeypatch.setenv(layer_graphs.KEPT_ENV, bad)
+        with pytest.raises(ValueError, match="HYPIC_KEPT_LAYOUTS"):
+            layer_graphs.kept_layouts()
+
+
+def test_a_capture_holds_the_holder_of_its_forward():
+    replays = LayerReplays(RecordingBackend())
+    x = torch.randn(5, 3)
+    for forward in range(3):
+        holder = object()
+        replays.holder = holder
+        for _ in range(2):
+            replays.run("core", core, x, torch.randn(5, 3), None, stable=(0,))
+        if forward == 0:
+            first = holder
+    # only the forward that captured is held (later forwards replay what it captured)
+    assert replays._held == [first]
+
+
+def test_all_hit_forwards_of_one_signature_replay_every_layer_from_the_kept_graphs(monkeypatch):
+    # Requests of one pool in new orders share a layout signature: the second such forward
+    # builds its tables into the first's buffer and replays every linear layer's core, the
+    # first included, with results equal to an eager forward's; a request of another shape gets
+    # graphs of its own.
+    spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
+    store = SegmentStore(None, 0, device="cpu")
+    keyer = Keyer(KeyNamespace("kept", "float32"))
+    runner = PicRunner(model, spec, store, torch.device("cpu"), torch.float32)
+    segs = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
+    policy = PICConfig(mode="hypic", seam=4).resolve()
+    orders = [[3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1], [0, 1, 2, 3]]
+    num_linear = sum(t == "linear_attention" for t in spec.layer_types)
+
+    def run(order, query_seed, num_segs=4):
+        prompt = SegmentedPrompt(tuple(tuple(segs[i]) for i in order[:num_segs]),
+                                 tuple(random_segment(10, seed=query_seed)))
+        plan = plan_request(prompt, policy, store=store, keyer=keyer)
+        with plan:
+            return runner.prefill([plan])[0]
+
+    run(orders[0], 50)  # cold: caches every segment
+    eager = [run(orders[i], 60 + i) for i in (1, 2)] + [run(orders[3], 70, num_segs=3)]
+    monkeypatch.setattr(runner, "_core_graphs_on", lambda: True)
+    monkeypatch.setattr(runner, "_replays_backend", RecordingBackend)
+    monkeypatch.setattr(runner, "_max_core_graph_tokens", lambda: 1 << 20)
+    first = run(orders[1], 61)
+    replays = runner._replays
+    assert replays is not None and replays.num_captures >= 1, replays.failures()
+    captures, done = replays.num_captures, replays.num_replays
+    second = run(orders[2], 62)
+    assert runner._replays is replays and runner.layout_graphs.num_reused == 1
+    assert replays.num_captures == captures and replays.num_replays == done + num_linear
+    other = run(orders[3], 70, num_segs=3)
+    assert runner._replays is not replays and len(runner.layout_graphs) == 2
+    for got, want in zip((first, second, other), eager):
+        torch.testing.assert_close(got.logits, want.logits)
+        for a, b in zip(got.cache.layers, want.cache.layers):
+            if hasattr(a, "conv_state"):
+                torch.testing.assert_close(a.conv_state, b.conv_state)
+                torch.testing.assert_close(a.recurrent_state, b.recurrent_state)

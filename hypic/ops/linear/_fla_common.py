@@ -10,6 +10,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from hypic.ops.linear._layout_tables import LayoutTables
+
 CHUNK_SIZE = 64  # fla chunk length (tokens); summaries are exact for any span length
 MAX_KEY_DIM = 256  # fla's delta-rule state kernels assert K <= 256
 
@@ -79,34 +81,31 @@ def _cu(cu_seqlens: torch.Tensor, device) -> torch.Tensor:
     return cu_seqlens.to(device=device, dtype=torch.long).contiguous()
 
 
+# Tables of a forward's layout tensors, kept while those live (see _layout_tables: CUDA graphs
+# replayed in later forwards read them where they lie).
+_TABLES = LayoutTables()
+
+
 def _chunk_indices(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fla's chunk table ``[num_chunks, 2]`` (sequence, chunk within it) for ``cu``.
 
     From the device ``cu`` alone fla reads the lengths back to the host (a sync). With a host
     copy ``cu_cpu`` the table is built here on the host and sent with one pinned, asynchronous
     copy: fla's own host path ends in a pageable copy, which blocks the host until the device
-    has drained its queue (two such waits per PIC forward before). Cached by the identity of
-    the two tensors, so a forward pays once per distinct ``cu``."""
+    has drained its queue (two such waits per PIC forward before). Kept for the two tensors while
+    ``cu`` lives (:class:`LayoutTables`), so a forward pays once per distinct ``cu``."""
     if cu_cpu is None:
         from fla.ops.utils.index import prepare_chunk_indices
 
         return prepare_chunk_indices(cu, CHUNK_SIZE)
-    for held_cu, held_cpu, table in _CHUNK_TABLES:
-        if held_cu is cu and held_cpu is cu_cpu:
-            return table
-    table = chunk_table_host(cu_cpu, CHUNK_SIZE)
-    if cu.is_cuda:
-        table = table.pin_memory().to(cu.device, non_blocking=True)
-    else:
-        table = table.to(cu.device)
-    _CHUNK_TABLES.insert(0, (cu, cu_cpu, table))
-    del _CHUNK_TABLES[_MAX_CHUNK_TABLES:]
-    return table
 
+    def build():
+        table = chunk_table_host(cu_cpu, CHUNK_SIZE)
+        if cu.is_cuda:
+            return table.pin_memory().to(cu.device, non_blocking=True)
+        return table.to(cu.device)
 
-# (cu, cu_cpu, table), most recent first; a forward uses two or three distinct cu.
-_CHUNK_TABLES: list = []
-_MAX_CHUNK_TABLES = 8
+    return _TABLES.get(cu, cu_cpu, "chunk_indices", build)
 
 
 def chunk_table_host(cu_cpu: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -124,20 +123,14 @@ def span_chunk_rows(cu: torch.Tensor, cu_cpu: torch.Tensor):
     """``(span_chunk [N] int32 on cu's device, num_chunks)``: the first row of each span's chunks
     in fla's chunk order (-1 for an empty span), as :func:`chunk_table_host` lays them: what the
     chain scan's long WY spans write their chunk states to. Cached by the identity of the two
-    tensors, like the chunk table."""
-    for held_cu, held_cpu, table in _SPAN_CHUNKS:
-        if held_cu is cu and held_cpu is cu_cpu:
-            return table
-    first, num_chunks = span_chunk_rows_host(cu_cpu, CHUNK_SIZE)
-    host = torch.from_numpy(first)
-    dev = host.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else host.to(cu.device)
-    table = (dev, num_chunks)
-    _SPAN_CHUNKS.insert(0, (cu, cu_cpu, table))
-    del _SPAN_CHUNKS[_MAX_CHUNK_TABLES:]
-    return table
+    tensors while ``cu`` lives, like the chunk table."""
+    def build():
+        first, num_chunks = span_chunk_rows_host(cu_cpu, CHUNK_SIZE)
+        host = torch.from_numpy(first)
+        dev = host.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else host.to(cu.device)
+        return dev, num_chunks
 
-
-_SPAN_CHUNKS: list = []
+    return _TABLES.get(cu, cu_cpu, "span_chunk_rows", build)
 
 
 def span_chunk_rows_host(cu_cpu: torch.Tensor, chunk_size: int):

@@ -19,7 +19,7 @@ bf16 W and U are exact in TF32, the decayed keys round at 2^-11). On the H200 at
 shape the kernels take 0.18 and 0.13 ms per layer, against 0.34 and 0.28 ms for fla's.
 
 The row tables are built on the host from ``cu_seqlens_cpu`` (no device sync) and cached by the
-identity of the two ``cu`` tensors, like the chunk table.
+identity of the two ``cu`` tensors while the device one lives, like the chunk table.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
+
+from hypic.ops.linear._layout_tables import LayoutTables
 
 SHORT_SPAN_IMPLS = ("triton", "torch", "fla")
 
@@ -94,8 +96,8 @@ def short_span_rows_host(cu_cpu: torch.Tensor, chunk_size: int) -> Optional[Tupl
     return int(lengths.size), classes, np.flatnonzero(lengths > 0)
 
 
-_ROW_TABLES: list = []  # (cu, cu_cpu, chunk_size, classes, SpanRows or None), most recent first
-_MAX_ROW_TABLES = 8
+# Tables of a forward's layout tensors, kept while those live (see _layout_tables).
+_TABLES = LayoutTables()
 
 
 def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size: int,
@@ -105,12 +107,12 @@ def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size
     skips the per-class gather tables, which only the torch formulation reads."""
     if cu_cpu is None:
         return None
-    for held_cu, held_cpu, held_chunk, held_classes, table in _ROW_TABLES:
-        if held_cu is cu and held_cpu is cu_cpu and held_chunk == chunk_size and held_classes == classes:
-            return table
-    host = short_span_rows_host(cu_cpu, chunk_size)
-    table = None
-    if host is not None:
+
+    def build():
+        host = short_span_rows_host(cu_cpu, chunk_size)
+        if host is None:
+            return None
+
         def dev(a):
             t = torch.from_numpy(np.ascontiguousarray(a))
             return t.pin_memory().to(cu.device, non_blocking=True) if cu.is_cuda else t
@@ -119,10 +121,9 @@ def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size
         span_chunk = np.full(num_spans, -1, dtype=np.int32)
         span_chunk[chunk_spans] = np.arange(len(chunk_spans), dtype=np.int32)
         built = tuple(SpanClass(c[0], *(dev(a) for a in c[1:])) for c in host_classes) if classes else None
-        table = SpanRows(num_spans, built, dev(chunk_spans), len(chunk_spans) == num_spans, dev(span_chunk))
-    _ROW_TABLES.insert(0, (cu, cu_cpu, chunk_size, classes, table))
-    del _ROW_TABLES[_MAX_ROW_TABLES:]
-    return table
+        return SpanRows(num_spans, built, dev(chunk_spans), len(chunk_spans) == num_spans, dev(span_chunk))
+
+    return _TABLES.get(cu, cu_cpu, ("short_span_rows", chunk_size, classes), build)
 
 
 def _need_classes(table: SpanRows) -> None:
