@@ -186,7 +186,8 @@ MAX_KEPT_LAYOUTS = 4  # layouts whose graphs are kept across forwards (each ~the
 
 def kept_layouts() -> int:
     """``HYPIC_KEPT_LAYOUTS`` (default 4): how many layouts' core graphs are kept across forwards;
-    0 keeps none (every forward captures its own, as before; for A/B measurements)."""
+    0: a forward neither uses nor keeps any (it captures its own, as before), while what is kept
+    stays for later forwards (an A/B in one process, one request per value in turn)."""
     value = os.environ.get(KEPT_ENV, str(MAX_KEPT_LAYOUTS))
     if not value.isdigit():
         raise ValueError(f"{KEPT_ENV} must be an integer >= 0, got {value!r}")
@@ -224,8 +225,7 @@ class LayoutGraphs:
         return len(self._kept)
 
     def buffer_for(self, signature: tuple) -> Optional[torch.Tensor]:
-        if self.max_layouts == 0:
-            self._kept.clear()
+        if self.max_layouts == 0:  # keeping is off for now: what is kept stays for later
             return None
         kept = self._kept.get(signature)
         return None if kept is None else kept.layout.index_device
@@ -237,6 +237,9 @@ class LayoutGraphs:
         return kept is not None and kept.layout.index_device is layout.index_device
 
     def replays_for(self, layout, make: Callable[[], LayerReplays]) -> LayerReplays:
+        limit = self.max_layouts
+        if limit == 0:
+            return make()
         signature = layout.index_signature
         kept = self._kept.get(signature)
         if kept is not None and kept.layout.index_device is layout.index_device:
@@ -244,8 +247,7 @@ class LayoutGraphs:
             self.num_reused += 1
             return kept.replays
         replays = make()
-        limit = self.max_layouts
-        if limit and signature is not None and layout.index_device is not None:
+        if signature is not None and layout.index_device is not None:
             self._kept[signature] = _Kept(layout, replays)
             self._kept.move_to_end(signature)
         while len(self._kept) > limit:

@@ -74,6 +74,10 @@ class PicContext(ForwardContext):
         # Set by the runner when the linear cores may be replayed from per-forward graphs
         # (a cached request's few live tokens: hypic.engine.layer_graphs).
         self.replays: Optional[LayerReplays] = None
+        # Set by the runner for a forward with writes (hypic.engine.entry_writer.EntryWriter):
+        # told when each layer's records are complete, it copies their rows into the store
+        # entries while the next layers run.
+        self.writer = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -235,6 +239,8 @@ class PicContext(ForwardContext):
         if any(a is not None for a in after):
             zero = torch.zeros_like(final[0])
             rec.write_states = torch.stack([zero if a is None else a for a in after])
+        if self.writer is not None:
+            self.writer.linear_done(layer_idx, rec)
         return o
 
     # -- full attention -------------------------------------------------------------------------
@@ -259,6 +265,8 @@ class PicContext(ForwardContext):
             keys = k.index_select(0, lay.key_index)
             values = v.index_select(0, lay.key_index)
         self.records[layer_idx] = AttentionRecord(keys, values)
+        if self.writer is not None:
+            self.writer.attention_done(layer_idx, self.records[layer_idx])
         return varlen_attention(
             q, keys, values,
             cu_seqlens_q=lay.cu_live_per_request, cu_seqlens_k=lay.cu_keys,

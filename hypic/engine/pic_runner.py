@@ -21,8 +21,9 @@ from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
+from hypic.engine.entry_writer import entry_writer
 from hypic.engine.layer_graphs import CudaGraphBackend, LayerReplays, LayoutGraphs, layer_graphs_enabled
-from hypic.engine.pic_context import PicContext, remember_tail_rows
+from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
     WRITE_SEGMENT,
@@ -34,7 +35,7 @@ from hypic.engine.pic_layout import (
 )
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.pic.modes import COLD_CANONICAL
-from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
+from hypic.pic.payload import SegmentEntry
 from hypic.pic.plan import ENTRY_FROM_STANDALONE, RequestPlan, SpanKind
 from hypic.pic.store import SegmentHandle, SegmentStore
 
@@ -244,6 +245,7 @@ class PicRunner:
         ctx = PicContext(self.spec, layout)
         ctx.graphs = self.graphs
         ctx.replays = self._layer_replays(layout)
+        ctx.writer = entry_writer(layout, self.linear_layers, self.attention_layers, self.device)
         logits = self.model(layout.input_ids, layout.positions, ctx)
         caches = self._decode_caches(ctx) if want_caches else []
         return logits, caches, ctx
@@ -299,58 +301,10 @@ class PicRunner:
         return out
 
     def _write_entries(self, ctx: PicContext, insert: bool = True) -> List[SegmentEntry]:
-        """One entry per recorded write, its tensors fresh compact copies of this forward's
-        records made by one multi-tensor copy per dtype (:func:`_compact_copies`): a cold
-        64-segment prefill writes ~7,000 tensors, and one copy kernel each cost more host time
-        than the rest of the write. No index tensor is built per entry either (a host-to-device
-        copy per write per layer would synchronise the host with the device each time)."""
-        lay = ctx.layout
-        views: List[torch.Tensor] = []
-        owners: List[int] = []
-        owner = 0
-
-        def take(t: torch.Tensor) -> int:
-            views.append(t)
-            owners.append(owner)
-            return len(views) - 1
-
-        plans = []
-        for i, (_, _, w) in enumerate(lay.writes):
-            owner = i
-            a, z = lay.write_key_rows[i]
-            linear, attention = {}, {}
-            for layer in self.linear_layers:
-                rec = ctx.records[layer]
-                if w.kind == WRITE_CHECKPOINT:
-                    linear[layer] = (take(rec.write_states[i]), take(rec.tails[i]))
-                else:
-                    # row i of the summary's two tensors; the entry's summary is built from the copies
-                    t, st = rec.write_summaries.parts()
-                    linear[layer] = (type(rec.write_summaries), take(t[i:i + 1]), take(st[i:i + 1]),
-                                     take(rec.tails[i]))
-            for layer in self.attention_layers:
-                rec = ctx.records[layer]
-                attention[layer] = (take(rec.keys[a:z]), take(rec.values[a:z]))
-            plans.append((w, linear, attention))
-        buffers: Dict[int, torch.Tensor] = {}
-        fresh = _compact_copies(views, owners, buffers)
-        entries = []
-        for w, linear, attention in plans:
-            lin = {}
-            tails = []  # view index of each layer's conv tail (state)
-            for layer, item in linear.items():
-                if w.kind == WRITE_CHECKPOINT:
-                    lin[layer] = LinearStateCheckpoint(fresh[item[0]], fresh[item[1]])
-                else:
-                    summary_cls, t, st, tail = item
-                    lin[layer] = LinearLayerCache(summary_cls(fresh[t], fresh[st]), fresh[tail])
-                tails.append(item[-1])
-            att = {layer: AttentionLayerCache(fresh[k], fresh[v]) for layer, (k, v) in attention.items()}
-            entries.append(SegmentEntry(key=w.key, linear=lin, attention=att, origin_position=w.origin_position))
-            if tails:
-                # every layer's tail in one buffer: a forward reusing the entry reads them at once
-                remember_tail_rows(entries[-1], "conv_state" if w.kind == WRITE_CHECKPOINT else "conv_tail",
-                                   list(linear), [fresh[i] for i in tails], buffers[tails[0]])
+        """The forward's store entries (:class:`~hypic.engine.entry_writer.EntryWriter`: their
+        tensors were copied layer by layer while it ran), inserted into the store unless
+        ``insert`` is False."""
+        entries = ctx.writer.finish() if ctx.writer is not None else []
         if insert and self.store is not None:
             for e in entries:
                 self.store.insert(e, compact=False)  # fresh exact-size copies, already on the device
@@ -412,34 +366,3 @@ def _own_row(t: torch.Tensor, i: int) -> torch.Tensor:
     cache must not keep them alive), else the row itself (one copy per layer saved on the common
     single-request, nothing-written forward)."""
     return t[i] if t.shape[0] == 1 else t[i].clone()
-
-
-def _compact_copies(views: Sequence[torch.Tensor], owners: Sequence[int],
-                    buffers: Optional[Dict[int, torch.Tensor]] = None) -> List[torch.Tensor]:
-    """A fresh contiguous copy of every tensor. The copies of one owner (one store entry) with
-    one dtype and shape are the rows of a single new ``[count, *shape]`` buffer (split by one
-    ``unbind``), all filled by one ``torch._foreach_copy_`` per dtype: a cold 64-segment prefill
-    writes ~7,000 tensors, and an allocation, a ``view`` or a kernel each cost more host time
-    than the rest of the write. Each buffer holds its rows with no gaps, so an entry's tensors
-    account for exactly its buffers' bytes, and evicting the entry frees them. ``buffers``, if
-    given, gets for each view index the buffer its copy is a row of."""
-    if len(owners) != len(views):
-        raise ValueError(f"{len(views)} views but {len(owners)} owners")
-    out: List[Optional[torch.Tensor]] = [None] * len(views)
-    groups: Dict[tuple, List[int]] = {}
-    for i, t in enumerate(views):
-        groups.setdefault((owners[i], t.dtype, t.device, t.shape), []).append(i)
-    copies: Dict[Tuple[torch.dtype, torch.device], Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
-    for (_, dtype, device, shape), idx in groups.items():
-        buffer = torch.empty((len(idx),) + tuple(shape), dtype=dtype, device=device)
-        rows = buffer.unbind(0)
-        if buffers is not None:
-            buffers.update((i, buffer) for i in idx)
-        dsts, srcs = copies.setdefault((dtype, device), ([], []))
-        for i, row in zip(idx, rows):
-            out[i] = row
-        dsts.extend(rows)
-        srcs.extend(views[i] for i in idx)
-    for dsts, srcs in copies.values():
-        torch._foreach_copy_(dsts, srcs)
-    return out  # type: ignore[return-value]

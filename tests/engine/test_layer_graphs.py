@@ -192,7 +192,7 @@ def test_layout_graphs_keep_the_last_layouts_by_signature():
     kept.replays_for(_Layout("C", torch.zeros(2, dtype=torch.long)), make)
     assert len(kept) == 2 and kept.buffer_for("B") is None and kept.buffer_for("A") is not None
     none_kept = layer_graphs.LayoutGraphs(max_layouts=0)
-    none_kept.replays_for(a, make)
+    assert none_kept.replays_for(a, make) is made[-1]
     assert len(none_kept) == 0 and none_kept.buffer_for("A") is None
     for bad in (-1, 1.5):
         with pytest.raises(ValueError, match="max_layouts"):
@@ -204,7 +204,11 @@ def test_kept_layouts_switch(monkeypatch):
     assert kept.max_layouts == layer_graphs.MAX_KEPT_LAYOUTS
     kept.replays_for(_Layout("A", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
     monkeypatch.setenv(layer_graphs.KEPT_ENV, "0")  # read at every call: an A/B in one process
-    assert kept.buffer_for("A") is None and len(kept) == 0
+    assert kept.buffer_for("A") is None
+    other = kept.replays_for(_Layout("B", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
+    assert other is not None and len(kept) == 1  # neither kept nor evicting what is
+    monkeypatch.setenv(layer_graphs.KEPT_ENV, "4")
+    assert kept.buffer_for("A") is not None
     for bad in ("-1", "x", ""):
         monkeypatch.setenv(layer_graphs.KEPT_ENV, bad)
         with pytest.raises(ValueError, match="HYPIC_KEPT_LAYOUTS"):

@@ -368,31 +368,6 @@ def test_cold_writes_cost_no_kernel_per_written_segment(tiny):
     assert counts[12] == counts[4], counts
 
 
-def test_compact_copies_are_exact_fresh_tensors():
-    """Fresh contiguous copies; one owner's copies of one dtype and shape share one buffer with
-    no gaps (its tensors account for exactly its bytes), and different owners never share one."""
-    from hypic.engine.pic_runner import _compact_copies
-
-    base32, base16 = torch.randn(6, 5, 4), torch.randn(9, 3).to(torch.bfloat16)
-    views = [base32[1], base16[2:5], base32[3], base16[5:8], base32[:, 1:3], base16.t(), base32[2:4], base16[0]]
-    owners = [0, 0, 0, 0, 0, 0, 1, 1]
-    out = _compact_copies(views, owners)
-    for v, o in zip(views, out):
-        assert torch.equal(v, o) and o.dtype == v.dtype and o.shape == v.shape and o.is_contiguous()
-        assert o.untyped_storage().data_ptr() not in (base32.untyped_storage().data_ptr(),
-                                                      base16.untyped_storage().data_ptr())
-    groups = {}
-    for o, w in zip(out, owners):
-        groups.setdefault((w, o.dtype, o.shape), []).append(o)
-    assert len(groups) == 6  # owner 0: two shapes of each dtype share a buffer each
-    for mine in groups.values():
-        assert len({o.untyped_storage().data_ptr() for o in mine}) == 1
-        assert mine[0].untyped_storage().nbytes() == sum(o.numel() * o.element_size() for o in mine)
-    assert len({o.untyped_storage().data_ptr() for o in out}) == 6
-    with pytest.raises(ValueError, match="owners"):
-        _compact_copies(views, owners[:-1])
-
-
 def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatch):
     """A forward with no cached body and no write (cold full_recompute; prefix_cache whose every
     checkpoint exists) runs each request's live tokens as one linear-attention run from its prefix
@@ -459,17 +434,17 @@ def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, 
     """A prefix-cache checkpoint needs the state after its segment, not the segment's summary:
     its forward must not keep every span's (T, S) alive until the writes (at 128k tokens in
     512-token segments that held 30 GiB and ran the H200 out of memory)."""
-    from hypic.engine.pic_runner import PicRunner
+    from hypic.engine.entry_writer import EntryWriter
 
     spec, model = tiny
     seen = []
-    real = PicRunner._write_entries
+    real = EntryWriter.linear_done
 
-    def spy(self, ctx, insert=True):
-        seen.extend(rec.write_summaries for i, rec in ctx.records.items() if hasattr(rec, "write_summaries"))
-        return real(self, ctx, insert)
+    def spy(self, layer_idx, rec):
+        seen.append(rec.write_summaries)
+        return real(self, layer_idx, rec)
 
-    monkeypatch.setattr(PicRunner, "_write_entries", spy)
+    monkeypatch.setattr(EntryWriter, "linear_done", spy)
     h = PicHarness(spec, model, config=PICConfig(mode=mode))
     segs = [random_segment(n, 900 + n) for n in (23, 30, 17)]
     query = random_segment(5, 4)

@@ -192,22 +192,26 @@ def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_
     rows = bos + c * BT + o_t
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
-    b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    first = bos + c * BT  # the chunk's first token: scalar bases, int32 offsets within the tile
+    o_tk = o_t[:, None] * (HV * K) + o_k[None, :]
+    b_w = tl.load(w + (first * HV + i_h) * K + o_tk, mask=m_tk, other=0.0)
     b_hw = b_h.to(b_w.dtype)  # fla's state pass: the state in the factors' dtype for W h
     if INTERPRET:
         b_wh = tl.dot(b_w.to(tl.float32), b_hw.to(tl.float32), input_precision="ieee")
     else:
         b_wh = tl.dot(b_w, b_hw, out_dtype=tl.float32)
-    p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
-    b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
-    tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
+    o_tv = o_t[:, None] * (HV * V) + o_v[None, :]
+    uv_base = (first * HV + i_h) * V
+    b_v = tl.load(u + uv_base + o_tv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
+    tl.store(v_new + uv_base + o_tv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
     if USE_G:
         decay, gamma = chunk_decay(g, bos, length, c, rows, m_t, i_h, HV, BT)
         b_v = b_v * decay[:, None]
         b_h = b_h * gamma
     else:
         b_v = tl.where(m_tv, b_v, 0.0)
-    b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + (first * H + i_h // (HV // H)) * K + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk,
+                  other=0.0)
     b_vk = b_v.to(b_k.dtype)
     if INTERPRET:
         b_h += tl.dot(tl.trans(b_k).to(tl.float32), b_vk.to(tl.float32), input_precision="ieee")
@@ -340,11 +344,16 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
     the given offsets. With ``HAS_RECORD`` the state entering each element is kept in its row."""
     if HAS_RECORD or not HAS_WY:
         record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
-    if HAS_WY:
-        if HAS_SOURCE:
-            live = tl.load(source + i)
+    if HAS_WY and not HAS_SOURCE:
+        # every element is a live span (a cold prefill's walk): no summary step is compiled in
+        if LONG_WY:
+            b_h = wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, i, i_h, o_k, m_k, o_v,
+                            m_v, kv_off, m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
         else:
-            live = i
+            b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, i, i_h, o_k, m_k, o_v, m_v,
+                          kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
+    elif HAS_WY:
+        live = tl.load(source + i)
         if live >= 0:
             if LONG_WY:
                 b_h = wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v,

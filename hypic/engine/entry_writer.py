@@ -1,0 +1,172 @@
+"""Store entries of a forward's writes, their tensors copied layer by layer while the forward runs.
+
+A cold prefill of 64 segments records, per linear layer, each segment's summary (T and S, 2 MiB
+each in fp32 at Qwen3.5-35B-A3B widths) and conv tail, and per attention layer its K/V rows:
+~8 GiB of entries. Copied after the forward, by one multi-tensor copy per dtype, that took 5.0 ms
+of GPU time after the forward's last kernel on the H200 (session 18 call 1: ``multi_tensor_apply``
+in ``benchmarks/cold_diff_h200.py``'s table, of a 47.5 ms summary overhead), and every layer's
+records lived until then. Here each layer's rows are copied into the entries' buffers as soon as
+the layer has recorded them, on a side stream, while the next layers compute, and the layer's
+summaries are released at once (their memory is reused only after the copy has run:
+``record_stream``).
+
+Each entry owns one buffer per field (``transition``, ``state``, ``tail`` over its linear layers,
+``key``, ``value`` over its attention layers), so evicting the entry frees exactly its bytes, and
+its tensors are that buffer's rows; its conv tails are noted as one buffer's rows
+(:func:`~hypic.engine.pic_context.remember_tail_rows`) for the forwards that read them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from hypic.engine.pic_context import remember_tail_rows
+from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
+from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
+
+
+class EntryWriter:
+    """Collects one forward's writes (``layout.writes``) as the layers record them.
+
+    ``linear_done(layer, record)`` after a linear layer has its conv tails and its write
+    summaries (segment writes) or states (checkpoints); ``attention_done(layer, record)`` once an
+    attention layer has its packed K/V; ``finish()`` after the forward: the entries, in write
+    order, their copies ordered before whatever the current stream runs next."""
+
+    def __init__(self, layout: PackedLayout, linear_layers: Sequence[int], attention_layers: Sequence[int],
+                 device: torch.device) -> None:
+        self.writes = layout.writes
+        self.key_rows = layout.write_key_rows
+        self.linear_layers = list(linear_layers)
+        self.attention_layers = list(attention_layers)
+        self._linear_row = {layer: j for j, layer in enumerate(self.linear_layers)}
+        self._attention_row = {layer: j for j, layer in enumerate(self.attention_layers)}
+        device = torch.device(device)
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # per write: field -> (buffer, its rows); allocated at the first layer that fills it
+        self._buffers: List[Dict[str, tuple]] = [{} for _ in self.writes]
+        self._summary_cls = None
+        self._done = set()
+
+    # ---------------------------------------------------------------------------------------------
+    def _rows(self, i: int, field: str, count: int, like: torch.Tensor) -> tuple:
+        held = self._buffers[i].get(field)
+        if held is None:
+            buffer = torch.empty((count,) + tuple(like.shape), dtype=like.dtype, device=like.device)
+            held = self._buffers[i][field] = (buffer, buffer.unbind(0))
+        return held[1]
+
+    def _check_new(self, layer_idx: int, table: Dict[int, int], kind: str) -> int:
+        if layer_idx not in table:
+            raise ValueError(f"layer {layer_idx} is not one of the forward's {kind} layers")
+        if layer_idx in self._done:
+            raise ValueError(f"layer {layer_idx}'s records were already written")
+        self._done.add(layer_idx)
+        return table[layer_idx]
+
+    def linear_done(self, layer_idx: int, rec) -> None:
+        j = self._check_new(layer_idx, self._linear_row, "linear")
+        if not self.writes:
+            return
+        count = len(self.linear_layers)
+        tails = rec.tails.unbind(0)
+        summaries = None
+        if rec.write_summaries is not None:
+            self._summary_cls = type(rec.write_summaries)
+            t, s = rec.write_summaries.parts()
+            # row i of each as a one-span summary ([1, ...]), by one call each
+            summaries = (t.unsqueeze(1).unbind(0), s.unsqueeze(1).unbind(0))
+            bases = [t, s, rec.tails]
+        else:
+            bases = [rec.tails]
+        states = None
+        if rec.write_states is not None:
+            states = rec.write_states.unbind(0)
+            bases.append(rec.write_states)
+        dsts: List[torch.Tensor] = []
+        srcs: List[torch.Tensor] = []
+        for i, (_, _, w) in enumerate(self.writes):
+            if w.kind == WRITE_CHECKPOINT:
+                pairs = (("state", states[i]), ("tail", tails[i]))
+            else:
+                pairs = (("transition", summaries[0][i]), ("state", summaries[1][i]), ("tail", tails[i]))
+            for field, src in pairs:
+                dsts.append(self._rows(i, field, count, src)[j])
+                srcs.append(src)
+        self._copy(dsts, srcs, bases)
+        # every write's rows are queued: the summaries are needed no more (the decode caches take
+        # the tails and final states, which stay)
+        rec.write_summaries = None
+        rec.write_states = None
+
+    def attention_done(self, layer_idx: int, rec) -> None:
+        j = self._check_new(layer_idx, self._attention_row, "attention")
+        if not self.writes:
+            return
+        count = len(self.attention_layers)
+        dsts: List[torch.Tensor] = []
+        srcs: List[torch.Tensor] = []
+        for i, (a, z) in enumerate(self.key_rows):
+            for field, src in (("key", rec.keys[a:z]), ("value", rec.values[a:z])):
+                dsts.append(self._rows(i, field, count, src)[j])
+                srcs.append(src)
+        self._copy(dsts, srcs, [rec.keys, rec.values])
+
+    def _copy(self, dsts: List[torch.Tensor], srcs: List[torch.Tensor], bases: Sequence[torch.Tensor]) -> None:
+        """``dsts[i] <- srcs[i]``, one multi-tensor copy per dtype; on CUDA on the side stream,
+        after what the current stream has queued (which made the sources), the sources' memory
+        kept from reuse until the copy has run."""
+        by_dtype: Dict[torch.dtype, tuple] = {}
+        for d, s in zip(dsts, srcs):
+            pair = by_dtype.setdefault(d.dtype, ([], []))
+            pair[0].append(d)
+            pair[1].append(s)
+        if self._stream is None:
+            for d, s in by_dtype.values():
+                torch._foreach_copy_(d, s)
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
+        with torch.cuda.stream(self._stream):
+            for d, s in by_dtype.values():
+                torch._foreach_copy_(d, s)
+        for t in bases:
+            t.record_stream(self._stream)
+
+    # ---------------------------------------------------------------------------------------------
+    def finish(self) -> List[SegmentEntry]:
+        missing = [layer for layer in self.linear_layers + self.attention_layers if layer not in self._done]
+        if self.writes and missing:
+            raise ValueError(f"layers {missing} recorded nothing for the forward's writes")
+        if self._stream is not None:
+            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+        entries = []
+        for i, (_, _, w) in enumerate(self.writes):
+            held = self._buffers[i]
+            lin = {}
+            for j, layer in enumerate(self.linear_layers):
+                if w.kind == WRITE_CHECKPOINT:
+                    lin[layer] = LinearStateCheckpoint(held["state"][1][j], held["tail"][1][j])
+                else:
+                    summary = self._summary_cls(held["transition"][1][j], held["state"][1][j])
+                    lin[layer] = LinearLayerCache(summary, held["tail"][1][j])
+            att = {layer: AttentionLayerCache(held["key"][1][j], held["value"][1][j])
+                   for j, layer in enumerate(self.attention_layers)}
+            entry = SegmentEntry(key=w.key, linear=lin, attention=att, origin_position=w.origin_position)
+            if self.linear_layers:
+                # every layer's tail in one buffer: a forward reusing the entry reads them at once
+                tail_buffer, tail_rows = held["tail"]
+                remember_tail_rows(entry, "conv_state" if w.kind == WRITE_CHECKPOINT else "conv_tail",
+                                   self.linear_layers, list(tail_rows), tail_buffer)
+            entries.append(entry)
+        return entries
+
+
+def entry_writer(layout: PackedLayout, linear_layers: Sequence[int], attention_layers: Sequence[int],
+                 device: torch.device) -> Optional[EntryWriter]:
+    """An :class:`EntryWriter` for a forward with writes, else None."""
+    return EntryWriter(layout, linear_layers, attention_layers, device) if layout.writes else None
+
+
+__all__ = ["EntryWriter", "entry_writer"]

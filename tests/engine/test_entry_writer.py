@@ -1,0 +1,117 @@
+"""Tests of hypic/engine/entry_writer.py: a forward's store entries, copied layer by layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic.engine.entry_writer import EntryWriter
+from hypic.pic.modes import PICConfig
+from tests.engine.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model(seed=11)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("mode", ["hypic", "prefix_cache"])
+def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(tiny, monkeypatch, mode):
+    # Each layer's rows are copied when the layer has recorded them, and its summaries released
+    # then; an entry's tensors are the rows of one buffer per field (its bytes exactly), never
+    # shared with another entry or with the forward's records.
+    spec, model = tiny
+    rows = {}  # (write, layer, field) -> a copy of what the layer recorded
+    real_linear, real_attention = EntryWriter.linear_done, EntryWriter.attention_done
+
+    def linear_done(self, layer_idx, rec):
+        for i, (_, _, w) in enumerate(self.writes):
+            rows[i, layer_idx, "tail"] = rec.tails[i].clone()
+            if rec.write_summaries is not None and w.kind == "segment":
+                t, s = rec.write_summaries.parts()
+                rows[i, layer_idx, "transition"], rows[i, layer_idx, "state"] = t[i:i + 1].clone(), s[i:i + 1].clone()
+            else:
+                rows[i, layer_idx, "state"] = rec.write_states[i].clone()
+        real_linear(self, layer_idx, rec)
+        assert rec.write_summaries is None and rec.write_states is None
+
+    def attention_done(self, layer_idx, rec):
+        for i, (a, z) in enumerate(self.key_rows):
+            rows[i, layer_idx, "key"], rows[i, layer_idx, "value"] = rec.keys[a:z].clone(), rec.values[a:z].clone()
+        real_attention(self, layer_idx, rec)
+
+    monkeypatch.setattr(EntryWriter, "linear_done", linear_done)
+    monkeypatch.setattr(EntryWriter, "attention_done", attention_done)
+    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    segs = [random_segment(n, 700 + n) for n in (21, 34, 18)]
+    query = random_segment(6, 5)
+    h.run(segs, query)
+    entries = h.store.snapshot()
+    assert entries and rows
+    storages = []
+    for entry in entries:
+        mine = set()
+        for layer, cache in entry.linear.items():
+            if hasattr(cache, "summary"):
+                parts = dict(zip(("transition", "state"), cache.summary.parts()))
+                parts["tail"] = cache.conv_tail
+            else:
+                parts = {"state": cache.state, "tail": cache.conv_state}
+            for field, got in parts.items():
+                mine.add(_storage(got))
+                assert got.is_contiguous()
+        for layer, cache in entry.attention.items():
+            mine.update((_storage(cache.key), _storage(cache.value)))
+        # one buffer per field, each holding exactly its rows
+        fields = 5 if entry.attention and any(hasattr(c, "summary") for c in entry.linear.values()) else None
+        if fields is not None:
+            assert len(mine) == fields
+        storages.append(mine)
+    for a in range(len(storages)):
+        for b in range(a + 1, len(storages)):
+            assert not storages[a] & storages[b]
+    # the entries hold the rows the layers recorded, bit for bit (match by key rows / tails)
+    want_tails = {k: v for k, v in rows.items() if k[2] == "tail"}
+    got_tails = [c.conv_tail if hasattr(c, "conv_tail") else c.conv_state for e in entries for c in e.linear.values()]
+    assert len(got_tails) == len(want_tails)
+    for got in got_tails:
+        assert any(torch.equal(got, want) for want in want_tails.values())
+    for entry in entries:
+        for layer, cache in entry.linear.items():
+            if hasattr(cache, "summary"):
+                t, s = cache.summary.parts()
+                assert any(torch.equal(t, v) for k, v in rows.items() if k[1:] == (layer, "transition"))
+                assert any(torch.equal(s, v) for k, v in rows.items() if k[1:] == (layer, "state"))
+    # and serve the next request exactly
+    _, again = h.run(segs, query)
+    want = full_logits(spec, model, [t for s in segs for t in s] + list(query))
+    assert (again.logits - want).abs().max() < 1e-4
+
+
+def test_writer_checks_its_calls(tiny):
+    spec, model = tiny
+    h = PicHarness(spec, model)
+    seen = {}
+    real = h.runner._forward
+
+    def forward(layouts, want_caches=True):
+        logits, caches, ctx = real(layouts, want_caches)
+        seen["ctx"] = ctx
+        return logits, caches, ctx
+
+    h.runner._forward = forward
+    h.run([random_segment(20, 1)], random_segment(4, 2))
+    writer = seen["ctx"].writer
+    assert isinstance(writer, EntryWriter)
+    with pytest.raises(ValueError, match="already written"):
+        writer.linear_done(spec.linear_layer_ids[0], seen["ctx"].records[spec.linear_layer_ids[0]])
+    attention = [i for i in range(len(spec.layer_types)) if i not in spec.linear_layer_ids]
+    with pytest.raises(ValueError, match="not one of the forward's linear layers"):
+        writer.linear_done(attention[0], None)
+    fresh = EntryWriter(seen["ctx"].layout, spec.linear_layer_ids, attention, torch.device("cpu"))
+    with pytest.raises(ValueError, match="recorded nothing"):
+        fresh.finish()
