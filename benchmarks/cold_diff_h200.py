@@ -65,6 +65,40 @@ def profiled(bench, prompt, device):
     return kernel_times(prof, device), wall_ms
 
 
+def cold_ab(model, spec, work, device, dtype, prompt, name: str, values, rounds: int) -> dict:
+    """Cold TTFT of ``full_recompute`` and of ``hypic`` under each value of ``os.environ[name]``,
+    one request each per round, interleaved (a first round not counted: it compiles what a value
+    needs), each hypic value in a store of its own; medians and each value's overhead over
+    full_recompute's median."""
+    from _timing import env_vars
+
+    benches = {"full_recompute": ModeBench(model, spec, work, device, dtype, "full_recompute", "inline", 8, None,
+                                           "cold-ab-fr")}
+    for v in values:
+        benches[v] = ModeBench(model, spec, work, device, dtype, "hypic", "inline", 8, None, f"cold-ab-{v}")
+    samples = {k: [] for k in benches}
+    for r in range(rounds + 1):
+        for k, bench in benches.items():
+            if bench.store is not None:
+                bench.store.clear()  # every request cold, and the stores from filling the device
+            with env_vars(**({} if k == "full_recompute" else {name: k})):
+                ms = bench.run(prompt()).ttft_s * 1e3
+            if r:
+                samples[k].append(ms)
+    full = statistics.median(samples["full_recompute"])
+    out = {"env": name, "rounds": rounds, "ttft_ms": samples,
+           "ttft_p50_ms": {k: statistics.median(v) for k, v in samples.items()},
+           "overhead_vs_full_recompute": {k: statistics.median(v) / full - 1 for k, v in samples.items()
+                                          if k != "full_recompute"}}
+    print(f"cold A/B of {name}: full_recompute {full:.2f} ms; " + ", ".join(
+        f"{k} {out['ttft_p50_ms'][k]:.2f} ms ({out['overhead_vs_full_recompute'][k]:+.1%})" for k in values), flush=True)
+    for bench in benches.values():
+        bench.close()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -73,6 +107,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rows", type=int, default=40)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--ab-env", default=None,
+                    help="an environment switch to A/B on the cold hypic request in this process (e.g. HYPIC_ENTRY_WRITES)")
+    ap.add_argument("--ab-values", default="side,after", help="its values")
+    ap.add_argument("--ab-rounds", type=int, default=4)
+    ap.add_argument("--no-profile", action="store_true", help="the A/B only (no per-kernel diff)")
     args = ap.parse_args()
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
     with open(TINY if args.smoke else CONFIG) as f:
@@ -88,6 +127,14 @@ def main() -> None:
 
     res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "prompt_tokens": args.prompt_tokens,
            "segment_tokens": seg, "num_segments": num_segments, "modes": {}}
+    if args.ab_env:
+        res["ab"] = cold_ab(model, spec, work, device, dtype, prompt, args.ab_env, args.ab_values.split(","),
+                            args.ab_rounds)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "cold_diff.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        if args.no_profile:
+            return
     for mode in ("full_recompute", "hypic"):
         bench = ModeBench(model, spec, work, device, dtype, mode, "inline", 8, None, f"cold-diff-{mode}")
         for _ in range(2):

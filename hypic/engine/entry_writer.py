@@ -18,9 +18,24 @@ its tensors are that buffer's rows; its conv tails are noted as one buffer's row
 
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+ENV = "HYPIC_ENTRY_WRITES"
+MODES = ("side", "inline", "after")
+
+
+def entry_writes_mode() -> str:
+    """``HYPIC_ENTRY_WRITES``: ``side`` (default: each layer's rows copied on a side stream as
+    the layer records them), ``inline`` (the same copies on the forward's stream), ``after``
+    (every copy after the forward, on its stream, with every layer's records kept until then: the
+    former path), for A/B measurements."""
+    value = os.environ.get(ENV, "side")
+    if value not in MODES:
+        raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
+    return value
 
 from hypic.engine.pic_context import remember_tail_rows
 from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
@@ -44,7 +59,9 @@ class EntryWriter:
         self._linear_row = {layer: j for j, layer in enumerate(self.linear_layers)}
         self._attention_row = {layer: j for j, layer in enumerate(self.attention_layers)}
         device = torch.device(device)
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.mode = entry_writes_mode()
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" and self.mode == "side" else None
+        self._deferred: List[tuple] = []  # mode "after": (dsts, srcs) of every layer, copied in finish()
         # per write: field -> (buffer, its rows); allocated at the first layer that fills it
         self._buffers: List[Dict[str, tuple]] = [{} for _ in self.writes]
         self._summary_cls = None
@@ -96,10 +113,11 @@ class EntryWriter:
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
         self._copy(dsts, srcs, bases)
-        # every write's rows are queued: the summaries are needed no more (the decode caches take
-        # the tails and final states, which stay)
-        rec.write_summaries = None
-        rec.write_states = None
+        if self.mode != "after":
+            # every write's rows are queued: the summaries are needed no more (the decode caches
+            # take the tails and final states, which stay)
+            rec.write_summaries = None
+            rec.write_states = None
 
     def attention_done(self, layer_idx: int, rec) -> None:
         j = self._check_new(layer_idx, self._attention_row, "attention")
@@ -118,6 +136,12 @@ class EntryWriter:
         """``dsts[i] <- srcs[i]``, one multi-tensor copy per dtype; on CUDA on the side stream,
         after what the current stream has queued (which made the sources), the sources' memory
         kept from reuse until the copy has run."""
+        if self.mode == "after":
+            self._deferred.append((dsts, srcs))
+            return
+        self._copy_now(dsts, srcs, bases)
+
+    def _copy_now(self, dsts: List[torch.Tensor], srcs: List[torch.Tensor], bases: Sequence[torch.Tensor]) -> None:
         by_dtype: Dict[torch.dtype, tuple] = {}
         for d, s in zip(dsts, srcs):
             pair = by_dtype.setdefault(d.dtype, ([], []))
@@ -139,6 +163,11 @@ class EntryWriter:
         missing = [layer for layer in self.linear_layers + self.attention_layers if layer not in self._done]
         if self.writes and missing:
             raise ValueError(f"layers {missing} recorded nothing for the forward's writes")
+        if self._deferred:
+            dsts = [d for pair in self._deferred for d in pair[0]]
+            srcs = [t for pair in self._deferred for t in pair[1]]
+            self._deferred = []
+            self._copy_now(dsts, srcs, ())
         if self._stream is not None:
             torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
         entries = []
@@ -169,4 +198,4 @@ def entry_writer(layout: PackedLayout, linear_layers: Sequence[int], attention_l
     return EntryWriter(layout, linear_layers, attention_layers, device) if layout.writes else None
 
 
-__all__ = ["EntryWriter", "entry_writer"]
+__all__ = ["ENV", "EntryWriter", "MODES", "entry_writer", "entry_writes_mode"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hypic.engine import entry_writer
 from hypic.engine.entry_writer import EntryWriter
 from hypic.pic.modes import PICConfig
 from tests.engine.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
@@ -19,8 +20,10 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("mode", ["hypic", "prefix_cache"])
-def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(tiny, monkeypatch, mode):
+@pytest.mark.parametrize("mode,writes", [("hypic", "side"), ("prefix_cache", "side"), ("hypic", "after"),
+                                         ("prefix_cache", "inline")])
+def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(tiny, monkeypatch, mode, writes):
+    monkeypatch.setenv(entry_writer.ENV, writes)
     # Each layer's rows are copied when the layer has recorded them, and its summaries released
     # then; an entry's tensors are the rows of one buffer per field (its bytes exactly), never
     # shared with another entry or with the forward's records.
@@ -37,7 +40,8 @@ def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(ti
             else:
                 rows[i, layer_idx, "state"] = rec.write_states[i].clone()
         real_linear(self, layer_idx, rec)
-        assert rec.write_summaries is None and rec.write_states is None
+        # released once copied, except when every copy waits for the forward's end
+        assert (rec.write_summaries is None and rec.write_states is None) == (writes != "after")
 
     def attention_done(self, layer_idx, rec):
         for i, (a, z) in enumerate(self.key_rows):
@@ -115,3 +119,10 @@ def test_writer_checks_its_calls(tiny):
     fresh = EntryWriter(seen["ctx"].layout, spec.linear_layer_ids, attention, torch.device("cpu"))
     with pytest.raises(ValueError, match="recorded nothing"):
         fresh.finish()
+
+
+def test_mode_switch_is_validated(monkeypatch):
+    assert entry_writer.entry_writes_mode() == "side"
+    monkeypatch.setenv(entry_writer.ENV, "later")
+    with pytest.raises(ValueError, match="HYPIC_ENTRY_WRITES"):
+        entry_writer.entry_writes_mode()
