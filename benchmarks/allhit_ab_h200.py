@@ -166,18 +166,8 @@ def main():
             row["gaps"] = gpu_gaps(prof)
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, GPU idle gaps ==\n" + gaps_text(row["gaps"]))
             # Where the host time goes at the Python level (the request is host-bound).
-            import cProfile
-            import io
-            import pstats
-
-            py_prof = cProfile.Profile()
-            py_prof.enable()
-            bench.run(prompt)
-            sync()
-            py_prof.disable()
-            buf = io.StringIO()
-            pstats.Stats(py_prof, stream=buf).sort_stats("tottime").print_stats(45)
-            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, Python functions by own time ==\n" + buf.getvalue())
+            texts.append(f"== {args.tag}: all-hit {prompt_tokens}, Python functions by own time ==\n"
+                         + python_profile(bench, prompt, sync, "tottime", 45))
         if args.fresh_graphs_profile:
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, graphs not kept, Python by cumulative time ==\n"
                          + fresh_graphs_profile(bench, prompt, sync))
@@ -195,24 +185,29 @@ def main():
         f.write("\n\n".join(texts))
 
 
-def fresh_graphs_profile(bench, prompt, sync, top: int = 70) -> str:
-    """cProfile of one request under ``HYPIC_KEPT_LAYOUTS=0`` (after one untimed such request):
-    what a request of a layout whose core graphs are not kept spends host time on."""
+def python_profile(bench, prompt, sync, sort: str, top: int) -> str:
+    """cProfile of one request, its ``top`` functions by ``sort``."""
     import cProfile
     import io
     import pstats
 
+    py_prof = cProfile.Profile()
+    py_prof.enable()
+    bench.run(prompt)
+    sync()
+    py_prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(py_prof, stream=buf).sort_stats(sort).print_stats(top)
+    return buf.getvalue()
+
+
+def fresh_graphs_profile(bench, prompt, sync, top: int = 70) -> str:
+    """cProfile of one request under ``HYPIC_KEPT_LAYOUTS=0`` (after one untimed such request):
+    what a request of a layout whose core graphs are not kept spends host time on."""
     with env_vars(HYPIC_KEPT_LAYOUTS="0"):
         bench.run(prompt)
         sync()
-        py_prof = cProfile.Profile()
-        py_prof.enable()
-        bench.run(prompt)
-        sync()
-        py_prof.disable()
-    buf = io.StringIO()
-    pstats.Stats(py_prof, stream=buf).sort_stats("cumulative").print_stats(top)
-    return buf.getvalue()
+        return python_profile(bench, prompt, sync, "cumulative", top)
 
 
 def interleaved_ab(bench, prompt, name: str, values, repeats: int) -> dict:

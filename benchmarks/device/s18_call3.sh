@@ -17,7 +17,7 @@ echo "pytest rc=$? after $(( $(date +%s) - T0 )) s" >> $R/pytest_cuda.txt; pack
 (cd benchmarks && timeout 170 python3 cold_diff_h200.py --out $R --ab-env HYPIC_ENTRY_WRITES --ab-values side,inline,after \
   --ab-rounds 4 --no-profile > $R/cold_ab_stdout.txt 2>&1
  echo "cold_ab rc=$? after $(( $(date +%s) - T0 )) s" >> $R/cold_ab_stdout.txt); pack
-LEFT=$(( 570 - ($(date +%s) - T0) ))
+LEFT=$(( 530 - ($(date +%s) - T0) ))
 timeout $LEFT python3 -m hypic bench ttft "${MODEL[@]}" --modes prefix_cache,hypic --cases all_hit,rag \
   --query-tokens 64 --doc-tokens 256,2048 --system-tokens 256 --rag-query-tokens 32,64 --no-progress \
   --prompt-tokens 32768,8192 --segment-tokens 512 --num-requests 8 --cold-requests 3 --store-bytes 36GiB \
