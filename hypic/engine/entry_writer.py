@@ -5,10 +5,12 @@ each in fp32 at Qwen3.5-35B-A3B widths) and conv tail, and per attention layer i
 ~8 GiB of entries. Copied after the forward, by one multi-tensor copy per dtype, that took 5.0 ms
 of GPU time after the forward's last kernel on the H200 (session 18 call 1: ``multi_tensor_apply``
 in ``benchmarks/cold_diff_h200.py``'s table, of a 47.5 ms summary overhead), and every layer's
-records lived until then. Here each layer's rows are copied into the entries' buffers as soon as
-the layer has recorded them, on a side stream, while the next layers compute, and the layer's
-summaries are released at once (their memory is reused only after the copy has run:
-``record_stream``).
+records lived until then. The writer is told when each layer's records are complete; by
+:func:`entry_writes_mode` it then either keeps them for one copy after the forward (the
+default), or copies the layer's rows into the entries' buffers at once, on a side stream while
+the next layers compute, and releases the layer's summaries (their memory reused only after the
+copy has run: ``record_stream``). The second mode was faster on a cold 32k prompt and slower
+on smaller forwards with writes (:func:`entry_writes_mode` has the numbers).
 
 Each entry owns one buffer per field (``transition``, ``state``, ``tail`` over its linear layers,
 ``key``, ``value`` over its attention layers), so evicting the entry frees exactly its bytes, and
@@ -28,11 +30,21 @@ MODES = ("side", "inline", "after")
 
 
 def entry_writes_mode() -> str:
-    """``HYPIC_ENTRY_WRITES``: ``side`` (default: each layer's rows copied on a side stream as
-    the layer records them), ``inline`` (the same copies on the forward's stream), ``after``
-    (every copy after the forward, on its stream, with every layer's records kept until then: the
-    former path), for A/B measurements."""
-    value = os.environ.get(ENV, "side")
+    """``HYPIC_ENTRY_WRITES``: ``after`` (default: every copy after the forward, on its stream,
+    every layer's records kept until then), ``side`` (each layer's rows copied on a side stream
+    as the layer records them, its summaries released then) or ``inline`` (the same copies on the
+    forward's stream).
+
+    Why ``after`` is the default (H200, session 18 call 3): ``side`` took the cold 32k request's
+    summary overhead from +6.1% to +5.5% (720.35 against 724.72 ms, full_recompute 682.75;
+    interleaved in one process, 4 rounds), but in the same call's TTFT run ``prefix_cache``'s
+    8k requests (16 checkpoint writes each) took 247.6 / 258.3 ms against 187.6 / 177.4 in
+    session 16, and hypic's RAG requests (a few cold segments written, host-bound) 97.3 / 50.7 ms
+    against 87.9 / 45.5; ``inline`` had two of four cold 32k requests at 1,022 and 1,150 ms.
+    The cause is not pinned down (no device time was left to isolate it): the per-layer host
+    work of the copies, which a host-bound forward pays in full, and releasing each layer's
+    records while later layers allocate are the candidates."""
+    value = os.environ.get(ENV, "after")
     if value not in MODES:
         raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
     return value
@@ -61,7 +73,10 @@ class EntryWriter:
         device = torch.device(device)
         self.mode = entry_writes_mode()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" and self.mode == "side" else None
-        self._deferred: List[tuple] = []  # mode "after": (dsts, srcs) of every layer, copied in finish()
+        # mode "after": each layer's records as it ends (nothing done per layer: a cached request
+        # with a few cold segments is host-bound), then every (dsts, srcs), copied in finish()
+        self._stashed: List[tuple] = []
+        self._deferred: List[tuple] = []
         # per write: field -> (buffer, its rows); allocated at the first layer that fills it
         self._buffers: List[Dict[str, tuple]] = [{} for _ in self.writes]
         self._summary_cls = None
@@ -87,6 +102,26 @@ class EntryWriter:
         j = self._check_new(layer_idx, self._linear_row, "linear")
         if not self.writes:
             return
+        if self.mode == "after":
+            self._stashed.append((self._linear, j, rec))
+            return
+        self._linear(j, rec)
+        # every write's rows are queued: the summaries are needed no more (the decode caches take
+        # the tails and final states, which stay)
+        rec.write_summaries = None
+        rec.write_states = None
+
+    def attention_done(self, layer_idx: int, rec) -> None:
+        j = self._check_new(layer_idx, self._attention_row, "attention")
+        if not self.writes:
+            return
+        if self.mode == "after":
+            self._stashed.append((self._attention, j, rec))
+            return
+        self._attention(j, rec)
+
+    def _linear(self, j: int, rec) -> None:
+        """Queue the copies of linear layer row ``j``'s records (every write's)."""
         count = len(self.linear_layers)
         tails = rec.tails.unbind(0)
         summaries = None
@@ -113,16 +148,9 @@ class EntryWriter:
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
         self._copy(dsts, srcs, bases)
-        if self.mode != "after":
-            # every write's rows are queued: the summaries are needed no more (the decode caches
-            # take the tails and final states, which stay)
-            rec.write_summaries = None
-            rec.write_states = None
 
-    def attention_done(self, layer_idx: int, rec) -> None:
-        j = self._check_new(layer_idx, self._attention_row, "attention")
-        if not self.writes:
-            return
+    def _attention(self, j: int, rec) -> None:
+        """Queue the copies of attention layer row ``j``'s K/V (every write's rows)."""
         count = len(self.attention_layers)
         dsts: List[torch.Tensor] = []
         srcs: List[torch.Tensor] = []
@@ -163,6 +191,9 @@ class EntryWriter:
         missing = [layer for layer in self.linear_layers + self.attention_layers if layer not in self._done]
         if self.writes and missing:
             raise ValueError(f"layers {missing} recorded nothing for the forward's writes")
+        for collect, j, rec in self._stashed:  # mode "after": every layer's rows now
+            collect(j, rec)
+        self._stashed = []
         if self._deferred:
             dsts = [d for pair in self._deferred for d in pair[0]]
             srcs = [t for pair in self._deferred for t in pair[1]]

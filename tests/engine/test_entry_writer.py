@@ -122,7 +122,7 @@ def test_writer_checks_its_calls(tiny):
 
 
 def test_mode_switch_is_validated(monkeypatch):
-    assert entry_writer.entry_writes_mode() == "side"
+    assert entry_writer.entry_writes_mode() == "after"
     monkeypatch.setenv(entry_writer.ENV, "later")
     with pytest.raises(ValueError, match="HYPIC_ENTRY_WRITES"):
         entry_writer.entry_writes_mode()
