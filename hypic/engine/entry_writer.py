@@ -99,26 +99,24 @@ class EntryWriter:
         return table[layer_idx]
 
     def linear_done(self, layer_idx: int, rec) -> None:
-        j = self._check_new(layer_idx, self._linear_row, "linear")
-        if not self.writes:
-            return
-        if self.mode == "after":
-            self._stashed.append((self._linear, j, rec))
-            return
-        self._linear(j, rec)
-        # every write's rows are queued: the summaries are needed no more (the decode caches take
-        # the tails and final states, which stay)
-        rec.write_summaries = None
-        rec.write_states = None
+        if self._take(self._check_new(layer_idx, self._linear_row, "linear"), rec, self._linear):
+            # every write's rows are queued: the summaries are needed no more (the decode caches
+            # take the tails and final states, which stay)
+            rec.write_summaries = None
+            rec.write_states = None
 
     def attention_done(self, layer_idx: int, rec) -> None:
-        j = self._check_new(layer_idx, self._attention_row, "attention")
+        self._take(self._check_new(layer_idx, self._attention_row, "attention"), rec, self._attention)
+
+    def _take(self, j: int, rec, collect) -> bool:
+        """``collect(j, rec)`` now, or in :meth:`finish` under mode ``after``; whether now."""
         if not self.writes:
-            return
+            return False
         if self.mode == "after":
-            self._stashed.append((self._attention, j, rec))
-            return
-        self._attention(j, rec)
+            self._stashed.append((collect, j, rec))
+            return False
+        collect(j, rec)
+        return True
 
     def _linear(self, j: int, rec) -> None:
         """Queue the copies of linear layer row ``j``'s records (every write's)."""

@@ -17,20 +17,26 @@ the core's Python, checks and launches.
 
 A graph is valid for the layout it was captured over: a :class:`LayerReplays` belongs to one
 layout. **Across forwards** (:class:`LayoutGraphs`) the runner keeps the graphs of the last few
-layouts by their signature (every index table's size and the host-read tables' values, so every
-host-side decision of a core and every shape is the same): a later forward of that signature
-builds its index tables into the kept layout's device buffer, and its every layer, the first two
-included, replays. Those first two otherwise cost ~9 ms of an all-hit 32k request on the H200
-(layer 0's cores eager, layer 1's captured, with the GPU waiting for the host; session 15 call 3
-timeline: 5.3 and 7.5 ms against 1.8 for every later linear layer). The all-hit requests of one
-pool in new orders share a signature; requests of other segment counts or lengths do not. What a
-graph reads besides its inputs and the layout's tables (tables derived from them on the host,
-:mod:`hypic.ops.linear._layout_tables`) lives as long as the kept layout does. Graphs are
-dropped when the next forward starts, never while a replay of theirs may still be queued. A call whose inputs do not fit the capture (an input that was read
-in place moved, a shape or dtype changed, an input became None) runs eagerly; a core whose
-capture fails (e.g. a host sync in its path) runs eagerly for the rest of the forward.
-**Outputs are the graph's own buffers**, rewritten by the next replay of the same core: consume
-them, or clone what is kept, before the core runs again.
+layouts whose signature it has seen twice, by that signature (every index table's size and the
+host-read tables' values, so every host-side decision of a core and every shape is the same): a
+later forward of that signature builds its index tables into the kept layout's device buffer,
+and its every layer, the first two included, replays. Those first two otherwise cost ~9 ms of an
+all-hit 32k request on the H200 (layer 0's cores eager, layer 1's captured, with the GPU waiting
+for the host; session 15 call 3 timeline: 5.3 and 7.5 ms against 1.8 for every later linear
+layer; with the graphs kept, session 18 call 1: 2.3 and 1.6 ms, TTFT 69.5 ms). The all-hit
+requests of one pool in new orders share a signature; requests of other segment counts or
+lengths do not. What a graph reads besides its inputs and the layout's tables (tables derived
+from them on the host, :mod:`hypic.ops.linear._layout_tables`) lives as long as the kept layout
+does. Graphs are dropped when the next forward starts, never while a replay of theirs may still
+be queued.
+
+A call whose inputs do not fit the capture (an input that was read in place moved, a shape or
+dtype changed, an input became None) runs eagerly; a core whose capture fails (e.g. a host sync
+in its path) runs eagerly for the rest of the forward. A core is never captured at its first
+call: on torch 2.11 a capture that fails leaves the graph pool unusable for every later capture
+(session 18 call 1, ``benchmarks/graph_capture_probe_h200.py``), and the first call of new shapes
+may compile or autotune. **Outputs are the graph's own buffers**, rewritten by the next replay
+of the same core: consume them, or clone what is kept, before the core runs again.
 """
 
 from __future__ import annotations
@@ -202,18 +208,30 @@ class _Kept:
         self.replays = replays
 
 
+SEEN_SIGNATURES = 64  # signatures remembered (not kept) so that a second forward of one is kept
+
+
 class LayoutGraphs:
     """The :class:`LayerReplays` of the last ``max_layouts`` layouts, by
     :attr:`~hypic.engine.pic_layout.PackedLayout.index_signature`, least recently used dropped
     first. ``buffer_for(signature)`` gives ``build_layout`` the device buffer of a kept layout to
-    copy its tables into; ``replays_for(layout, make)`` then gives that layout's graphs (a
-    layout built elsewhere, or a new signature, gets ``make()``'s, kept from then on)."""
+    copy its tables into; ``replays_for(layout, make)`` then gives that layout's graphs, or
+    ``make()``'s for a layout not kept.
+
+    **A signature is kept from its second forward on** (among the last :data:`SEEN_SIGNATURES`
+    seen): the all-hit requests of one pool share theirs, while a RAG trace's requests rarely
+    do (their segment counts and lengths differ), and their graphs are then dropped at the next
+    forward as before keeping existed, instead of holding memory and evicting layouts that do
+    repeat. (Session 18 call 3 measured hypic's RAG requests 97.3 / 50.7 ms at 32k / 8k with every
+    layout kept, against 87.9 / 45.5 in sessions 15-16 on other machines; the cause is not
+    pinned down, and this admission rule was not run on the device.)"""
 
     def __init__(self, max_layouts: Optional[int] = None) -> None:
         if max_layouts is not None and (not isinstance(max_layouts, int) or max_layouts < 0):
             raise ValueError(f"max_layouts must be an int >= 0 or None, got {max_layouts!r}")
         self._max_layouts = max_layouts
         self._kept: "OrderedDict[tuple, _Kept]" = OrderedDict()
+        self._seen: "OrderedDict[tuple, None]" = OrderedDict()  # signatures seen once, newest last
         self.num_reused = 0  # forwards that found their layout's graphs kept
 
     @property
@@ -248,15 +266,22 @@ class LayoutGraphs:
             return kept.replays
         replays = make()
         if signature is not None and layout.index_device is not None:
-            self._kept[signature] = _Kept(layout, replays)
-            self._kept.move_to_end(signature)
+            if signature in self._kept or signature in self._seen:
+                self._seen.pop(signature, None)
+                self._kept[signature] = _Kept(layout, replays)
+                self._kept.move_to_end(signature)
+            else:
+                self._seen[signature] = None
+                while len(self._seen) > SEEN_SIGNATURES:
+                    self._seen.popitem(last=False)
         while len(self._kept) > limit:
             self._kept.popitem(last=False)
         return replays
 
     def clear(self) -> None:
         self._kept.clear()
+        self._seen.clear()
 
 
-__all__ = ["CudaGraphBackend", "ENV", "KEPT_ENV", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS", "kept_layouts",
-           "layer_graphs_enabled"]
+__all__ = ["CudaGraphBackend", "ENV", "KEPT_ENV", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS", "SEEN_SIGNATURES",
+           "kept_layouts", "layer_graphs_enabled"]

@@ -177,20 +177,31 @@ def test_layout_graphs_keep_the_last_layouts_by_signature():
         made.append(LayerReplays(RecordingBackend()))
         return made[-1]
 
-    a = _Layout("A", torch.zeros(4, dtype=torch.long))
-    assert kept.buffer_for("A") is None and not kept.keeps(a)
-    first = kept.replays_for(a, make)
-    assert kept.buffer_for("A") is a.index_device and kept.keeps(a)
-    again = _Layout("A", a.index_device)  # a later layout built into the kept buffer
-    assert kept.replays_for(again, make) is first and kept.num_reused == 1 and len(made) == 1
-    elsewhere = _Layout("A", torch.zeros(4, dtype=torch.long))  # same signature, its own buffer
+    def layout(sig, buffer=None):
+        return _Layout(sig, torch.zeros(4, dtype=torch.long) if buffer is None else buffer)
+
+    seen_once = layout("A")
+    kept.replays_for(seen_once, make)  # a signature's first forward: remembered, not kept
+    assert kept.buffer_for("A") is None and not kept.keeps(seen_once) and len(kept) == 0
+    a = layout("A")
+    first = kept.replays_for(a, make)  # its second: kept from now on
+    assert first is made[-1] and kept.buffer_for("A") is a.index_device and kept.keeps(a)
+    again = layout("A", a.index_device)  # a later layout built into the kept buffer
+    assert kept.replays_for(again, make) is first and kept.num_reused == 1 and len(made) == 2
+    elsewhere = layout("A")  # same signature, its own buffer
     assert not kept.keeps(elsewhere)
     replaced = kept.replays_for(elsewhere, make)
     assert replaced is not first and kept.buffer_for("A") is elsewhere.index_device
-    kept.replays_for(_Layout("B", torch.zeros(2, dtype=torch.long)), make)
-    kept.replays_for(_Layout("A", elsewhere.index_device), make)  # A used last: B is the oldest
-    kept.replays_for(_Layout("C", torch.zeros(2, dtype=torch.long)), make)
+    for sig in ("B", "B"):
+        kept.replays_for(layout(sig), make)
+    kept.replays_for(layout("A", elsewhere.index_device), make)  # A used last: B is the oldest
+    for sig in ("C", "C"):
+        kept.replays_for(layout(sig), make)
     assert len(kept) == 2 and kept.buffer_for("B") is None and kept.buffer_for("A") is not None
+    for i in range(layer_graphs.SEEN_SIGNATURES + 1):  # signatures seen once are forgotten in turn
+        kept.replays_for(layout(("D", i)), make)
+    kept.replays_for(layout(("D", 0)), make)
+    assert kept.buffer_for(("D", 0)) is None
     none_kept = layer_graphs.LayoutGraphs(max_layouts=0)
     assert none_kept.replays_for(a, make) is made[-1]
     assert len(none_kept) == 0 and none_kept.buffer_for("A") is None
@@ -202,7 +213,8 @@ def test_layout_graphs_keep_the_last_layouts_by_signature():
 def test_kept_layouts_switch(monkeypatch):
     kept = layer_graphs.LayoutGraphs()
     assert kept.max_layouts == layer_graphs.MAX_KEPT_LAYOUTS
-    kept.replays_for(_Layout("A", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
+    for _ in range(2):
+        kept.replays_for(_Layout("A", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
     monkeypatch.setenv(layer_graphs.KEPT_ENV, "0")  # read at every call: an A/B in one process
     assert kept.buffer_for("A") is None
     other = kept.replays_for(_Layout("B", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
@@ -255,15 +267,17 @@ def test_all_hit_forwards_of_one_signature_replay_every_layer_from_the_kept_grap
     monkeypatch.setattr(runner, "_core_graphs_on", lambda: True)
     monkeypatch.setattr(runner, "_replays_backend", RecordingBackend)
     monkeypatch.setattr(runner, "_max_core_graph_tokens", lambda: 1 << 20)
-    first = run(orders[1], 61)
+    run(orders[2], 90)  # the signature's first forward: its graphs are not kept
+    assert len(runner.layout_graphs) == 0
+    first = run(orders[1], 61)  # its second: kept
     replays = runner._replays
     assert replays is not None and replays.num_captures >= 1, replays.failures()
     captures, done = replays.num_captures, replays.num_replays
     second = run(orders[2], 62)
     assert runner._replays is replays and runner.layout_graphs.num_reused == 1
     assert replays.num_captures == captures and replays.num_replays == done + num_linear
-    other = run(orders[3], 70, num_segs=3)
-    assert runner._replays is not replays and len(runner.layout_graphs) == 2
+    other = run(orders[3], 70, num_segs=3)  # another signature, seen once: not kept
+    assert runner._replays is not replays and len(runner.layout_graphs) == 1
     for got, want in zip((first, second, other), eager):
         torch.testing.assert_close(got.logits, want.logits)
         for a, b in zip(got.cache.layers, want.cache.layers):

@@ -66,10 +66,11 @@ def test_cached_request_on_cuda_matches_cpu_with_and_without_graphs():
 
 
 def test_requests_of_one_layout_signature_replay_the_kept_graphs_on_cuda():
-    # A later all-hit request of the same pool in another order builds its tables into the kept
-    # layout's buffer and replays every linear layer's cores, the first two included. Between
-    # requests, freed device memory is overwritten: a table a kept graph reads that had been
-    # freed (the derived tables live as long as the capturing layout) would show here.
+    # A later all-hit request of the same pool in another order (once the signature was seen
+    # twice) builds its tables into the kept layout's buffer and replays every linear layer's
+    # cores, the first two included. Between requests, freed device memory is overwritten: a
+    # table a kept graph reads that had been freed (the derived tables live as long as the
+    # capturing layout) would show here.
     spec, model = tiny_model(seed=3, layer_types=DEEP_LAYER_TYPES)
     model = model.cuda()
     segs = [random_segment(40 + 8 * i, seed=10 + i) for i in range(5)]
@@ -83,6 +84,8 @@ def test_requests_of_one_layout_signature_replay_the_kept_graphs_on_cuda():
     for i, order in enumerate(orders):
         eager.append(gpu.run([segs[j] for j in order], random_segment(12, seed=100 + i))[1])
     gpu.runner.graphs = graphs
+    gpu.run([segs[j] for j in orders[0]], random_segment(12, seed=99))  # the signature seen once: not kept
+    assert len(gpu.runner.layout_graphs) == 0
     got = []
     for i, order in enumerate(orders):
         got.append(gpu.run([segs[j] for j in order], random_segment(12, seed=100 + i))[1])
