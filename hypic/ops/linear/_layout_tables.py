@@ -19,6 +19,21 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 
+class ByIdentity:
+    """A key part equal only to a wrapper of the same object (a tensor's ``==`` is elementwise)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ByIdentity) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
 class LayoutTables:
     """``get(cu, cu_cpu, key, build)``: ``build()``'s answer for the device tensor ``cu`` (by
     identity, weakly), its host copy ``cu_cpu`` (by identity) and ``key`` (by equality), built
@@ -42,4 +57,4 @@ class LayoutTables:
         return len(self._by_cu)
 
 
-__all__ = ["LayoutTables"]
+__all__ = ["ByIdentity", "LayoutTables"]

@@ -21,12 +21,13 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from hypic.ops.linear._layout_tables import ByIdentity, LayoutTables
+
 ENV = "HYPIC_COLD_SUMMARIES"
 COLD_SUMMARY_MODES = ("walk", "fla")
 DEFAULT_COLD_SUMMARIES = "walk"
 _KERNEL = None
-_WRITTEN_ROWS: list = []  # (cu_chains, spans, num_spans, answer), most recent first
-_MAX_WRITTEN_ROWS = 8
+_TABLES = LayoutTables()  # the written span rows of a forward's layout tensors, kept while they live
 
 
 def cold_summaries_mode() -> str:
@@ -59,25 +60,22 @@ def written_span_rows(cu_chains: torch.Tensor, spans: Union[torch.Tensor, Tuple[
     cold prefill needs nearly all of them, a written body's and the next seam's), so written span
     s enters with row s and leaves with row s + 1, or, as the last element of its chain, with
     that chain's final state (``-chain - 1``). Every linear layer of a forward asks with the same
-    layout tensors: the answer is kept for them (by identity, as the chunk tables are)."""
+    layout tensors: the answer is kept for them while ``cu_chains`` lives (by identity, as the
+    chunk tables are: :class:`~hypic.ops.linear._layout_tables.LayoutTables`)."""
     from hypic.ops.linear.transition import span_ids
 
-    for held_cu, held_spans, held_num, rows in _WRITTEN_ROWS:
-        if held_cu is cu_chains and held_num == num_spans and (
-                held_spans is spans or (isinstance(spans, tuple) and isinstance(held_spans, tuple)
-                                        and held_spans == spans)):
-            return rows
-    device = cu_chains.device
-    ids = span_ids(spans, num_spans, device)
-    cu = cu_chains.to(torch.int64)
-    chain = torch.searchsorted(cu, ids, right=True) - 1
-    chain_end = cu[(chain + 1).clamp(max=cu.numel() - 1)]
-    exit_rows = torch.where(ids + 1 < chain_end, ids + 1, -chain - 1)
-    record_rows = torch.arange(num_spans, dtype=torch.int64, device=device)
-    rows = (record_rows, num_spans, torch.stack([ids, exit_rows]))
-    _WRITTEN_ROWS.insert(0, (cu_chains, spans, num_spans, rows))
-    del _WRITTEN_ROWS[_MAX_WRITTEN_ROWS:]
-    return rows
+    def build():
+        device = cu_chains.device
+        ids = span_ids(spans, num_spans, device)
+        cu = cu_chains.to(torch.int64)
+        chain = torch.searchsorted(cu, ids, right=True) - 1
+        chain_end = cu[(chain + 1).clamp(max=cu.numel() - 1)]
+        exit_rows = torch.where(ids + 1 < chain_end, ids + 1, -chain - 1)
+        record_rows = torch.arange(num_spans, dtype=torch.int64, device=device)
+        return record_rows, num_spans, torch.stack([ids, exit_rows])
+
+    which = tuple(spans) if isinstance(spans, tuple) else ByIdentity(spans)
+    return _TABLES.get(cu_chains, None, ("written_span_rows", num_spans, which), build)
 
 
 def _check(trans, incoming, final, rows) -> None:
