@@ -1,0 +1,98 @@
+"""RAG-trace TTFT of ``hypic`` under each value of an environment switch, interleaved in one
+process (issue 6).
+
+The TTFT bench runs a switch's values in separate processes, on which machine drift (~4 ms of an
+all-hit request between H200 hosts) lands as if it were the switch's effect. Here the trace of
+``hypic bench ttft --cases rag`` (same defaults: documents of 256-2048 tokens in 512-token
+segments, Zipf popularity, a 256-token system prompt, 32-64-token questions) warms one store
+until the corpus is cached, then each measured request runs once per value in turn (after a
+round of other requests, not counted). Session 18 call 3 measured hypic's RAG requests 97.3 / 50.7 ms at 32k / 8k
+against 87.9 / 45.5 in sessions 15-16 on other machines; ``--ab-env HYPIC_KEPT_LAYOUTS
+--ab-values 4,0`` says whether keeping core graphs across layouts costs RAG anything.
+
+    cd benchmarks && python3 rag_ab_h200.py --out OUT --ab-env HYPIC_KEPT_LAYOUTS --ab-values 4,0
+
+Writes OUT/rag_ab.json (per prompt size: TTFT samples and medians per value) and prints them.
+``--smoke``: CPU, the embedded tiny config, short prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from hypic.bench.floor import WorkModel  # noqa: E402
+from hypic.bench.rag_trace import RagTrace, RagTraceConfig  # noqa: E402
+from hypic.bench.ttft_mode import ModeBench  # noqa: E402
+from hypic.models.loader import build_dummy_model  # noqa: E402
+
+from _timing import env_vars  # noqa: E402  (benchmarks/, the script's folder)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIG = os.path.join(HERE, "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
+TINY = os.path.join(HERE, "..", "hypic", "assets", "tiny", "config.json")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--prompts", default="32768,8192", help="target prompt tokens, comma-separated")
+    ap.add_argument("--requests", type=int, default=8, help="measured requests per prompt size")
+    ap.add_argument("--warmup-requests", type=int, default=2)
+    ap.add_argument("--ab-env", required=True)
+    ap.add_argument("--ab-values", default="4,0")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
+    with open(TINY if args.smoke else CONFIG) as f:
+        spec, model = build_dummy_model(json.load(f), dtype=dtype, device=device, seed=0)
+    work = WorkModel(spec, model)
+    values = args.ab_values.split(",")
+    res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "env": args.ab_env, "rows": []}
+    for prompt_tokens in (int(p) for p in args.prompts.split(",")):
+        if args.smoke:
+            config = RagTraceConfig(vocab_size=spec.vocab_size, prompt_tokens=min(prompt_tokens, 256),
+                                    segment_tokens=32, doc_tokens_min=16, doc_tokens_max=64, system_tokens=16,
+                                    query_tokens_min=4, query_tokens_max=8)
+        else:
+            config = RagTraceConfig(vocab_size=spec.vocab_size, prompt_tokens=prompt_tokens, segment_tokens=512)
+        trace = RagTrace(config)
+        bench = ModeBench(model, spec, work, device, dtype, "hypic", "inline", 8, None, f"rag-ab-{prompt_tokens}")
+        for r in trace.warmup_requests(args.warmup_requests):
+            bench.run(r.prompt)  # until every document is cached
+        samples = {v: [] for v in values}
+        live = []
+        # Round 0 (requests of their own stream) compiles what each value needs; round 1 is
+        # timed. Each request runs once per value, in the given order: with
+        # ``HYPIC_KEPT_LAYOUTS`` first among its values, its first run is the layout's first
+        # forward (as every RAG request's is), and a value of 0 neither keeps nor remembers it.
+        for stream in ("first", "measure"):
+            for request in trace.requests(args.requests, stream=stream):
+                for v in values:
+                    with env_vars(**{args.ab_env: v}):
+                        sample = bench.run(request.prompt)
+                    if stream == "measure":
+                        samples[v].append(sample.ttft_s * 1e3)
+                        live.append(sample.live_tokens)
+        row = {"prompt_tokens": prompt_tokens, "requests": args.requests, "live_tokens_mean": statistics.mean(live),
+               "ttft_ms": samples, "ttft_p50_ms": {v: statistics.median(t) for v, t in samples.items()}}
+        res["rows"].append(row)
+        print(f"rag {prompt_tokens}: " + ", ".join(f"{args.ab_env}={v} {row['ttft_p50_ms'][v]:.2f} ms" for v in values)
+              + f" (live tokens {row['live_tokens_mean']:.0f})", flush=True)
+        bench.close()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "rag_ab.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
