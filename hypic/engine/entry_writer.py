@@ -74,9 +74,8 @@ class EntryWriter:
         self.mode = entry_writes_mode()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" and self.mode == "side" else None
         # mode "after": each layer's records as it ends (nothing done per layer: a cached request
-        # with a few cold segments is host-bound), then every (dsts, srcs), copied in finish()
+        # with a few cold segments is host-bound), collected and copied in finish()
         self._stashed: List[tuple] = []
-        self._deferred: List[tuple] = []
         # per write: field -> (buffer, its rows); allocated at the first layer that fills it
         self._buffers: List[Dict[str, tuple]] = [{} for _ in self.writes]
         self._summary_cls = None
@@ -109,17 +108,19 @@ class EntryWriter:
         self._take(self._check_new(layer_idx, self._attention_row, "attention"), rec, self._attention)
 
     def _take(self, j: int, rec, collect) -> bool:
-        """``collect(j, rec)`` now, or in :meth:`finish` under mode ``after``; whether now."""
+        """Copy what ``collect(j, rec)`` gives now, or in :meth:`finish` under mode ``after``;
+        whether now."""
         if not self.writes:
             return False
         if self.mode == "after":
             self._stashed.append((collect, j, rec))
             return False
-        collect(j, rec)
+        self._copy(*collect(j, rec))
         return True
 
-    def _linear(self, j: int, rec) -> None:
-        """Queue the copies of linear layer row ``j``'s records (every write's)."""
+    def _linear(self, j: int, rec) -> tuple:
+        """``(dsts, srcs, bases)``: every write's copies of linear layer row ``j``'s records, and
+        the tensors those sources are views of."""
         count = len(self.linear_layers)
         tails = rec.tails.unbind(0)
         summaries = None
@@ -145,10 +146,10 @@ class EntryWriter:
             for field, src in pairs:
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
-        self._copy(dsts, srcs, bases)
+        return dsts, srcs, bases
 
-    def _attention(self, j: int, rec) -> None:
-        """Queue the copies of attention layer row ``j``'s K/V (every write's rows)."""
+    def _attention(self, j: int, rec) -> tuple:
+        """``(dsts, srcs, bases)`` of attention layer row ``j``'s K/V (every write's rows)."""
         count = len(self.attention_layers)
         dsts: List[torch.Tensor] = []
         srcs: List[torch.Tensor] = []
@@ -156,18 +157,12 @@ class EntryWriter:
             for field, src in (("key", rec.keys[a:z]), ("value", rec.values[a:z])):
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
-        self._copy(dsts, srcs, [rec.keys, rec.values])
+        return dsts, srcs, [rec.keys, rec.values]
 
     def _copy(self, dsts: List[torch.Tensor], srcs: List[torch.Tensor], bases: Sequence[torch.Tensor]) -> None:
-        """``dsts[i] <- srcs[i]``, one multi-tensor copy per dtype; on CUDA on the side stream,
-        after what the current stream has queued (which made the sources), the sources' memory
-        kept from reuse until the copy has run."""
-        if self.mode == "after":
-            self._deferred.append((dsts, srcs))
-            return
-        self._copy_now(dsts, srcs, bases)
-
-    def _copy_now(self, dsts: List[torch.Tensor], srcs: List[torch.Tensor], bases: Sequence[torch.Tensor]) -> None:
+        """``dsts[i] <- srcs[i]``, one multi-tensor copy per dtype; on CUDA under mode ``side`` on
+        the side stream, after what the current stream has queued (which made the sources), the
+        sources' memory kept from reuse until the copy has run."""
         by_dtype: Dict[torch.dtype, tuple] = {}
         for d, s in zip(dsts, srcs):
             pair = by_dtype.setdefault(d.dtype, ([], []))
@@ -189,14 +184,15 @@ class EntryWriter:
         missing = [layer for layer in self.linear_layers + self.attention_layers if layer not in self._done]
         if self.writes and missing:
             raise ValueError(f"layers {missing} recorded nothing for the forward's writes")
-        for collect, j, rec in self._stashed:  # mode "after": every layer's rows now
-            collect(j, rec)
-        self._stashed = []
-        if self._deferred:
-            dsts = [d for pair in self._deferred for d in pair[0]]
-            srcs = [t for pair in self._deferred for t in pair[1]]
-            self._deferred = []
-            self._copy_now(dsts, srcs, ())
+        if self._stashed:  # mode "after": every layer's rows now, in one copy per dtype
+            dsts: List[torch.Tensor] = []
+            srcs: List[torch.Tensor] = []
+            for collect, j, rec in self._stashed:
+                d, s, _ = collect(j, rec)
+                dsts += d
+                srcs += s
+            self._stashed = []
+            self._copy(dsts, srcs, ())
         if self._stream is not None:
             torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
         entries = []

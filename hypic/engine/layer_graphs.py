@@ -278,10 +278,6 @@ class LayoutGraphs:
             self._kept.popitem(last=False)
         return replays
 
-    def clear(self) -> None:
-        self._kept.clear()
-        self._seen.clear()
-
 
 __all__ = ["CudaGraphBackend", "ENV", "KEPT_ENV", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS", "SEEN_SIGNATURES",
            "kept_layouts", "layer_graphs_enabled"]

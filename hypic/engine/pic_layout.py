@@ -165,8 +165,9 @@ class PackedLayout:
     final_tail_slots: List[int]  # per request: index of its final conv state among the tails
     # The one device tensor every index table above is a view of, and what another layout's must
     # share for its views to stand for this one's (IndexBuffer.signature: every table's size,
-    # and the values of the tables read on the host): the engine keeps CUDA graphs of a layout's
-    # cores and replays them for a later layout of the same signature copied into this buffer.
+    # and the values of the tables read on the host; None unless build_layout was given
+    # buffer_for): the engine keeps CUDA graphs of a layout's cores and replays them for a later
+    # layout of the same signature copied into this buffer.
     index_device: Optional[torch.Tensor] = None
     index_signature: Optional[tuple] = None
 
@@ -357,7 +358,8 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     buffer.ranges("positions_k", [0] * len(requests), [b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])])
     body_shape = None if body_addresses is None else _add_stacked(buffer, "body_addresses", body_addresses)
     kv_shape = None if kv_addresses is None else _add_stacked(buffer, "kv_addresses", kv_addresses)
-    signature = buffer.signature(HOST_TABLES)
+    # the signature only matters to a caller that may reuse a kept buffer
+    signature = None if buffer_for is None else buffer.signature(HOST_TABLES)
     cpu, dev = buffer.finish(device, host_names=HOST_TABLES,
                              out=None if buffer_for is None else buffer_for(signature))
     layout = PackedLayout(

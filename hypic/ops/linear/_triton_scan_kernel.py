@@ -192,16 +192,16 @@ def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_
     rows = bos + c * BT + o_t
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
-    first = bos + c * BT  # the chunk's first token: scalar bases, int32 offsets within the tile
+    chunk_start = bos + c * BT  # the chunk's first token: scalar bases, int32 offsets within the tile
     o_tk = o_t[:, None] * (HV * K) + o_k[None, :]
-    b_w = tl.load(w + (first * HV + i_h) * K + o_tk, mask=m_tk, other=0.0)
+    b_w = tl.load(w + (chunk_start * HV + i_h) * K + o_tk, mask=m_tk, other=0.0)
     b_hw = b_h.to(b_w.dtype)  # fla's state pass: the state in the factors' dtype for W h
     if INTERPRET:
         b_wh = tl.dot(b_w.to(tl.float32), b_hw.to(tl.float32), input_precision="ieee")
     else:
         b_wh = tl.dot(b_w, b_hw, out_dtype=tl.float32)
     o_tv = o_t[:, None] * (HV * V) + o_v[None, :]
-    uv_base = (first * HV + i_h) * V
+    uv_base = (chunk_start * HV + i_h) * V
     b_v = tl.load(u + uv_base + o_tv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
     tl.store(v_new + uv_base + o_tv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
     if USE_G:
@@ -210,7 +210,7 @@ def wy_chunk(k, w, u, g, v_new, h_chunks, b_h, bos, length, row, c, i_h, o_k, m_
         b_h = b_h * gamma
     else:
         b_v = tl.where(m_tv, b_v, 0.0)
-    b_k = tl.load(k + (first * H + i_h // (HV // H)) * K + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk,
+    b_k = tl.load(k + (chunk_start * H + i_h // (HV // H)) * K + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk,
                   other=0.0)
     b_vk = b_v.to(b_k.dtype)
     if INTERPRET:
@@ -332,6 +332,21 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
 
 
 @triton.jit
+def live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
+              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
+              USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, LONG_WY: tl.constexpr,
+              BT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Live span ``s`` applied from its WY factors: chunk by chunk (:func:`wy_chunks`) with
+    ``LONG_WY``, else as one short span (:func:`wy_step`)."""
+    if LONG_WY:
+        return wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off,
+                         m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
+    else:
+        return wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off,
+                       m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
+
+
+@triton.jit
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
                   b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
@@ -349,21 +364,13 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
         # With it (a dense T tile, never taken here) the walk took 1.128 ms per layer of the
         # cold 32k prompt on the H200; without it, and with int32 offsets inside the token
         # tiles, 0.932 ms (session 18 call 2, benchmarks/cold_write_h200.py's kernel table)
-        if LONG_WY:
-            b_h = wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, i, i_h, o_k, m_k, o_v,
-                            m_v, kv_off, m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
-        else:
-            b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, i, i_h, o_k, m_k, o_v, m_v,
-                          kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
+        b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, i, i_h, o_k, m_k, o_v, m_v, kv_off,
+                        m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT, LONG_WY, BT, INTERPRET)
     elif HAS_WY:
         live = tl.load(source + i)
         if live >= 0:
-            if LONG_WY:
-                b_h = wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v,
-                                m_v, kv_off, m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
-            else:
-                b_h = wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
-                              kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
+            b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
+                            kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT, LONG_WY, BT, INTERPRET)
         else:
             b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT)
     else:

@@ -74,7 +74,7 @@ def written_span_rows(cu_chains: torch.Tensor, spans: Union[torch.Tensor, Tuple[
         record_rows = torch.arange(num_spans, dtype=torch.int64, device=device)
         return record_rows, num_spans, torch.stack([ids, exit_rows])
 
-    which = tuple(spans) if isinstance(spans, tuple) else ByIdentity(spans)
+    which = spans if isinstance(spans, tuple) else ByIdentity(spans)
     return _TABLES.get(cu_chains, None, ("written_span_rows", num_spans, which), build)
 
 
