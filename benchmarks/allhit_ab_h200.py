@@ -90,6 +90,9 @@ def main():
                     help="per-layer host and GPU clocks of --repeats more requests (no profiler)")
     ap.add_argument("--ab-env", default=None, help="an environment switch to A/B in this process")
     ap.add_argument("--ab-values", default="1,0", help="its values, one request each per round")
+    ap.add_argument("--ab-fixed", default="",
+                    help="NAME=VALUE[,NAME=VALUE]: also set during the A/B rounds (e.g. HYPIC_KEPT_LAYOUTS=0, "
+                         "so that no value replays core graphs captured under another)")
     ap.add_argument("--fresh-graphs-profile", action="store_true",
                     help="also profile the Python functions of one request whose layout's core graphs are not "
                          "kept (HYPIC_KEPT_LAYOUTS=0: its first layers run eagerly, then are captured, as for "
@@ -129,7 +132,10 @@ def main():
                "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft),
                "plan_p50_ms": statistics.median(s.plan_s * 1e3 for s in samples)}
         if args.ab_env:
-            row["ab"] = interleaved_ab(bench, prompt, args.ab_env, args.ab_values.split(","), args.repeats)
+            fixed = dict(kv.split("=", 1) for kv in args.ab_fixed.split(",") if kv)
+            row["ab_fixed"] = fixed
+            with env_vars(**fixed):
+                row["ab"] = interleaved_ab(bench, prompt, args.ab_env, args.ab_values.split(","), args.repeats)
             print(f"{args.ab_env}: " + ", ".join(f"{v} {r['ttft_p50_ms']:.2f} ms" for v, r in row["ab"].items()),
                   flush=True)
         if args.timeline:

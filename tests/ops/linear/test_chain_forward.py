@@ -191,11 +191,12 @@ def test_fused_kernel_matches_reference_under_interpreter(monkeypatch, gated, ta
 BOUNDARY_LENGTHS = (16, 0, 1, 17, 8, 20, 64)
 
 
-@pytest.mark.parametrize("fuse", ["0", "1"])
+@pytest.mark.parametrize("fuse", ["0", "1", "2"])
 @pytest.mark.parametrize("gated", [True, False])
 def test_seam_and_body_in_one_step_under_interpreter(monkeypatch, fuse, gated):
     """``HYPIC_CHAIN_FUSE_SEAMS``: a seam and the body after it as two steps (0) or as one step
-    (1); the final state within the fp32 products' error of the float64 reference either way."""
+    (1; 2 with the next step's body loaded during a step); the final state within the fp32
+    products' error of the float64 reference in every mode."""
     monkeypatch.setenv("HYPIC_CHAIN_FUSE_SEAMS", fuse)
     monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
     errors = KERNEL_CASE + f"errors = case(torch.float16, 'cpu', gated={gated}, lengths={BOUNDARY_LENGTHS}, parts=True)\n"
@@ -214,7 +215,7 @@ def test_fused_kernel_matches_reference_on_cuda(monkeypatch, gated, table, preci
 
 
 @pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
-@pytest.mark.parametrize("fuse", ["0", "1"])
+@pytest.mark.parametrize("fuse", ["0", "1", "2"])
 def test_seam_and_body_in_one_step_on_cuda(monkeypatch, fuse):
     monkeypatch.setenv("HYPIC_CHAIN_FUSE_SEAMS", fuse)
     monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
