@@ -12,8 +12,9 @@ the fused layer with the scan in ``bf16x3`` (``HYPIC_SCAN_PRECISION``). Outputs 
 compared with each other and the final states with a float64 scan of the same summaries.
 Session 15: the bf16x3 scan and layer under each ``HYPIC_CHAIN_FUSE_SEAMS`` (0: each seam and
 the body after it as two steps, 1: one step, the default), in ``fuse_seams``. (Calls 2-3 of
-session 15 also timed a mode 2, since removed.) Session 19: mode 2 is one step with the next
-step's body tiles loaded during a step.
+session 15 also timed a mode 2, since removed; session 19 call 1 timed another mode 2, the
+fused step with the next step's body tiles loaded during a step, also removed: at 64 bodies
+0.766 ms against mode 1's 0.716; commit a2b8c4c has it.)
 
     python3 benchmarks/chain_forward_h200.py --out OUT   # -> OUT/chain_forward.json
 """
@@ -44,7 +45,7 @@ def main():
     print(f"{'bodies':>6} {'separate ms':>12} {'fused ms':>9} {'scan+pass ms':>13} {'wy scan ms':>11} "
           f"{'wy tf32 ms':>11} {'wy bf16x3':>10} {'fused bf16x3':>12} {'o rel':>8} {'final rel':>9} "
           f"{'err tf32x3':>10} {'err bf16x3':>10} {'err tf32':>9} "
-          + " ".join(f"{'scan/layer ' + m:>15}" for m in ("0", "1", "2")))
+          + " ".join(f"{'scan/layer ' + m:>15}" for m in ("0", "1")))
     for r in rows:
         print(f"{r['bodies']:>6} {r['separate_ms']:>12.3f} {r['fused_ms']:>9.3f} {r['old_scan_ms']:>13.3f} "
               f"{r['wy_scan_ms']:>11.3f} {r['wy_scan_tf32_ms']:>11.3f} {r['wy_scan_bf16x3_ms']:>10.3f} "
@@ -134,7 +135,7 @@ def run(nb: int, repeats: int) -> dict:
         return run
 
     fused_bf16x3 = with_env(fused, HYPIC_SCAN_PRECISION="bf16x3")
-    fuse_modes = ("0", "1", "2")
+    fuse_modes = ("0", "1")
     fuse_scans = {m: with_env(wy_scan("bf16x3"), HYPIC_CHAIN_FUSE_SEAMS=m) for m in fuse_modes}
     fuse_layers = {m: with_env(fused, HYPIC_SCAN_PRECISION="bf16x3", HYPIC_CHAIN_FUSE_SEAMS=m) for m in fuse_modes}
     fuse_outs = {m: fuse_scans[m]() for m in fuse_modes}

@@ -5,7 +5,6 @@ then reports each config's registers per thread and spill bytes. That is what th
 prints, for the two uses of ``scan_chain_kernel`` that matter to issue 6:
 
 * ``fused``: a cached request's walk (FUSE = 1: a seam and its body in one step);
-* ``fused2``: the same with the next step's body tiles loaded during a step (FUSE = 2);
 * ``walk``: a cold prefill's walk (live spans alone, LONG_WY, the entering states recorded).
 
 The local Triton may differ from the device's (3.9 here in session 18, 3.6 on the H200), so the
@@ -37,10 +36,9 @@ from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel  # noqa: E402
 
 USES = {
     "fused": dict(HAS_SOURCE=True, HAS_RECORD=False, LONG_WY=False, FUSE=1),
-    "fused2": dict(HAS_SOURCE=True, HAS_RECORD=False, LONG_WY=False, FUSE=2),
     "walk": dict(HAS_SOURCE=False, HAS_RECORD=True, LONG_WY=True, FUSE=0),
 }
-CONFIGS = [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 1), (32, 4, 3), (64, 8, 3), (16, 8, 1)]  # (BV, warps, stages)
+CONFIGS = [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 1), (32, 4, 3), (64, 8, 3)]  # (BV, warps, stages)
 
 
 def ptxas_candidates():

@@ -11,6 +11,7 @@ against 87.9 / 45.5 in sessions 15-16 on other machines; ``--ab-env HYPIC_KEPT_L
 --ab-values 4,0`` says whether keeping core graphs across layouts costs RAG anything.
 
     cd benchmarks && python3 rag_ab_h200.py --out OUT --ab-env HYPIC_KEPT_LAYOUTS --ab-values 4,0
+    cd benchmarks && python3 rag_ab_h200.py --out OUT --ab-env HYPIC_WRITE_GRAPHS --ab-values 1,0 --same-misses
 
 Writes OUT/rag_ab.json (per prompt size: TTFT samples and medians per value) and prints them.
 ``--smoke``: CPU, the embedded tiny config, short prompts.
@@ -30,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from hypic.bench.floor import WorkModel  # noqa: E402
 from hypic.bench.rag_trace import RagTrace, RagTraceConfig  # noqa: E402
+from hypic.bench.ttft import parse_bytes  # noqa: E402
 from hypic.bench.ttft_mode import ModeBench  # noqa: E402
 from hypic.models.loader import build_dummy_model  # noqa: E402
 
@@ -48,6 +50,12 @@ def main() -> None:
     ap.add_argument("--warmup-requests", type=int, default=2)
     ap.add_argument("--ab-env", required=True)
     ap.add_argument("--ab-values", default="4,0")
+    ap.add_argument("--store-bytes", default=None,
+                    help="device budget of the store (e.g. 36GiB, as the TTFT bench's command; default unlimited): "
+                         "below the corpus's size, evictions leave misses that the measured requests write")
+    ap.add_argument("--same-misses", action="store_true",
+                    help="discard what each value's run wrote before the next value's, so that every value meets the "
+                         "request's missed documents (for switches of forwards that write, e.g. HYPIC_WRITE_GRAPHS)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
@@ -64,7 +72,8 @@ def main() -> None:
         else:
             config = RagTraceConfig(vocab_size=spec.vocab_size, prompt_tokens=prompt_tokens, segment_tokens=512)
         trace = RagTrace(config)
-        bench = ModeBench(model, spec, work, device, dtype, "hypic", "inline", 8, None, f"rag-ab-{prompt_tokens}")
+        bench = ModeBench(model, spec, work, device, dtype, "hypic", "inline", 8,
+                          None if args.store_bytes is None else parse_bytes(args.store_bytes), f"rag-ab-{prompt_tokens}")
         for r in trace.warmup_requests(args.warmup_requests):
             bench.run(r.prompt)  # until every document is cached
         samples = {v: [] for v in values}
@@ -73,19 +82,33 @@ def main() -> None:
         # timed. Each request runs once per value, in the given order: with
         # ``HYPIC_KEPT_LAYOUTS`` first among its values, its first run is the layout's first
         # forward (as every RAG request's is), and a value of 0 neither keeps nor remembers it.
+        # What a run writes (its missed documents) is discarded before the next value's run
+        # (with --same-misses), so that every value meets the request's misses, and its writes.
+        writes = {v: [] for v in values}
         for stream in ("first", "measure"):
-            for request in trace.requests(args.requests, stream=stream):
-                for v in values:
+            for r, request in enumerate(trace.requests(args.requests, stream=stream)):
+                # the values' order alternates: what a run's writes evict (a budgeted store)
+                # falls on each value's runs alike
+                order = values if r % 2 == 0 else values[::-1]
+                for v in order:
+                    before = set(bench.store.device_lru_order())
                     with env_vars(**{args.ab_env: v}):
                         sample = bench.run(request.prompt)
+                    added = set(bench.store.device_lru_order()) - before
+                    if args.same_misses and v != order[-1]:
+                        for key in added:
+                            bench.store.discard(key)
                     if stream == "measure":
                         samples[v].append(sample.ttft_s * 1e3)
                         live.append(sample.live_tokens)
+                        writes[v].append(len(added))
         row = {"prompt_tokens": prompt_tokens, "requests": args.requests, "live_tokens_mean": statistics.mean(live),
+               "same_misses": args.same_misses, "entries_written": writes,
                "ttft_ms": samples, "ttft_p50_ms": {v: statistics.median(t) for v, t in samples.items()}}
         res["rows"].append(row)
         print(f"rag {prompt_tokens}: " + ", ".join(f"{args.ab_env}={v} {row['ttft_p50_ms'][v]:.2f} ms" for v in values)
-              + f" (live tokens {row['live_tokens_mean']:.0f})", flush=True)
+              + f" (live tokens {row['live_tokens_mean']:.0f}; entries written per request "
+              + ", ".join(f"{v}: {statistics.mean(writes[v]):.2f}" for v in values) + ")", flush=True)
         bench.close()
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -58,6 +58,21 @@ def layer_graphs_enabled() -> bool:
     return value == "1"
 
 
+WRITE_ENV = "HYPIC_WRITE_GRAPHS"
+
+
+def write_graphs_enabled() -> bool:
+    """``HYPIC_WRITE_GRAPHS`` (default 1): a forward with writes whose live tokens fit the
+    row-wise graphs (a cached request with a few missed segments, as in a RAG trace) replays its
+    cores too, from graphs of its own (never kept across forwards); 0 runs such a forward's cores
+    eagerly, as before session 19, for A/B runs. Before, every RAG request with a miss ran its 30
+    linear layers' conv and chain cores eagerly, host-bound."""
+    value = os.environ.get(WRITE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{WRITE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 Signature = Optional[Tuple[int, Tuple[int, ...], Tuple[int, ...], torch.dtype]]
 
 
@@ -280,4 +295,4 @@ class LayoutGraphs:
 
 
 __all__ = ["CudaGraphBackend", "ENV", "KEPT_ENV", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS", "SEEN_SIGNATURES",
-           "kept_layouts", "layer_graphs_enabled"]
+           "WRITE_ENV", "kept_layouts", "layer_graphs_enabled", "write_graphs_enabled"]

@@ -218,13 +218,35 @@ class PicContext(ForwardContext):
         # chunk by chunk on CUDA), the live spans' zero-start summaries beside it only when a
         # segment entry needs them, and only the states checkpoints read recorded.
         checkpoints = lay.num_checkpoint_records > 0
-        o, final, live, incoming = gated_delta_chain_forward_and_summarize(
-            q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
-            initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu, summarize=lay.any_segment_write,
-            # a cold prefill's writes are a run of spans: their summaries are then views
-            summary_spans=lay.write_span_range if lay.write_span_range is not None else lay.write_spans,
-            record_rows=lay.checkpoint_record_rows if checkpoints else None,
-            num_records=lay.num_checkpoint_records if checkpoints else None)
+
+        def write_core(q, k, v, g, beta, bodies, init):
+            return gated_delta_chain_forward_and_summarize(
+                q, k, v, g, beta, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source, bodies=bodies,
+                initial_states=init, cu_seqlens_cpu=lay.cu_spans_cpu, summarize=lay.any_segment_write,
+                # a cold prefill's writes are a run of spans: their summaries are then views
+                summary_spans=lay.write_span_range if lay.write_span_range is not None else lay.write_spans,
+                summary_spans_host=lay.write_spans_host if lay.any_segment_write else None,
+                record_rows=lay.checkpoint_record_rows if checkpoints else None,
+                num_records=lay.num_checkpoint_records if checkpoints else None)
+
+        if (self.replays is not None and q.is_cuda and bodies is not None
+                and getattr(bodies, "addresses", None) is not None):
+            # A cached request with a few missed segments (a RAG request): its few live tokens
+            # make the layer host-bound, as without writes, so the core is a graph too. Only with
+            # cached bodies: a cold forward's summaries come from a side-stream launch
+            # (hypic/ops/linear/_fla_chain.py), which is not captured. Its outputs are the graph's
+            # buffers, rewritten by the next layer's replay: the records keep copies.
+            def core(q, k, v, g, beta, addresses, init):
+                return write_core(q, k, v, g, beta, SummaryTable(bodies.items, addresses), init)
+
+            o, final, live, incoming = self.replays.run(
+                "chain_forward_writes", core, q, k, v, g, beta, bodies.addresses, init,
+                stable=(0, 1, 2, 3, 4) if self.graphs is not None else ())
+            final = final.clone()
+            live = None if live is None else live.cloned()
+            incoming = None if incoming is None else incoming.clone()
+        else:
+            o, final, live, incoming = write_core(q, k, v, g, beta, bodies, init)
         rec.final_states = final
         # Only segment writes read the summaries (row i: write i's span; [K, K] T and [K, V] S,
         # 4 MiB per span and layer at 35B-A3B widths), so none are formed for checkpoints alone:

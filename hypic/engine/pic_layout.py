@@ -128,6 +128,8 @@ class PackedLayout:
     # host: (a, b) when the writes are live elements a..b-1 in order (their summaries are then a
     # slice of every live span's, not a gathered copy), else None
     write_span_range: Optional[Tuple[int, int]]
+    # host: the same span indices, for ops that select the written spans' rows on the host
+    write_spans_host: Tuple[int, ...]
     # host: whether some write is a segment's (the only writes that read the spans' summaries)
     any_segment_write: bool
     # The states checkpoints store, as the chain walk records them
@@ -385,6 +387,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         writes=writes,
         write_spans=dev["write_spans"],
         write_span_range=_as_range(write_span_ids),
+        write_spans_host=tuple(write_span_ids),
         any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
         checkpoint_record_rows=dev["checkpoint_record_rows"],
         num_checkpoint_records=num_checkpoint_rows,

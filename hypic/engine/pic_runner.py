@@ -22,7 +22,8 @@ from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
 from hypic.engine.entry_writer import entry_writer
-from hypic.engine.layer_graphs import CudaGraphBackend, LayerReplays, LayoutGraphs, layer_graphs_enabled
+from hypic.engine.layer_graphs import (CudaGraphBackend, LayerReplays, LayoutGraphs, layer_graphs_enabled,
+                                       write_graphs_enabled)
 from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
@@ -261,16 +262,23 @@ class PicRunner:
 
     def _layer_replays(self, layout) -> Optional[LayerReplays]:
         """Graphs of the linear layers' cores (:mod:`hypic.engine.layer_graphs`) for a forward
-        that writes nothing and whose live tokens fit the row-wise graphs' largest bucket (a
-        cached request: above it, kernels are long enough that launching them costs little),
-        else None: those of an earlier forward of the same layout signature when they are kept
-        (:class:`LayoutGraphs`), else new ones. Graphs are dropped here, when the next forward
+        whose live tokens fit the row-wise graphs' largest bucket (a cached request: above it,
+        kernels are long enough that launching them costs little), else None: for a forward
+        that writes nothing, those of an earlier forward of the same layout signature when they
+        are kept (:class:`LayoutGraphs`), else new ones; for one that writes (a cached request
+        with missed segments; ``HYPIC_WRITE_GRAPHS``), new ones, never kept. Graphs are dropped here, when the next forward
         starts, not when their forward returned with its replays possibly still queued."""
         self._replays = None
-        if (not self._core_graphs_on() or layout.writes or layout.linear_one_run_per_request
+        if (not self._core_graphs_on() or layout.linear_one_run_per_request
+                or (layout.writes and not write_graphs_enabled())
                 or layout.input_ids.shape[0] > self._max_core_graph_tokens()):
             return None
-        self._replays = self.layout_graphs.replays_for(layout, lambda: LayerReplays(self._replays_backend()))
+        if layout.writes:
+            # per forward only: what its cores read besides the layout's tables (the written
+            # spans' rows, hypic/ops/linear/_fla_chain.py) is not in the layout's signature
+            self._replays = LayerReplays(self._replays_backend())
+        else:
+            self._replays = self.layout_graphs.replays_for(layout, lambda: LayerReplays(self._replays_backend()))
         self._replays.holder = layout
         return self._replays
 

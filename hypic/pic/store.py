@@ -288,6 +288,26 @@ class SegmentStore:
             self._enforce_device_budget()
             return handle
 
+    def discard(self, key: StoreKey) -> bool:
+        """Drop ``key``'s entry (either tier) when no request holds it, e.g. because its
+        document changed. Returns whether it was dropped; a held entry stays (ValueError)."""
+        if not isinstance(key, StoreKey):
+            raise ValueError(f"key: expected StoreKey, got {type(key).__name__}")
+        with self._lock:
+            slot = self._device.get(key)
+            if slot is not None:
+                if slot.refcount > 0:
+                    raise ValueError(f"cannot discard {key!r}: {slot.refcount} request(s) hold it")
+                del self._device[key]
+                self._device_bytes -= slot.nbytes
+            else:
+                slot = self._host.pop(key, None)
+                if slot is None:
+                    return False
+                self._host_bytes -= slot.nbytes
+            self._forget(key)
+            return True
+
     def clear(self) -> int:
         """Drop every entry no request holds (both tiers). Returns how many were dropped."""
         with self._lock:

@@ -284,3 +284,69 @@ def test_all_hit_forwards_of_one_signature_replay_every_layer_from_the_kept_grap
             if hasattr(a, "conv_state"):
                 torch.testing.assert_close(a.conv_state, b.conv_state)
                 torch.testing.assert_close(a.recurrent_state, b.recurrent_state)
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_forward_with_writes_replays_graphs_of_its_own_never_kept(monkeypatch, switch):
+    # A cached request with missed segments (a RAG request) writes their entries: with
+    # HYPIC_WRITE_GRAPHS its cores replay graphs of its own (on the CPU the conv cores), which are
+    # never kept across forwards (what they read of the written spans is not in the layout's
+    # signature); its logits, caches and new entries equal an eager forward's. 0: no graphs.
+    spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
+    policy = PICConfig(mode="hypic", seam=4).resolve()
+    old = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
+    new = [random_segment(30, seed=40), random_segment(20, seed=41)]
+    prompt = SegmentedPrompt(tuple(map(tuple, [old[0], new[0], old[1], old[2], new[1], old[3]])),
+                             tuple(random_segment(10, seed=50)))
+    monkeypatch.setenv(layer_graphs.WRITE_ENV, switch)
+    results = []
+    for graphs_on in (True, False):
+        store = SegmentStore(None, 0, device="cpu")
+        keyer = Keyer(KeyNamespace("writes", "float32"))
+        runner = PicRunner(model, spec, store, torch.device("cpu"), torch.float32)
+        cold = plan_request(SegmentedPrompt(tuple(map(tuple, old)), (1, 2, 3)), policy, store=store, keyer=keyer)
+        with cold:
+            runner.prefill([cold])
+        before = set(store.device_lru_order())
+        if graphs_on:
+            monkeypatch.setattr(runner, "_core_graphs_on", lambda: True)
+            monkeypatch.setattr(runner, "_replays_backend", RecordingBackend)
+            monkeypatch.setattr(runner, "_max_core_graph_tokens", lambda: 1 << 20)
+        plan = plan_request(prompt, policy, store=store, keyer=keyer)
+        with plan:
+            out = runner.prefill([plan])[0]
+        assert plan.cached_tokens > 0
+        if graphs_on:
+            replays = runner._replays
+            if switch == "0":
+                assert replays is None
+            else:
+                assert replays is not None and replays.num_captures >= 1 and replays.num_replays >= 1, \
+                    replays.failures()
+                assert len(runner.layout_graphs) == 0
+        added = sorted(set(store.device_lru_order()) - before, key=repr)
+        assert len(added) == 2
+        entries = []
+        for key in added:
+            with store.acquire(key) as handle:
+                entries.append(handle.entry)
+        results.append((out, entries))
+    (got, got_entries), (want, want_entries) = results
+    torch.testing.assert_close(got.logits, want.logits)
+    for a, b in zip(got.cache.layers, want.cache.layers):
+        if hasattr(a, "conv_state"):
+            torch.testing.assert_close(a.conv_state, b.conv_state)
+            torch.testing.assert_close(a.recurrent_state, b.recurrent_state)
+    for ea, eb in zip(got_entries, want_entries):
+        for layer, lin in ea.linear.items():
+            torch.testing.assert_close(lin.conv_tail, eb.linear[layer].conv_tail)
+            for x, y in zip(lin.summary.parts(), eb.linear[layer].summary.parts()):
+                torch.testing.assert_close(x, y)
+        for layer, att in ea.attention.items():
+            torch.testing.assert_close(att.key, eb.attention[layer].key)
+
+
+def test_write_graphs_switch_is_validated(monkeypatch):
+    monkeypatch.setenv(layer_graphs.WRITE_ENV, "yes")
+    with pytest.raises(ValueError, match="HYPIC_WRITE_GRAPHS"):
+        layer_graphs.write_graphs_enabled()

@@ -110,3 +110,47 @@ def test_requests_of_one_layout_signature_replay_the_kept_graphs_on_cuda():
                 if hasattr(layer_a, name):
                     x, y = getattr(layer_a, name).float(), getattr(layer_b, name).float()
                     assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, name
+
+
+def test_cached_request_with_missed_segments_replays_graphs_of_its_own_on_cuda():
+    # A cached request with missed segments (a RAG request) writes their entries. Its cores
+    # replay graphs of its own (HYPIC_WRITE_GRAPHS; never kept across forwards), and the written
+    # summaries are formed from the missed spans' rows alone. Logits, decode caches and the new
+    # entries match the same request run eagerly in a twin harness.
+    spec, model = tiny_model(seed=3, layer_types=DEEP_LAYER_TYPES)
+    model = model.cuda()
+    old = [random_segment(40 + 8 * i, seed=10 + i) for i in range(5)]
+    new = [random_segment(100, seed=50), random_segment(56, seed=51)]  # over and under a chunk
+    prompt = [old[0], new[0], old[1], old[2], new[1], old[3], old[4]]
+    query = random_segment(12, seed=99)
+    outs, stores = [], []
+    for graphs_on in (True, False):
+        h = Harness(model, spec, "cuda")
+        h.run(list(reversed(old)), random_segment(12, seed=98))  # cold: caches the old segments
+        before = set(h.store.device_lru_order())
+        if not graphs_on:
+            h.runner.graphs = None
+        plan, out = h.run(prompt, query)
+        assert plan.cached_tokens > 0
+        if graphs_on:
+            replays = h.runner._replays
+            assert replays is not None and not replays.failures(), replays and replays.failures()
+            assert replays.num_captures == 2 and replays.num_replays > 0
+            assert len(h.runner.layout_graphs) == 0
+        outs.append(out)
+        stores.append((h.store, sorted(set(h.store.device_lru_order()) - before, key=repr)))
+    (store_a, keys_a), (store_b, keys_b) = stores
+    assert len(keys_a) == 2 and keys_a == keys_b
+    for key in keys_a:
+        with store_a.acquire(key) as ha, store_b.acquire(key) as hb:
+            for layer, lin in ha.entry.linear.items():
+                for x, y in zip(lin.summary.parts() + (lin.conv_tail,),
+                                hb.entry.linear[layer].summary.parts() + (hb.entry.linear[layer].conv_tail,)):
+                    assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, layer
+    a, b = outs[0].logits.float().cpu(), outs[1].logits.float().cpu()
+    assert (a - b).abs().max() <= 1e-3 * b.abs().max()
+    for layer_a, layer_b in zip(outs[0].cache.layers, outs[1].cache.layers):
+        for name in ("recurrent_state", "conv_state"):
+            if hasattr(layer_a, name):
+                x, y = getattr(layer_a, name).float(), getattr(layer_b, name).float()
+                assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, name

@@ -194,6 +194,25 @@ def test_clear_keeps_held_entries():
     store.check_consistency()
 
 
+def test_discard_drops_one_entry_of_either_tier_unless_held():
+    entry = make_entry(key(0))
+    one = entry.nbytes
+    store = SegmentStore(device_budget_bytes=one, host_budget_bytes=10 * one)
+    h = store.insert(make_entry(key(0)), acquire=True)
+    store.insert(make_entry(key(1)))  # pushes nothing held out: key 1 spills to the host tier
+    assert store.tier_of(key(1)) == TIER_HOST
+    with pytest.raises(ValueError, match="hold it"):
+        store.discard(key(0))
+    assert store.discard(key(1)) and key(1) not in store
+    assert not store.discard(key(1))
+    h.release()
+    assert store.discard(key(0)) and len(store) == 0
+    assert store.stats().device_bytes == 0 and store.stats().host_bytes == 0
+    store.check_consistency()
+    with pytest.raises(ValueError, match="StoreKey"):
+        store.discard("k")
+
+
 def test_opaque_payload_objects_are_moved_with_to():
     class Opaque:
         def __init__(self, t):

@@ -30,6 +30,7 @@ than a chunk (A/B measurements)."""
 from __future__ import annotations
 
 import os
+from typing import Tuple
 
 import torch
 
@@ -43,6 +44,7 @@ from hypic.ops.linear._fla_common import (
     _summary_classes,
     span_chunk_rows,
 )
+from hypic.ops.linear._layout_tables import LayoutTables
 from hypic.ops.linear.state_summary import cold_summaries_mode, written_span_rows, zero_start_from_states
 from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
 
@@ -68,13 +70,14 @@ def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source
                                       bodies=None if bodies is None else _stacked(bodies).to("cpu"),
                                       initial_states=initial_states, scale=scale))
     o, final, _, _ = _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
-                            cu_seqlens_cpu, False, None, None, None)
+                            cu_seqlens_cpu, False, None, None, None, None)
     return o, final
 
 
 def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_chains, source=None, bodies=None,
                                             initial_states=None, scale=None, cu_seqlens_cpu=None, summarize=True,
-                                            summary_spans=None, record_rows=None, num_records=None):
+                                            summary_spans=None, record_rows=None, num_records=None,
+                                            summary_spans_host=None):
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
     if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
         return _on_cpu_reference("gated_delta", "gated_delta_chain_forward_and_summarize", (q, k, v, g, beta),
@@ -84,11 +87,11 @@ def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_
                                       summary_spans=summary_spans, record_rows=record_rows,
                                       num_records=num_records))
     return _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
-                  summarize, summary_spans, record_rows, num_records)
+                  summarize, summary_spans, record_rows, num_records, summary_spans_host)
 
 
 def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
-           summarize, summary_spans, record_rows, num_records):
+           summarize, summary_spans, record_rows, num_records, summary_spans_host):
     """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc)."""
     from hypic.ops.linear import fla_paths
     from hypic.ops.linear.gated_delta import select_spans
@@ -150,9 +153,48 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
             summary = _summary_classes()[0](transition=trans, state=state)
             incoming = None  # the walk's records were for the derivation, not the caller's
         elif summarize:
-            # fla's summary kernel (or the one-chunk closed forms) on the chain's own WY factors
-            summary = select_spans(fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_seqlens_cpu), summary_spans)
+            summary = _span_summaries(k4, w, u, gc, cu, cu_seqlens, cu_seqlens_cpu, summary_spans, summary_spans_host)
     return o[0].to(v.dtype), final, summary, incoming
+
+
+_WRITTEN_ROWS = LayoutTables()  # the written spans' token rows and bounds, per forward's layout tensors
+
+
+def written_rows_host(cu_cpu: torch.Tensor, spans: Tuple[int, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, cu)`` of the spans ``spans`` (in that order) of bounds ``cu_cpu``: the token rows
+    they cover, concatenated, and their bounds in that packing (both int64, as fla's ``cu``)."""
+    bounds = cu_cpu.tolist()
+    lengths = [int(bounds[s + 1]) - int(bounds[s]) for s in spans]
+    rows = torch.cat([torch.arange(int(bounds[s]), int(bounds[s + 1]), dtype=torch.int64) for s in spans]) \
+        if spans else torch.zeros(0, dtype=torch.int64)
+    cu = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
+    return rows, cu
+
+
+def _span_summaries(k4, w, u, gc, cu, cu_seqlens, cu_cpu, spans, spans_host):
+    """Zero-start summaries of the live spans ``spans`` (what the written segments store), from
+    the chain's own WY factors: fla's summary kernel (or the one-chunk closed forms). With the
+    spans on the host (``spans_host``, ``cu_cpu``) and fewer than all, over the written spans'
+    gathered rows alone: a cached request with one missed document among 64 seams would
+    otherwise form 130 spans' summaries (4 MiB each per layer at Qwen3.5-35B-A3B widths) to
+    keep one. A span's WY factors and chunks start at its first token, so its rows alone give
+    the same summary."""
+    from hypic.ops.linear import fla_paths
+    from hypic.ops.linear.gated_delta import select_spans
+
+    num_spans = cu.numel() - 1
+    if spans is None or spans_host is None or cu_cpu is None or len(spans_host) >= num_spans:
+        return select_spans(fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_cpu), spans)
+    rows, sub_cu, sub_cu_cpu = _WRITTEN_ROWS.get(cu_seqlens, cu_cpu, ("written", spans_host),
+                                                 lambda: _written_rows_device(cu_cpu, spans_host, cu.device))
+    pick = lambda t: None if t is None else t.index_select(1, rows)  # noqa: E731 - [1, T, ...] tensors
+    return fla_paths._zero_start_summary(pick(k4), pick(w), pick(u), pick(gc), sub_cu, sub_cu_cpu)
+
+
+def _written_rows_device(cu_cpu, spans_host, device):
+    rows, sub_cu = written_rows_host(cu_cpu, spans_host)
+    both = torch.cat([rows, sub_cu]).pin_memory().to(device, non_blocking=True)
+    return both[:rows.numel()], both[rows.numel():], sub_cu
 
 
 def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,

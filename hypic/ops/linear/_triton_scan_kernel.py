@@ -295,23 +295,13 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
     bound by their latency, not by their MMAs). Outputs as :func:`wy_step`'s for the seam."""
     if chunk >= 0:
         tl.store(h_chunks + (chunk * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty), mask=m_kv)
-    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
-    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
-    return seam_body_apply(k, w, u, g, v_new, b_t, b_s, b_h, bos, length, i_h, o_k, m_k, o_v, m_v,
-                           H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
-
-
-@triton.jit
-def seam_body_apply(k, w, u, g, v_new, b_t, b_s, b_h, bos, length, i_h, o_k, m_k, o_v, m_v,
-                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                    USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
-    """:func:`seam_body_step` on the body's T and S tiles already loaded (``b_t``, ``b_s``): the
-    seam's ``v_new`` written and the state after the pair returned."""
     o_s = tl.arange(0, BS)
     m_t = o_s < length
     rows = bos + o_s
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
+    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
     b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
     p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
     b_u = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32)
@@ -432,7 +422,6 @@ def scan_chain_kernel(
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
     FUSE: tl.constexpr,    # HAS_WY, HAS_SOURCE, dense, no records: a seam and its body in one step
-                           # (2: with the next step's body tiles loaded during this one)
 ):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -447,68 +436,7 @@ def scan_chain_kernel(
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
 
-    if FUSE == 2:
-        # The fused walk with the next step's body tiles loaded while this step runs: a dense
-        # T is 64 KiB per program, and loaded at the step that uses it, its latency sat on the
-        # walk's critical path at every step. The elements' metadata is read four ahead, so the
-        # next step's body is known when this step starts.
-        last = tl.maximum(end - 1, start)
-        src0, t0, s0, bos0, len0 = element_meta(table, source, cu_spans, tl.minimum(start, last), end, i_h,
-                                                num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
-        src1, t1, s1, bos1, len1 = element_meta(table, source, cu_spans, tl.minimum(start + 1, last), end, i_h,
-                                                num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
-        src2, t2, s2, bos2, len2 = element_meta(table, source, cu_spans, tl.minimum(start + 2, last), end, i_h,
-                                                num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
-        src3, t3, s3, bos3, len3 = element_meta(table, source, cu_spans, tl.minimum(start + 3, last), end, i_h,
-                                                num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
-        m_kk = m_k[:, None] & m_k[None, :]
-        o_kk = o_k[:, None] * K + o_k[None, :]
-        # masks as tl.where(flag, mask, False): Triton 3.9's interpreter rejects a bool tile & a
-        # bool scalar ("mask has unsupported dtype")
-        pair = (src0 >= 0) & (start + 1 < end) & (src1 < 0) & (len0 <= BS)
-        has_t = (start < end) & (pair | (src0 < 0))
-        b_t = tl.load(trans + tl.where(pair, t1, t0) + o_kk, mask=tl.where(has_t, m_kk, False), other=0.0)
-        b_s = tl.load(state + tl.where(pair, s1, s0) + kv_off, mask=tl.where(has_t, m_kv, False), other=0.0)
-        i = start
-        while i < end:
-            src4, t4, s4, bos4, len4 = element_meta(table, source, cu_spans, tl.minimum(i + 4, last), end, i_h,
-                                                    num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
-            src5, t5, s5, bos5, len5 = element_meta(table, source, cu_spans, tl.minimum(i + 5, last), end, i_h,
-                                                    num_table, t_base, s_base, HV, T_SIZE, K * V, T_UNIT, S_UNIT)
-            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)
-            # the next step starts at element i + 2 after a pair, else i + 1: its body's tiles now
-            n_i = i + tl.where(fuse, 2, 1)
-            na_src, na_t, na_s, na_len = (tl.where(fuse, src2, src1), tl.where(fuse, t2, t1), tl.where(fuse, s2, s1),
-                                          tl.where(fuse, len2, len1))
-            nb_src, nb_t, nb_s = tl.where(fuse, src3, src2), tl.where(fuse, t3, t2), tl.where(fuse, s3, s2)
-            n_pair = (na_src >= 0) & (n_i + 1 < end) & (nb_src < 0) & (na_len <= BS)
-            n_has_t = (n_i < end) & (n_pair | (na_src < 0))
-            t_next = tl.load(trans + tl.where(n_pair, nb_t, na_t) + o_kk, mask=tl.where(n_has_t, m_kk, False), other=0.0)
-            s_next = tl.load(state + tl.where(n_pair, nb_s, na_s) + kv_off, mask=tl.where(n_has_t, m_kv, False), other=0.0)
-            if fuse:
-                chunk = tl.load(span_chunk + src0).to(tl.int64)
-                if chunk >= 0:
-                    tl.store(h_chunks + (chunk * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty),
-                             mask=m_kv)
-                b_h = seam_body_apply(k, w, u, g, v_new, b_t, b_s, b_h, bos0, len0, i_h, o_k, m_k, o_v, m_v,
-                                      H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
-            elif src0 < 0:
-                b_h = fp32_dot(b_t, b_h, PRECISION, SPLIT) + b_s
-            else:
-                b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, src0, i_h, o_k, m_k, o_v,
-                                m_v, kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT, LONG_WY, BT, WHILE_LOOP)
-            b_t = t_next
-            b_s = s_next
-            src0, t0, s0, bos0, len0 = (tl.where(fuse, src2, src1), tl.where(fuse, t2, t1), tl.where(fuse, s2, s1),
-                                        tl.where(fuse, bos2, bos1), tl.where(fuse, len2, len1))
-            src1, t1, s1, bos1, len1 = (tl.where(fuse, src3, src2), tl.where(fuse, t3, t2), tl.where(fuse, s3, s2),
-                                        tl.where(fuse, bos3, bos2), tl.where(fuse, len3, len2))
-            src2, t2, s2, bos2, len2 = (tl.where(fuse, src4, src3), tl.where(fuse, t4, t3), tl.where(fuse, s4, s3),
-                                        tl.where(fuse, bos4, bos3), tl.where(fuse, len4, len3))
-            src3, t3, s3, bos3, len3 = (tl.where(fuse, src5, src4), tl.where(fuse, t5, t4), tl.where(fuse, s5, s4),
-                                        tl.where(fuse, bos5, bos4), tl.where(fuse, len5, len4))
-            i = n_i
-    elif FUSE:
+    if FUSE:
         # A live span of at most BS tokens followed by a body is applied with it in one step
         # (:func:`seam_body_step`), so the walk advances by one or two elements: what it reads
         # of the two elements after the pair is loaded while the pair is applied, as below.

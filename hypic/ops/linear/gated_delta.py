@@ -220,6 +220,7 @@ def gated_delta_chain_forward_and_summarize(
     summary_spans: Optional[Union[torch.Tensor, Tuple[int, int]]] = None,
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
+    summary_spans_host: Optional[Tuple[int, ...]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[DenseSummary], Optional[torch.Tensor]]:
     """:func:`gated_delta_chain_forward` for a forward that writes to the store: returns
     ``(o, final, summary, incoming)``. ``summary`` (when ``summarize``) holds the zero-start
@@ -228,7 +229,9 @@ def gated_delta_chain_forward_and_summarize(
     default every live span; else None. With ``record_rows``
     (int64 ``[M]`` per chain element, -1: not kept) ``incoming [num_records, HV, K, V]`` holds
     the state entering element i in row ``record_rows[i]`` (what a prefix checkpoint stores as
-    the state after the element before it), else None.
+    the state after the element before it), else None. ``summary_spans_host``: the same spans as
+    host ints (optional; with ``cu_seqlens_cpu`` the GPU path then forms those spans' summaries
+    alone, from their gathered WY rows, instead of every live span's and then the rows).
 
     The GPU path walks every chain once, live spans of any length chunk by chunk from their WY
     factors (the state pass of a cold prefill, carried across its spans and cached bodies), and
@@ -245,11 +248,13 @@ def gated_delta_chain_forward_and_summarize(
     elif num_records is not None:
         raise ValueError("num_records without record_rows")
     _check_summary_spans(summary_spans, int(cu_seqlens.numel() - 1))
+    _check_summary_spans_host(summary_spans_host, summary_spans, int(cu_seqlens.numel() - 1))
     fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
     if fast is not None:
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
                     initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
-                    summary_spans=summary_spans, record_rows=record_rows, num_records=num_records)
+                    summary_spans=summary_spans, record_rows=record_rows, num_records=num_records,
+                    summary_spans_host=summary_spans_host)
     o, final, summary = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
                                           scale, scale_f)
     records = chain_recorded_states(summary, cu_chains, source, bodies, initial_states, record_rows, num_records)
@@ -265,6 +270,20 @@ def _check_summary_spans(spans, num_spans: int) -> None:
     elif not isinstance(spans, torch.Tensor) or spans.dim() != 1 or spans.dtype not in (torch.int32, torch.int64):
         raise ValueError("summary_spans must be a 1-D int tensor of live span indices or a host (a, b) range, got "
                          f"{type(spans).__name__} {getattr(spans, 'dtype', '')} {tuple(getattr(spans, 'shape', ()))}")
+
+
+def _check_summary_spans_host(host, spans, num_spans: int) -> None:
+    """``host`` must list ``spans`` (as many, each a span index) when both are given; the
+    values of a device ``spans`` are not read (that would be a sync), only its length."""
+    if host is None:
+        return
+    if not isinstance(host, tuple) or not all(isinstance(x, int) and 0 <= x < num_spans for x in host):
+        raise ValueError(f"summary_spans_host must be a tuple of span indices in [0, {num_spans}), got {host!r}")
+    if spans is None:
+        raise ValueError("summary_spans_host without summary_spans")
+    count = spans[1] - spans[0] if isinstance(spans, tuple) else int(spans.numel())
+    if len(host) != count or (isinstance(spans, tuple) and host != tuple(range(*spans))):
+        raise ValueError(f"summary_spans_host {host!r} does not list summary_spans {spans!r}")
 
 
 def select_spans(summary: DenseSummary, spans) -> DenseSummary:

@@ -75,6 +75,10 @@ class _SummaryOps:
     def to(self, device: Union[str, torch.device]):
         return type(self)(self._t().to(device), self.state.to(device))
 
+    def cloned(self):
+        """A copy that owns its memory (e.g. of a CUDA graph's output buffers)."""
+        return type(self)(self._t().clone(), self.state.clone())
+
     @classmethod
     def cat(cls, summaries: Sequence["_SummaryOps"]):
         if len(summaries) == 0:

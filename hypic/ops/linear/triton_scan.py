@@ -22,7 +22,7 @@ prefill rounds the state to bf16 (2^-9) at every chunk.
 :func:`scan_chain_wy_triton` fuses the scan with the one-chunk state pass of live spans given by
 their WY factors (a cached request's seams and question), for fla's output kernel. A seam of at
 most ``SEAM_ROWS`` tokens and the cached body after it are one step of the walk
-(``HYPIC_CHAIN_FUSE_SEAMS``, :func:`fuse_seams_mode`).
+(``HYPIC_CHAIN_FUSE_SEAMS``, :func:`fuse_seams_enabled`).
 
 Triton is imported lazily: importing this module on a CPU-only machine needs no Triton, and the
 torch formulation (``scan_chain_torch``) runs anywhere (it is the CPU-testable part).
@@ -58,22 +58,24 @@ def scan_precision(precision: Optional[str] = None) -> str:
     return precision
 
 
-def fuse_seams_mode() -> int:
+def fuse_seams_enabled() -> bool:
     """``HYPIC_CHAIN_FUSE_SEAMS`` (default 1): the chain walk applies a seam (a live span of at
     most ``SEAM_ROWS`` tokens) and the cached body after it as one step, ``gamma T h + (T Kd^T) v
-    + S`` (the kernel's ``seam_body_step``); 2 does the same with the next step's body tiles (T
-    and S) loaded while a step runs (a dense T is 64 KiB per program, and loaded by the step that
-    uses it, its latency is on the walk's critical path at every step); 0 applies the seam and
-    then the body, for A/B runs. Measured on the H200, session 15: one layer's scan at the
-    all-hit 32k shape 0.588 ms against 0.707 with two steps on one machine (call 1) but 0.777
-    against 0.683 on another (call 3); all-hit 32k TTFT with the modes interleaved in one process
-    (call 3) 75.92 ms p50 against 77.18 (means 76.5 and 76.2 over 5 each): no gain established
-    either way. A third form, every pair's ``M h + c`` composed beforehand by a parallel launch,
-    gave 84.43 ms there and was removed (its kernel is in commit 549bab2)."""
+    + S`` (the kernel's ``seam_body_step``); 0 applies the seam and then the body, for A/B runs.
+    Measured on the H200, session 15: one layer's scan at the all-hit 32k shape 0.588 ms against
+    0.707 with two steps on one machine (call 1) but 0.777 against 0.683 on another (call 3);
+    all-hit 32k TTFT with the modes interleaved in one process (call 3) 75.92 ms p50 against
+    77.18 (means 76.5 and 76.2 over 5 each): no gain established either way. A third form,
+    every pair's ``M h + c`` composed beforehand by a parallel launch, gave 84.43 ms there and
+    was removed (its kernel is in commit 549bab2). Session 19 call 1: the one-step walk with the
+    next step's body tiles (T, S) loaded while a step runs (register double buffering, 8 warps)
+    was slower, so the walk is not bound by its T loads: one layer's scan 0.766 ms against 0.716
+    (two steps: 0.703), the whole all-hit 32k request's scan 16.17 ms against 13.89 in session 13
+    call 4's profile, TTFT 77.96 against 77.25 ms interleaved; removed (commit a2b8c4c has it)."""
     value = os.environ.get(FUSE_SEAMS_ENV, "1")
-    if value not in ("0", "1", "2"):
-        raise ValueError(f"{FUSE_SEAMS_ENV} must be 0, 1 or 2, got {value!r}")
-    return int(value)
+    if value not in ("0", "1"):
+        raise ValueError(f"{FUSE_SEAMS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _interpreting() -> bool:
@@ -105,12 +107,6 @@ def _build_kernel():
         triton.Config({"BV": 64}, num_warps=4, num_stages=3),
         triton.Config({"BV": 64}, num_warps=8, num_stages=3),
     ]
-    prefetching = [
-        triton.Config({"BV": 16}, num_warps=8, num_stages=1),
-        triton.Config({"BV": 32}, num_warps=8, num_stages=1),
-        triton.Config({"BV": 64}, num_warps=8, num_stages=1),
-        triton.Config({"BV": 32}, num_warps=4, num_stages=1),
-    ]
     if _interpreting():
         return scan_chain_kernel, 32
 
@@ -121,10 +117,6 @@ def _build_kernel():
             return configs[2:3]
         if args.get("LONG_WY") and not args.get("HAS_SOURCE"):
             return configs + walk_only
-        if args.get("FUSE") == 2:
-            # two dense T tiles live at once (this step's and the next one's): 8 warps, or the
-            # registers spill (ptxas -v, benchmarks/kernel_registers_cpu.py)
-            return prefetching
         return configs
 
     key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "SPLIT", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
@@ -263,8 +255,7 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
     split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
     extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
     # a seam and the body after it in one step: dense bodies from a source, no recorded states
-    fusable = wy is not None and has_source and mode == MODE_DENSE and not has_record
-    fuse = fuse_seams_mode() if fusable else 0
+    fuse = wy is not None and has_source and mode == MODE_DENSE and not has_record and fuse_seams_enabled()
 
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
