@@ -11,9 +11,10 @@ against 87.9 / 45.5 in sessions 15-16 on other machines; ``--ab-env HYPIC_KEPT_L
 --ab-values 4,0`` says whether keeping core graphs across layouts costs RAG anything.
 
     cd benchmarks && python3 rag_ab_h200.py --out OUT --ab-env HYPIC_KEPT_LAYOUTS --ab-values 4,0
-    cd benchmarks && python3 rag_ab_h200.py --out OUT --ab-env HYPIC_WRITE_GRAPHS --ab-values 1,0 --same-misses
+    cd benchmarks && python3 rag_ab_h200.py --out OUT --ab-env HYPIC_WRITE_GRAPHS --ab-values 1,0 --force-misses 1
 
-Writes OUT/rag_ab.json (per prompt size: TTFT samples and medians per value) and prints them.
+Writes OUT/rag_ab.json (per prompt size: TTFT samples and medians per value) and prints them;
+``--profile`` also OUT/rag_ab_profile.txt (one request per value under the profiler).
 ``--smoke``: CPU, the embedded tiny config, short prompts.
 """
 
@@ -56,6 +57,12 @@ def main() -> None:
     ap.add_argument("--same-misses", action="store_true",
                     help="discard what each value's run wrote before the next value's, so that every value meets the "
                          "request's missed documents (for switches of forwards that write, e.g. HYPIC_WRITE_GRAPHS)")
+    ap.add_argument("--force-misses", type=int, default=0,
+                    help="before every run of a measured request, discard that many of its documents' segments "
+                         "(every k-th, deterministically) so that each value's run recomputes and writes the same ones")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed rounds, profile one more request under each value (its misses discarded "
+                         "in between): kernel table and GPU idle gaps, to OUT/rag_ab_profile.txt")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
@@ -64,6 +71,7 @@ def main() -> None:
     work = WorkModel(spec, model)
     values = args.ab_values.split(",")
     res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "env": args.ab_env, "rows": []}
+    texts = []
     for prompt_tokens in (int(p) for p in args.prompts.split(",")):
         if args.smoke:
             config = RagTraceConfig(vocab_size=spec.vocab_size, prompt_tokens=min(prompt_tokens, 256),
@@ -91,6 +99,7 @@ def main() -> None:
                 # falls on each value's runs alike
                 order = values if r % 2 == 0 else values[::-1]
                 for v in order:
+                    force_misses(bench, request.prompt, args.force_misses)
                     before = set(bench.store.device_lru_order())
                     with env_vars(**{args.ab_env: v}):
                         sample = bench.run(request.prompt)
@@ -103,8 +112,10 @@ def main() -> None:
                         live.append(sample.live_tokens)
                         writes[v].append(len(added))
         row = {"prompt_tokens": prompt_tokens, "requests": args.requests, "live_tokens_mean": statistics.mean(live),
-               "same_misses": args.same_misses, "entries_written": writes,
+               "same_misses": args.same_misses, "force_misses": args.force_misses, "entries_written": writes,
                "ttft_ms": samples, "ttft_p50_ms": {v: statistics.median(t) for v, t in samples.items()}}
+        if args.profile:
+            texts += profile_values(bench, trace, args.ab_env, values, prompt_tokens, device, args.force_misses)
         res["rows"].append(row)
         print(f"rag {prompt_tokens}: " + ", ".join(f"{args.ab_env}={v} {row['ttft_p50_ms'][v]:.2f} ms" for v in values)
               + f" (live tokens {row['live_tokens_mean']:.0f}; entries written per request "
@@ -115,6 +126,63 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rag_ab.json"), "w") as f:
         json.dump(res, f, indent=1)
+    if texts:
+        with open(os.path.join(args.out, "rag_ab_profile.txt"), "w") as f:
+            f.write("\n\n".join(texts))
+
+
+def force_misses(bench, prompt, count: int) -> int:
+    """Discard ``count`` of ``prompt``'s cached segments (spread over its documents, the system
+    prompt's first segment spared) from ``bench``'s store, so that the next run misses them:
+    how many were dropped."""
+    if count <= 0:
+        return 0
+    segments = prompt.segments[1:]
+    step = max(1, len(segments) // count)
+    dropped = 0
+    for seg in segments[step - 1::step][:count]:
+        w = bench.policy.seam_tokens(len(seg))
+        if w < len(seg):
+            dropped += bench.store.discard(bench.keyer.segment_key(seg, w))
+    return dropped
+
+
+def profile_values(bench, trace, name: str, values, prompt_tokens: int, device: str,
+                   misses: int = 0):
+    """One request of a stream of its own, once per value (what a run wrote discarded before the
+    next): the profiler's kernel table, then a second traced run's GPU idle gaps with the hypic
+    line running at each. Under the profiler launches are slower: for where time goes, not TTFT."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from _gaps import gaps_text, gpu_gaps
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    texts = []
+    request = trace.requests(1, stream="profile")[0]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for v in values:
+        for stacks in (False, True):
+            force_misses(bench, request.prompt, misses)
+            before = set(bench.store.device_lru_order())
+            with env_vars(**{name: v}), profile(activities=activities, with_stack=stacks) as prof:
+                sample = bench.run(request.prompt)
+                sync()
+            added = set(bench.store.device_lru_order()) - before
+            for key in added:
+                bench.store.discard(key)
+            head = (f"== rag {prompt_tokens}, {name}={v}: one request ({sample.live_tokens} live tokens, "
+                    f"{len(added)} entries written)")
+            if stacks:
+                texts.append(head + ", GPU idle gaps ==\n" + gaps_text(gpu_gaps(prof)))
+            else:
+                texts.append(head + ", kernels ==\n" + prof.key_averages().table(
+                    sort_by="cuda_time_total" if device == "cuda" else "cpu_time_total", row_limit=30,
+                    max_name_column_width=60))
+            print(texts[-1][:3000], flush=True)
+    return texts
 
 
 if __name__ == "__main__":
