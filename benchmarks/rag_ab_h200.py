@@ -14,7 +14,8 @@ against 87.9 / 45.5 in sessions 15-16 on other machines; ``--ab-env HYPIC_KEPT_L
     cd benchmarks && python3 rag_ab_h200.py --out OUT --ab-env HYPIC_WRITE_GRAPHS --ab-values 1,0 --force-misses 1
 
 Writes OUT/rag_ab.json (per prompt size: TTFT samples and medians per value) and prints them;
-``--profile`` also OUT/rag_ab_profile.txt (one request per value under the profiler).
+``--profile`` also OUT/rag_ab_profile.txt (one request per value under the profiler), ``--timeline``
+per-layer host and GPU times there (allhit_ab_h200.py's timeline, new layout graphs each time).
 ``--smoke``: CPU, the embedded tiny config, short prompts.
 """
 
@@ -63,6 +64,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="after the timed rounds, profile one more request under each value (its misses discarded "
                          "in between): kernel table and GPU idle gaps, to OUT/rag_ab_profile.txt")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also, per value, the per-layer host/GPU timeline of one request repeated 3 times with "
+                         "HYPIC_KEPT_LAYOUTS=0 (a new layout's graphs every time, as every RAG request's), to "
+                         "OUT/rag_ab_profile.txt")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
@@ -114,6 +119,18 @@ def main() -> None:
         row = {"prompt_tokens": prompt_tokens, "requests": args.requests, "live_tokens_mean": statistics.mean(live),
                "same_misses": args.same_misses, "force_misses": args.force_misses, "entries_written": writes,
                "ttft_ms": samples, "ttft_p50_ms": {v: statistics.median(t) for v, t in samples.items()}}
+        if args.timeline:
+            from allhit_ab_h200 import timeline, timeline_text
+
+            request = trace.requests(1, stream="timeline")[0]
+            row["timeline"] = {}
+            for v in values:
+                force_misses(bench, request.prompt, args.force_misses)
+                with env_vars(**{args.ab_env: v, "HYPIC_KEPT_LAYOUTS": "0"}):
+                    row["timeline"][v] = timeline(bench, request.prompt, model, 3)
+                texts.append(f"== rag {prompt_tokens}, {args.ab_env}={v}: timeline (new layout graphs each time) ==\n"
+                             + timeline_text(row["timeline"][v]))
+                print(texts[-1], flush=True)
         if args.profile:
             texts += profile_values(bench, trace, args.ab_env, values, prompt_tokens, device, args.force_misses)
         res["rows"].append(row)
