@@ -105,10 +105,8 @@ def main() -> None:
                 order = values if r % 2 == 0 else values[::-1]
                 for v in order:
                     force_misses(bench, request.prompt, args.force_misses)
-                    before = set(bench.store.device_lru_order())
                     with env_vars(**{args.ab_env: v}):
-                        sample = bench.run(request.prompt)
-                    added = set(bench.store.device_lru_order()) - before
+                        sample, added = run_noting_writes(bench, lambda: bench.run(request.prompt))
                     if args.same_misses and v != order[-1]:
                         for key in added:
                             bench.store.discard(key)
@@ -124,13 +122,18 @@ def main() -> None:
 
             request = trace.requests(1, stream="timeline")[0]
             row["timeline"] = {}
-            for v in values:
-                force_misses(bench, request.prompt, args.force_misses)
-                with env_vars(**{args.ab_env: v, "HYPIC_KEPT_LAYOUTS": "0"}):
-                    row["timeline"][v] = timeline(bench, request.prompt, model, 3)
-                texts.append(f"== rag {prompt_tokens}, {args.ab_env}={v}: timeline (new layout graphs each time) ==\n"
-                             + timeline_text(row["timeline"][v]))
-                print(texts[-1], flush=True)
+            real_run = bench.run
+            # every repeat meets the same forced misses (the first one's writes would hit after)
+            bench.run = lambda prompt: (force_misses(bench, prompt, args.force_misses), real_run(prompt))[1]
+            try:
+                for v in values:
+                    with env_vars(**{args.ab_env: v, "HYPIC_KEPT_LAYOUTS": "0"}):
+                        row["timeline"][v] = timeline(bench, request.prompt, model, 3)
+                    texts.append(f"== rag {prompt_tokens}, {args.ab_env}={v}: timeline (new layout graphs each time) "
+                                 f"==\n" + timeline_text(row["timeline"][v]))
+                    print(texts[-1], flush=True)
+            finally:
+                del bench.run  # the instance attribute: the class method again
         if args.profile:
             texts += profile_values(bench, trace, args.ab_env, values, prompt_tokens, device, args.force_misses)
         res["rows"].append(row)
@@ -146,6 +149,13 @@ def main() -> None:
     if texts:
         with open(os.path.join(args.out, "rag_ab_profile.txt"), "w") as f:
             f.write("\n\n".join(texts))
+
+
+def run_noting_writes(bench, run):
+    """``(run(), the store keys it added)``: the entries a run of ``bench`` wrote."""
+    before = set(bench.store.device_lru_order())
+    out = run()
+    return out, set(bench.store.device_lru_order()) - before
 
 
 def force_misses(bench, prompt, count: int) -> int:
@@ -183,11 +193,8 @@ def profile_values(bench, trace, name: str, values, prompt_tokens: int, device: 
     for v in values:
         for stacks in (False, True):
             force_misses(bench, request.prompt, misses)
-            before = set(bench.store.device_lru_order())
             with env_vars(**{name: v}), profile(activities=activities, with_stack=stacks) as prof:
-                sample = bench.run(request.prompt)
-                sync()
-            added = set(bench.store.device_lru_order()) - before
+                sample, added = run_noting_writes(bench, lambda: (bench.run(request.prompt), sync())[0])
             for key in added:
                 bench.store.discard(key)
             head = (f"== rag {prompt_tokens}, {name}={v}: one request ({sample.live_tokens} live tokens, "

@@ -94,7 +94,6 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
            summarize, summary_spans, record_rows, num_records, summary_spans_host):
     """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc)."""
     from hypic.ops.linear import fla_paths
-    from hypic.ops.linear.gated_delta import select_spans
 
     _check_fla_inputs("gated_delta_chain_forward", k.shape[-1], q, k, v, g, beta)
     table = None
