@@ -50,8 +50,12 @@ def main() -> None:
     ap.add_argument("--prompts", default="32768,8192", help="target prompt tokens, comma-separated")
     ap.add_argument("--requests", type=int, default=8, help="measured requests per prompt size")
     ap.add_argument("--warmup-requests", type=int, default=2)
-    ap.add_argument("--ab-env", required=True)
+    ap.add_argument("--ab-env", default=None, help="one switch; its values from --ab-values")
     ap.add_argument("--ab-values", default="4,0")
+    ap.add_argument("--ab-settings", default=None,
+                    help="instead of --ab-env/--ab-values: settings separated by ';', each of space-separated "
+                         "NAME=VALUE switches (an empty one: the defaults), e.g. "
+                         "'HYPIC_CHAIN_FUSE_SEAMS=1;HYPIC_CHAIN_FUSE_SEAMS=0 HYPIC_KEPT_LAYOUTS=0'")
     ap.add_argument("--store-bytes", default=None,
                     help="device budget of the store (e.g. 36GiB, as the TTFT bench's command; default unlimited): "
                          "below the corpus's size, evictions leave misses that the measured requests write")
@@ -74,8 +78,11 @@ def main() -> None:
     with open(TINY if args.smoke else CONFIG) as f:
         spec, model = build_dummy_model(json.load(f), dtype=dtype, device=device, seed=0)
     work = WorkModel(spec, model)
-    values = args.ab_values.split(",")
-    res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "env": args.ab_env, "rows": []}
+    settings = parse_settings(args.ab_env, args.ab_values, args.ab_settings)
+    values = list(settings)
+    label = args.ab_env or "setting"
+    res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "env": label,
+           "settings": settings, "rows": []}
     texts = []
     for prompt_tokens in (int(p) for p in args.prompts.split(",")):
         if args.smoke:
@@ -105,7 +112,7 @@ def main() -> None:
                 order = values if r % 2 == 0 else values[::-1]
                 for v in order:
                     force_misses(bench, request.prompt, args.force_misses)
-                    with env_vars(**{args.ab_env: v}):
+                    with env_vars(**settings[v]):
                         sample, added = run_noting_writes(bench, lambda: bench.run(request.prompt))
                     if args.same_misses and v != order[-1]:
                         for key in added:
@@ -127,17 +134,17 @@ def main() -> None:
             bench.run = lambda prompt: (force_misses(bench, prompt, args.force_misses), real_run(prompt))[1]
             try:
                 for v in values:
-                    with env_vars(**{args.ab_env: v, "HYPIC_KEPT_LAYOUTS": "0"}):
+                    with env_vars(**{**settings[v], "HYPIC_KEPT_LAYOUTS": "0"}):
                         row["timeline"][v] = timeline(bench, request.prompt, model, 3)
-                    texts.append(f"== rag {prompt_tokens}, {args.ab_env}={v}: timeline (new layout graphs each time) "
+                    texts.append(f"== rag {prompt_tokens}, {label}={v}: timeline (new layout graphs each time) "
                                  f"==\n" + timeline_text(row["timeline"][v]))
                     print(texts[-1], flush=True)
             finally:
                 del bench.run  # the instance attribute: the class method again
         if args.profile:
-            texts += profile_values(bench, trace, args.ab_env, values, prompt_tokens, device, args.force_misses)
+            texts += profile_values(bench, trace, label, settings, prompt_tokens, device, args.force_misses)
         res["rows"].append(row)
-        print(f"rag {prompt_tokens}: " + ", ".join(f"{args.ab_env}={v} {row['ttft_p50_ms'][v]:.2f} ms" for v in values)
+        print(f"rag {prompt_tokens}: " + ", ".join(f"{label}={v} {row['ttft_p50_ms'][v]:.2f} ms" for v in values)
               + f" (live tokens {row['live_tokens_mean']:.0f}; entries written per request "
               + ", ".join(f"{v}: {statistics.mean(writes[v]):.2f}" for v in values) + ")", flush=True)
         bench.close()
@@ -149,6 +156,26 @@ def main() -> None:
     if texts:
         with open(os.path.join(args.out, "rag_ab_profile.txt"), "w") as f:
             f.write("\n\n".join(texts))
+
+
+def parse_settings(env, values, settings):
+    """``{label: {NAME: VALUE}}`` in order: each value of ``env`` (comma-separated ``values``), or
+    each of ``settings`` (``;``-separated, each of space-separated ``NAME=VALUE``)."""
+    if (env is None) == (settings is None):
+        raise SystemExit("give either --ab-env (with --ab-values) or --ab-settings")
+    if env is not None:
+        return {v: {env: v} for v in values.split(",")}
+    out = {}
+    for item in settings.split(";"):
+        pairs = item.split()
+        bad = [p for p in pairs if "=" not in p or not p.split("=", 1)[0]]
+        if bad:
+            raise SystemExit(f"--ab-settings: {bad} are not NAME=VALUE")
+        label = item.strip() or "defaults"
+        if label in out:
+            raise SystemExit(f"--ab-settings: {label!r} given twice")
+        out[label] = dict(p.split("=", 1) for p in pairs)
+    return out
 
 
 def run_noting_writes(bench, run):
@@ -174,7 +201,7 @@ def force_misses(bench, prompt, count: int) -> int:
     return dropped
 
 
-def profile_values(bench, trace, name: str, values, prompt_tokens: int, device: str,
+def profile_values(bench, trace, name: str, settings, prompt_tokens: int, device: str,
                    misses: int = 0):
     """One request of a stream of its own, once per value (what a run wrote discarded before the
     next): the profiler's kernel table, then a second traced run's GPU idle gaps with the hypic
@@ -190,10 +217,10 @@ def profile_values(bench, trace, name: str, values, prompt_tokens: int, device: 
     texts = []
     request = trace.requests(1, stream="profile")[0]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    for v in values:
+    for v, setting in settings.items():
         for stacks in (False, True):
             force_misses(bench, request.prompt, misses)
-            with env_vars(**{name: v}), profile(activities=activities, with_stack=stacks) as prof:
+            with env_vars(**setting), profile(activities=activities, with_stack=stacks) as prof:
                 sample, added = run_noting_writes(bench, lambda: (bench.run(request.prompt), sync())[0])
             for key in added:
                 bench.store.discard(key)

@@ -28,7 +28,7 @@ for tgz in "$HERE"/.snap/tree_*.tgz; do
   name=$(basename "$tgz" .tgz)
   rm -rf /tmp/$name && mkdir -p /tmp/$name && tar xzf "$tgz" -C /tmp/$name
   (cd /tmp/$name && PYTHONPATH=${PYTHONPATH:-}:/tmp/$name timeout ${PER_TREE_S:-240} python3 -m hypic bench ttft "${MODEL[@]}" \
-     --seam 8 --modes hypic --cases all_hit,rag "${SIZES[@]}" --num-requests 8 --cold-requests 1 --warmup-requests 2 \
+     --seam 8 --modes hypic --cases ${CASES:-all_hit,rag} "${SIZES[@]}" --num-requests 8 --cold-requests 1 --warmup-requests 2 \
      --corpus-factor 3 --no-progress --json $R/$name.json > $R/$name.txt 2>&1
    echo "rc=$? after $(( $(date +%s) - T0 )) s" >> $R/$name.txt)
   grep -hE "^(all_hit|rag) |rc=" $R/$name.txt | sed "s/^/$name /" | cut -c1-200
