@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 HERE=$PWD; R=/tmp/r1; mkdir -p $R; T0=$(date +%s)
 pack() { tar czf $OUT/s20c1.tgz -C $R .; }
 mkdir -p /tmp/trees_old/.snap /tmp/trees_head/.snap
-cp .snap/tree_4d4df49.tgz /tmp/trees_old/.snap/; cp .snap/tree_head.tgz /tmp/trees_head/.snap/
+cp .snap/tree_4d4df49.tgz /tmp/trees_old/.snap/; cp .snap/tree.tgz /tmp/trees_head/.snap/tree_head.tgz
 cp -r .whl /tmp/trees_old/; cp -r .whl /tmp/trees_head/
 (cd /tmp/trees_old && OUT=$R PROMPT=32768 PER_TREE_S=200 bash $HERE/benchmarks/device/ttft_trees.sh); pack
 rm -rf /tmp/tree && mkdir -p /tmp/tree && tar xzf .snap/tree.tgz -C /tmp/tree && cd /tmp/tree
