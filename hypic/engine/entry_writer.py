@@ -21,6 +21,7 @@ its tensors are that buffer's rows; its conv tails are noted as one buffer's row
 from __future__ import annotations
 
 import os
+from collections import abc
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -49,8 +50,22 @@ def entry_writes_mode() -> str:
         raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
     return value
 
+IN_PLACE_ENV = "HYPIC_ENTRY_IN_PLACE"
+
+
+def entry_in_place() -> bool:
+    """``HYPIC_ENTRY_IN_PLACE`` (default 1): a cold forward's linear layers write their segment
+    writes' summaries (T, S) straight into the store entries' rows (:meth:`EntryWriter.summary_targets`);
+    0: the op returns them and the writer copies them like the other fields (A/B runs)."""
+    value = os.environ.get(IN_PLACE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{IN_PLACE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 from hypic.engine.pic_context import remember_tail_rows
 from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
+from hypic.ops.linear.summary import SummaryTable
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
 
 
@@ -80,12 +95,18 @@ class EntryWriter:
         self._buffers: List[Dict[str, tuple]] = [{} for _ in self.writes]
         self._summary_cls = None
         self._done = set()
+        # summary_targets(): per linear layer row, the entries' (T, S) rows as a SummaryTable that
+        # the layer's op writes in place; the rows of the layers it was handed to
+        self._targets: Optional[List[SummaryTable]] = None
+        self._in_place = set()
+        self._in_place_on = entry_in_place()
 
     # ---------------------------------------------------------------------------------------------
-    def _rows(self, i: int, field: str, count: int, like: torch.Tensor) -> tuple:
+    def _rows(self, i: int, field: str, count: int, like: torch.Tensor, device=None) -> tuple:
         held = self._buffers[i].get(field)
         if held is None:
-            buffer = torch.empty((count,) + tuple(like.shape), dtype=like.dtype, device=like.device)
+            buffer = torch.empty((count,) + tuple(like.shape), dtype=like.dtype,
+                                 device=like.device if device is None else device)
             held = self._buffers[i][field] = (buffer, buffer.unbind(0))
         return held[1]
 
@@ -96,6 +117,49 @@ class EntryWriter:
             raise ValueError(f"layer {layer_idx}'s records were already written")
         self._done.add(layer_idx)
         return table[layer_idx]
+
+    def summary_targets(self, layer_idx: int, num_heads: int, key_dim: int, value_dim: int,
+                        device: torch.device) -> Optional[SummaryTable]:
+        """The entries' T and S rows of linear layer ``layer_idx``, one per write, as a
+        :class:`~hypic.ops.linear.summary.SummaryTable` with its address table on ``device``,
+        for the layer's op to write its written spans' summaries into
+        (``gated_delta_chain_forward_and_summarize(summary_out=)``): a cold 32k prefill's 64
+        writes then skip copying 7.7 GiB of fp32 rows after the forward. None when some write is
+        a checkpoint (it stores no summary). Once handed out, :meth:`linear_done` takes the
+        layer's summaries as written (the record's ``write_summaries`` is None then)."""
+        if not self.writes or any(w.kind == WRITE_CHECKPOINT for _, _, w in self.writes) or not self._in_place_on:
+            return None
+        j = self._linear_row.get(layer_idx)
+        if j is None:
+            raise ValueError(f"layer {layer_idx} is not one of the forward's linear layers")
+        if self._targets is None:
+            self._targets = self._allocate_targets(num_heads, key_dim, value_dim, torch.device(device))
+        self._in_place.add(layer_idx)
+        return self._targets[j]
+
+    def _allocate_targets(self, num_heads: int, key_dim: int, value_dim: int, device: torch.device):
+        """Every write's T and S buffers over the linear layers, and per layer row the table of
+        their rows: one host-built address tensor ``[L, 2, NW]`` copied to the device once."""
+        from hypic.ops.linear.summary import DenseSummary
+
+        count = len(self.linear_layers)
+        self._summary_cls = DenseSummary
+        t_like = torch.empty((1, num_heads, key_dim, key_dim), dtype=torch.float32, device="meta")
+        s_like = torch.empty((1, num_heads, key_dim, value_dim), dtype=torch.float32, device="meta")
+        t_rows, s_rows = [], []
+        for i in range(len(self.writes)):
+            t_rows.append(self._rows(i, "transition", count, t_like, device))
+            s_rows.append(self._rows(i, "state", count, s_like, device))
+        addresses = None
+        if device.type == "cuda":
+            t_step, s_step = t_like.numel() * 4, s_like.numel() * 4  # rows of one buffer, in bytes
+            layers = torch.arange(count, dtype=torch.int64)[:, None]
+            t_base = torch.tensor([rows[0].data_ptr() for rows in t_rows], dtype=torch.int64)
+            s_base = torch.tensor([rows[0].data_ptr() for rows in s_rows], dtype=torch.int64)
+            table = torch.stack([t_base + layers * t_step, s_base + layers * s_step], dim=1)  # [L, 2, NW]
+            addresses = table.pin_memory().to(device, non_blocking=True)
+        return [SummaryTable(_Row(t_rows, s_rows, j, self._summary_cls),
+                             None if addresses is None else addresses[j]) for j in range(count)]
 
     def linear_done(self, layer_idx: int, rec) -> None:
         if self._take(self._check_new(layer_idx, self._linear_row, "linear"), rec, self._linear):
@@ -124,6 +188,9 @@ class EntryWriter:
         count = len(self.linear_layers)
         tails = rec.tails.unbind(0)
         summaries = None
+        in_place = self.linear_layers[j] in self._in_place
+        if in_place and rec.write_summaries is not None:
+            raise ValueError(f"layer {self.linear_layers[j]} was given summary targets but returned its summaries")
         if rec.write_summaries is not None:
             self._summary_cls = type(rec.write_summaries)
             t, s = rec.write_summaries.parts()
@@ -141,6 +208,8 @@ class EntryWriter:
         for i, (_, _, w) in enumerate(self.writes):
             if w.kind == WRITE_CHECKPOINT:
                 pairs = (("state", states[i]), ("tail", tails[i]))
+            elif in_place:  # the op wrote T and S into the entries' rows
+                pairs = (("tail", tails[i]),)
             else:
                 pairs = (("transition", summaries[0][i]), ("state", summaries[1][i]), ("tail", tails[i]))
             for field, src in pairs:
@@ -217,10 +286,26 @@ class EntryWriter:
         return entries
 
 
+class _Row(abc.Sequence):
+    """Layer row ``j`` of every write's T and S buffers as one-span summaries, built on access
+    (a SummaryTable's items: its kernels read only the first, through the addresses)."""
+
+    def __init__(self, t_rows, s_rows, j: int, cls) -> None:
+        self._t, self._s, self._j, self._cls = t_rows, s_rows, j, cls
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[n] for n in range(*i.indices(len(self)))]
+        return self._cls(transition=self._t[i][self._j], state=self._s[i][self._j])
+
+
 def entry_writer(layout: PackedLayout, linear_layers: Sequence[int], attention_layers: Sequence[int],
                  device: torch.device) -> Optional[EntryWriter]:
     """An :class:`EntryWriter` for a forward with writes, else None."""
     return EntryWriter(layout, linear_layers, attention_layers, device) if layout.writes else None
 
 
-__all__ = ["ENV", "EntryWriter", "MODES", "entry_writer", "entry_writes_mode"]
+__all__ = ["ENV", "IN_PLACE_ENV", "EntryWriter", "MODES", "entry_in_place", "entry_writer", "entry_writes_mode"]

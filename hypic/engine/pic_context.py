@@ -218,6 +218,13 @@ class PicContext(ForwardContext):
         # chunk by chunk on CUDA), the live spans' zero-start summaries beside it only when a
         # segment entry needs them, and only the states checkpoints read recorded.
         checkpoints = lay.num_checkpoint_records > 0
+        # A cold forward's segment writes: the op writes their summaries straight into the store
+        # entries' rows (hypic/engine/entry_writer.py), nothing copied after the forward. Not
+        # with cached bodies: that forward's core may be a graph, replayed by every layer, and
+        # its few written spans' rows are copied with the rest after the forward.
+        targets = None
+        if self.writer is not None and bodies is None and lay.any_segment_write:
+            targets = self.writer.summary_targets(layer_idx, v.shape[1], k.shape[2], v.shape[2], v.device)
 
         def write_core(q, k, v, g, beta, bodies, init):
             return gated_delta_chain_forward_and_summarize(
@@ -227,7 +234,7 @@ class PicContext(ForwardContext):
                 summary_spans=lay.write_span_range if lay.write_span_range is not None else lay.write_spans,
                 summary_spans_host=lay.write_spans_host if lay.any_segment_write else None,
                 record_rows=lay.checkpoint_record_rows if checkpoints else None,
-                num_records=lay.num_checkpoint_records if checkpoints else None)
+                num_records=lay.num_checkpoint_records if checkpoints else None, summary_out=targets)
 
         if (self.replays is not None and q.is_cuda and bodies is not None
                 and getattr(bodies, "addresses", None) is not None):

@@ -29,19 +29,28 @@ def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(ti
     # shared with another entry or with the forward's records.
     spec, model = tiny
     rows = {}  # (write, layer, field) -> a copy of what the layer recorded
+    in_place = set()  # layers whose op wrote the summaries into the entries
     real_linear, real_attention = EntryWriter.linear_done, EntryWriter.attention_done
 
     def linear_done(self, layer_idx, rec):
         for i, (_, _, w) in enumerate(self.writes):
             rows[i, layer_idx, "tail"] = rec.tails[i].clone()
-            if rec.write_summaries is not None and w.kind == "segment":
+            if layer_idx in self._in_place:  # the op wrote the summaries into the entries' rows
+                assert rec.write_summaries is None and w.kind == "segment"
+                item = self._targets[self._linear_row[layer_idx]].items[i]
+                rows[i, layer_idx, "transition"], rows[i, layer_idx, "state"] = (item.transition.clone(),
+                                                                                  item.state.clone())
+                in_place.add(layer_idx)
+            elif rec.write_summaries is not None and w.kind == "segment":
                 t, s = rec.write_summaries.parts()
                 rows[i, layer_idx, "transition"], rows[i, layer_idx, "state"] = t[i:i + 1].clone(), s[i:i + 1].clone()
             else:
                 rows[i, layer_idx, "state"] = rec.write_states[i].clone()
         real_linear(self, layer_idx, rec)
-        # released once copied, except when every copy waits for the forward's end
-        assert (rec.write_summaries is None and rec.write_states is None) == (writes != "after")
+        # released once copied, except when every copy waits for the forward's end (nothing to
+        # release when the summaries were written in place)
+        assert (rec.write_summaries is None and rec.write_states is None) == (
+            writes != "after" or layer_idx in self._in_place)
 
     def attention_done(self, layer_idx, rec):
         for i, (a, z) in enumerate(self.key_rows):
@@ -90,6 +99,8 @@ def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(ti
                 t, s = cache.summary.parts()
                 assert any(torch.equal(t, v) for k, v in rows.items() if k[1:] == (layer, "transition"))
                 assert any(torch.equal(s, v) for k, v in rows.items() if k[1:] == (layer, "state"))
+    # a cold hypic forward writes segment summaries in place (prefix_cache writes checkpoints)
+    assert bool(in_place) == (mode == "hypic")
     # and serve the next request exactly
     _, again = h.run(segs, query)
     want = full_logits(spec, model, [t for s in segs for t in s] + list(query))
@@ -119,6 +130,30 @@ def test_writer_checks_its_calls(tiny):
     fresh = EntryWriter(seen["ctx"].layout, spec.linear_layer_ids, attention, torch.device("cpu"))
     with pytest.raises(ValueError, match="recorded nothing"):
         fresh.finish()
+
+
+def test_summaries_written_in_place_equal_the_copied_ones(tiny, monkeypatch):
+    """A cold forward's entries with the op writing T and S into their rows, and with the rows
+    returned and copied (``HYPIC_ENTRY_IN_PLACE=0``): the same bits, and the same next request."""
+    spec, model = tiny
+    segs = [random_segment(n, 900 + n) for n in (23, 17, 40)]
+    query = random_segment(5, 9)
+    got = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv(entry_writer.IN_PLACE_ENV, value)
+        h = PicHarness(spec, model)
+        h.run(segs, query)
+        got[value] = ({e.key: e for e in h.store.snapshot()}, h.run(segs, query)[1].logits)
+    (placed, logits_placed), (copied, logits_copied) = got["1"], got["0"]
+    assert placed.keys() == copied.keys() and placed
+    for key, entry in placed.items():
+        for layer, cache in entry.linear.items():
+            for a, b in zip(cache.summary.parts(), copied[key].linear[layer].summary.parts()):
+                assert torch.equal(a, b)
+    assert torch.equal(logits_placed, logits_copied)
+    monkeypatch.setenv(entry_writer.IN_PLACE_ENV, "yes")
+    with pytest.raises(ValueError, match="HYPIC_ENTRY_IN_PLACE"):
+        entry_writer.entry_in_place()
 
 
 def test_mode_switch_is_validated(monkeypatch):

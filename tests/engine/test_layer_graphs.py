@@ -39,6 +39,18 @@ class RecordingBackend:
                 o.copy_(n)
         self.replayed += 1
 
+    # adaptive captures: marks are call numbers; the "GPU" has reached those in reached_marks
+    # (None: every mark, a host-bound forward)
+    marks = 0
+    reached_marks = None
+
+    def mark(self):
+        self.marks += 1
+        return self.marks
+
+    def reached(self, mark):
+        return self.reached_marks is None or mark in self.reached_marks
+
 
 def core(x, w, bias):
     y = x * w if bias is None else x * w + bias
@@ -121,6 +133,41 @@ def test_switch_is_validated(monkeypatch):
         layer_graphs.layer_graphs_enabled()
     monkeypatch.setenv(layer_graphs.ENV, "0")
     assert not layer_graphs.layer_graphs_enabled()
+
+
+def test_adaptive_replays_capture_once_the_gpu_keeps_up():
+    """Adaptive (graphs that die with their forward): eager for the first MIN_EAGER_CALLS calls,
+    then eager while the previous call's mark is not reached (the GPU a layer behind), captured
+    at the first call that finds it reached; results equal the eager core's throughout."""
+    backend = RecordingBackend()
+    backend.reached_marks = {4}  # the GPU caught up after the 4th eager call
+    replays = LayerReplays(backend, adaptive=True)
+    x = torch.randn(5, 3)
+    for i in range(8):
+        x.copy_(torch.randn(5, 3))
+        w = torch.randn(5, 3)
+        y, s = replays.run("core", core, x, w, None, stable=(0,))
+        torch.testing.assert_close(y, core(x, w, None)[0])
+        if i < 4:
+            assert replays.num_captures == 0
+    # calls 1-4 eager (3 and 4 deferred: marks 2 and 3 not reached), 5 captured, 6-8 replayed
+    assert replays.num_captures == 1 and replays.num_replays == 3 and replays.num_deferred == 2
+    behind = RecordingBackend()
+    behind.reached_marks = ()
+    never = LayerReplays(behind, adaptive=True)  # the GPU never catches up
+    for _ in range(5):
+        never.run("core", core, x, torch.randn(5, 3), None)
+    assert never.num_captures == 0 and never.num_deferred == 3
+
+
+def test_fresh_graphs_switch(monkeypatch):
+    monkeypatch.delenv(layer_graphs.FRESH_ENV, raising=False)
+    assert layer_graphs.fresh_graphs_mode() == "adaptive"
+    monkeypatch.setenv(layer_graphs.FRESH_ENV, "always")
+    assert layer_graphs.fresh_graphs_mode() == "always"
+    monkeypatch.setenv(layer_graphs.FRESH_ENV, "sometimes")
+    with pytest.raises(ValueError, match="HYPIC_FRESH_GRAPHS"):
+        layer_graphs.fresh_graphs_mode()
 
 
 def test_a_cached_request_with_replayed_conv_cores_matches_the_eager_forward(monkeypatch):

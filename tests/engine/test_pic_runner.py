@@ -429,19 +429,26 @@ def test_run_initial_conv_states_are_stacked_once_per_forward(tiny, mode):
         assert got.dtype == want.dtype and got.is_contiguous() and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("mode,keeps_summaries", [("prefix_cache", False), ("hypic", True)])
-def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, mode, keeps_summaries):
+@pytest.mark.parametrize("mode,in_place,keeps_summaries", [("prefix_cache", "1", False), ("hypic", "0", True),
+                                                           ("hypic", "1", False)])
+def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, mode, in_place, keeps_summaries):
     """A prefix-cache checkpoint needs the state after its segment, not the segment's summary:
     its forward must not keep every span's (T, S) alive until the writes (at 128k tokens in
-    512-token segments that held 30 GiB and ran the H200 out of memory)."""
+    512-token segments that held 30 GiB and ran the H200 out of memory). A cold hypic forward's
+    segment summaries are written into the entries by the op (HYPIC_ENTRY_IN_PLACE, default), so
+    its records keep none either; with 0 they are recorded and copied."""
+    from hypic.engine import entry_writer
     from hypic.engine.entry_writer import EntryWriter
 
+    monkeypatch.setenv(entry_writer.IN_PLACE_ENV, in_place)
     spec, model = tiny
     seen = []
+    placed = []
     real = EntryWriter.linear_done
 
     def spy(self, layer_idx, rec):
         seen.append(rec.write_summaries)
+        placed.append(layer_idx in self._in_place)
         return real(self, layer_idx, rec)
 
     monkeypatch.setattr(EntryWriter, "linear_done", spy)
@@ -450,6 +457,7 @@ def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, 
     query = random_segment(5, 4)
     plan, res = h.run(segs, query)
     assert seen and all((s is not None) == keeps_summaries for s in seen)
+    assert all(placed) == (mode == "hypic" and in_place == "1") and (any(placed) == all(placed))
     assert _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
     _, again = h.run(segs, query)  # the written entries serve the next request
     assert _max_err(again.logits, full_logits(spec, model, _concat(segs, query))) < ATOL

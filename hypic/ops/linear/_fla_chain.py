@@ -45,7 +45,12 @@ from hypic.ops.linear._fla_common import (
     span_chunk_rows,
 )
 from hypic.ops.linear._layout_tables import LayoutTables
-from hypic.ops.linear.state_summary import cold_summaries_mode, written_span_rows, zero_start_from_states
+from hypic.ops.linear.state_summary import (
+    cold_summaries_mode,
+    written_span_rows,
+    zero_start_from_states,
+    zero_start_from_states_into,
+)
 from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
 
 LONG_ENV = "HYPIC_CHAIN_LONG"
@@ -70,29 +75,43 @@ def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source
                                       bodies=None if bodies is None else _stacked(bodies).to("cpu"),
                                       initial_states=initial_states, scale=scale))
     o, final, _, _ = _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
-                            cu_seqlens_cpu, False, None, None, None, None)
+                            cu_seqlens_cpu, False, None, None, None, None, None)
     return o, final
 
 
 def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_chains, source=None, bodies=None,
                                             initial_states=None, scale=None, cu_seqlens_cpu=None, summarize=True,
                                             summary_spans=None, record_rows=None, num_records=None,
-                                            summary_spans_host=None):
+                                            summary_spans_host=None, summary_out=None):
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
     if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
-        return _on_cpu_reference("gated_delta", "gated_delta_chain_forward_and_summarize", (q, k, v, g, beta),
-                                 dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
-                                      bodies=None if bodies is None else _stacked(bodies).to("cpu"),
-                                      initial_states=initial_states, scale=scale, summarize=summarize,
-                                      summary_spans=summary_spans, record_rows=record_rows,
-                                      num_records=num_records))
-    return _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
-                  summarize, summary_spans, record_rows, num_records, summary_spans_host)
+        o, final, summary, records = _on_cpu_reference(
+            "gated_delta", "gated_delta_chain_forward_and_summarize", (q, k, v, g, beta),
+            dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
+                 bodies=None if bodies is None else _stacked(bodies).to("cpu"),
+                 initial_states=initial_states, scale=scale, summarize=summarize,
+                 summary_spans=summary_spans, record_rows=record_rows, num_records=num_records))
+        return o, final, _written_into(summary_out, summary), records
+    o, final, summary, records = _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
+                                        scale, cu_seqlens_cpu, summarize, summary_spans, record_rows, num_records,
+                                        summary_spans_host, summary_out)
+    return o, final, _written_into(summary_out, summary), records
+
+
+def _written_into(targets, summary):
+    """``summary``, or None once it is in ``targets`` (copied there unless a kernel wrote it)."""
+    if targets is None or summary is None:
+        return summary
+    from hypic.ops.linear.summary import write_summaries_into
+
+    write_summaries_into(targets, summary)
+    return None
 
 
 def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale, cu_seqlens_cpu,
-           summarize, summary_spans, record_rows, num_records, summary_spans_host):
-    """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc)."""
+           summarize, summary_spans, record_rows, num_records, summary_spans_host, summary_out):
+    """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc); the
+    summary is None too when the kernels wrote it into ``summary_out``."""
     from hypic.ops.linear import fla_paths
 
     _check_fla_inputs("gated_delta_chain_forward", k.shape[-1], q, k, v, g, beta)
@@ -129,7 +148,11 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         # holds its SMs first) and read back before S is derived from it
         beside = None
         if from_states:
-            beside = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans)
+            # with targets whose addresses are on this device (the store entries a cold prefill
+            # writes), T and then S are written there: no [NW] rows to copy after the forward
+            into = summary_out if (summary_out is not None and summary_out.addresses is not None
+                                   and summary_out.addresses.device == w.device) else None
+            beside = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans, into=into)
         try:
             out = scan_chain_wy_triton(
                 k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
@@ -148,8 +171,11 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         summary = None
         if from_states:
             trans = beside.result()
-            state = zero_start_from_states(trans, incoming, final, rows)
-            summary = _summary_classes()[0](transition=trans, state=state)
+            if beside.written_into is not None:
+                zero_start_from_states_into(beside.written_into, incoming, final, rows)
+            else:
+                state = zero_start_from_states(trans, incoming, final, rows)
+                summary = _summary_classes()[0](transition=trans, state=state)
             incoming = None  # the walk's records were for the derivation, not the caller's
         elif summarize:
             summary = _span_summaries(k4, w, u, gc, cu, cu_seqlens, cu_seqlens_cpu, summary_spans, summary_spans_host)

@@ -37,14 +37,17 @@ def transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k,
     return b_t
 
 
-@triton.jit(do_not_specialize=["NW"])
+@triton.jit(do_not_specialize=["NW", "out_base"])
 def wy_transition_kernel(
     k,          # [T, H, K] keys (the WY step's, bf16 or fp32)
     w,          # [T, HV, K] WY factors
     g,          # [T, HV] chunk-local cumulative log2 gate (read only when USE_G)
     cu_spans,   # [N + 1] int64 span bounds
     spans,      # [NW] int64: the spans whose T is formed
-    out,        # [NW, HV, K, K] fp32 out: T of each
+    out,        # [NW, HV, K, K] fp32 out: T of each; with OUT_TABLE any fp32 tensor at out_base
+    table,      # [NW] int64 (OUT_TABLE): byte address of each span's [HV, K, K] T, e.g. in a store
+                #   entry, a multiple of 64 bytes from out_base
+    out_base,   # byte address of `out` (OUT_TABLE)
     NW,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -56,8 +59,10 @@ def wy_transition_kernel(
     PRECISION: tl.constexpr,
     SPLIT: tl.constexpr,
     INTERPRET: tl.constexpr,
+    OUT_TABLE: tl.constexpr,
 ):
-    """One (column block, head, span): T's columns from the identity's, chunk by chunk."""
+    """One (column block, head, span): T's columns from the identity's, chunk by chunk, written
+    to row i of ``out`` or, with ``OUT_TABLE``, where ``table[i]`` says."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     i_w = tl.program_id(2).to(tl.int64)
@@ -80,5 +85,9 @@ def wy_transition_kernel(
         for c in range(0, tl.cdiv(length, BT)):
             b_t = transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k, H, HV, K, BT, USE_G, PRECISION,
                                    SPLIT)
-    tl.store(out + (i_w * HV + i_h) * K * K + o_k[:, None] * K + o_c[None, :], b_t,
-             mask=m_k[:, None] & m_c[None, :])
+    if OUT_TABLE:
+        # counted in 64-byte steps from the base (16 fp32), as the chain kernel reads its table
+        o_base = (tl.load(table + i_w) - out_base) // 64 * 16 + i_h * K * K
+    else:
+        o_base = (i_w * HV + i_h) * K * K
+    tl.store(out + o_base + o_k[:, None] * K + o_c[None, :], b_t, mask=m_k[:, None] & m_c[None, :])

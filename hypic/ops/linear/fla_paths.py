@@ -115,19 +115,20 @@ def _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only: bool):
     return _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only)
 
 
-def _transitions_beside(k4, w, u, gc, cu, cu_cpu, spans=None):
+def _transitions_beside(k4, w, u, gc, cu, cu_cpu, spans=None, into=None):
     """T of the given spans (an index tensor or a host ``(a, b)``; every span when None), fp32, as
     a :class:`~hypic.ops.linear.transition.BesideTransitions` to ``launch()`` and then read with
     ``result()``: the one-chunk closed form when every span fits in a chunk, else
     :func:`wy_transitions_beside` over those spans alone (on a side stream from now, beside what
     the caller queues before ``launch()``); ``HYPIC_TRANSITION_IMPL=fla``: fla's summary kernel
-    with ``V = 0`` over every span, then the rows."""
+    with ``V = 0`` over every span, then the rows. ``into``: targets the Triton launch writes T
+    into (``written_into`` is then set); the other forms ignore it."""
     from hypic.ops.linear.transition import BesideTransitions, transition_impl, wy_transitions_beside
 
     num_spans = cu.numel() - 1
     if transition_impl() == "triton" and _short_spans(k4, u, cu, cu_cpu)[0] is None:
         return wy_transitions_beside(k4[0], w[0], None if gc is None else gc[0], cu,
-                                     (0, num_spans) if spans is None else spans)
+                                     (0, num_spans) if spans is None else spans, into=into)
     _, trans = _delta_summaries(k4, w, u, gc, cu, cu_cpu, transition_only=True)
     if spans is not None:
         if isinstance(spans, tuple):

@@ -13,7 +13,14 @@ import torch
 from . import _family
 from ._checks import check_cu_seqlens_cpu
 from ._dispatch import cuda_fast_path
-from .summary import DenseSummary, SummaryTable, scan_chain, scan_chain_from
+from .summary import (
+    DenseSummary,
+    SummaryTable,
+    check_summary_targets,
+    scan_chain,
+    scan_chain_from,
+    write_summaries_into,
+)
 
 SPEC = _family.FamilySpec("gated_delta", gate="scalar", delta=True)
 
@@ -221,6 +228,7 @@ def gated_delta_chain_forward_and_summarize(
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
     summary_spans_host: Optional[Tuple[int, ...]] = None,
+    summary_out: Optional[SummaryTable] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[DenseSummary], Optional[torch.Tensor]]:
     """:func:`gated_delta_chain_forward` for a forward that writes to the store: returns
     ``(o, final, summary, incoming)``. ``summary`` (when ``summarize``) holds the zero-start
@@ -232,6 +240,11 @@ def gated_delta_chain_forward_and_summarize(
     the state after the element before it), else None. ``summary_spans_host``: the same spans as
     host ints (optional; with ``cu_seqlens_cpu`` the GPU path then forms those spans' summaries
     alone, from their gathered WY rows, instead of every live span's and then the rows).
+    ``summary_out``: where the summaries go instead of being returned (``summary`` is then None):
+    a :class:`~hypic.ops.linear.summary.SummaryTable` of one-span fp32 dense summaries, item i for
+    span i of ``summary_spans`` (e.g. the store entries the forward writes,
+    :func:`~hypic.ops.linear.summary.check_summary_targets`). The GPU path of a cold prefill
+    writes T and S there from its kernels, through the table's addresses; the other paths copy.
 
     The GPU path walks every chain once, live spans of any length chunk by chunk from their WY
     factors (the state pass of a cold prefill, carried across its spans and cached bodies), and
@@ -247,18 +260,29 @@ def gated_delta_chain_forward_and_summarize(
                              f"got shape {tuple(record_rows.shape)}")
     elif num_records is not None:
         raise ValueError("num_records without record_rows")
-    _check_summary_spans(summary_spans, int(cu_seqlens.numel() - 1))
-    _check_summary_spans_host(summary_spans_host, summary_spans, int(cu_seqlens.numel() - 1))
+    num_spans = int(cu_seqlens.numel() - 1)
+    _check_summary_spans(summary_spans, num_spans)
+    _check_summary_spans_host(summary_spans_host, summary_spans, num_spans)
+    if summary_out is not None:
+        if not summarize:
+            raise ValueError("summary_out needs summarize=True")
+        num_written = (num_spans if summary_spans is None else summary_spans[1] - summary_spans[0]
+                       if isinstance(summary_spans, tuple) else summary_spans.numel())
+        check_summary_targets(summary_out, num_written, v.shape[1], k.shape[2], v.shape[2], v.device)
     fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
     if fast is not None:
         return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
                     initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
                     summary_spans=summary_spans, record_rows=record_rows, num_records=num_records,
-                    summary_spans_host=summary_spans_host)
+                    summary_spans_host=summary_spans_host, summary_out=summary_out)
     o, final, summary = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
                                           scale, scale_f)
     records = chain_recorded_states(summary, cu_chains, source, bodies, initial_states, record_rows, num_records)
-    return o, final, select_spans(summary, summary_spans) if summarize else None, records
+    summary = select_spans(summary, summary_spans) if summarize else None
+    if summary_out is not None:
+        write_summaries_into(summary_out, summary)
+        summary = None
+    return o, final, summary, records
 
 
 def _check_summary_spans(spans, num_spans: int) -> None:

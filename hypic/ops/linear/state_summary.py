@@ -126,12 +126,54 @@ def zero_start_from_states(trans: torch.Tensor, incoming: torch.Tensor, final: t
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, nw)
 
-    kernel[grid](trans.contiguous(), incoming.contiguous(), final.contiguous(),
-                 rows.to(device=trans.device, dtype=torch.int64).contiguous(), out, nw,
+    rows = rows.to(device=trans.device, dtype=torch.int64).contiguous()
+    kernel[grid](trans.contiguous(), incoming.contiguous(), final.contiguous(), rows, out, rows, 0, 0, 0, nw,
                  HV=num_heads, K=key_dim, V=value_dim, BK=max(16, triton.next_power_of_2(key_dim)),
                  BKK=32 if key_dim > 16 else 16, PRECISION="tf32x3" if split else precision, SPLIT=split,
-                 **fixed)
+                 TABLE=False, **fixed)
     return out
+
+
+def zero_start_from_states_into(into, incoming: torch.Tensor, final: torch.Tensor, rows: torch.Tensor,
+                                precision: Optional[str] = None) -> None:
+    """:func:`zero_start_from_states` with each span's T read from, and its S written to, the
+    items of ``into`` (a :class:`~hypic.ops.linear.summary.SummaryTable` of one-span dense
+    summaries, one per span, e.g. the store entries a forward writes, whose T is already there:
+    :func:`~hypic.ops.linear.transition.wy_transitions_beside` with ``into``). One Triton launch
+    through the table's addresses on CUDA (and under the interpreter); elsewhere the reference
+    and a copy into the items."""
+    from hypic.ops.linear.summary import check_summary_targets, write_summaries_into
+    from hypic.ops.linear.triton_scan import _interpreting, scan_precision
+
+    nw = rows.shape[1] if rows.dim() == 2 else -1
+    num_heads, key_dim, value_dim = incoming.shape[1], incoming.shape[2], incoming.shape[3]
+    kernel_path = incoming.is_cuda or _interpreting()
+    check_summary_targets(into, nw, num_heads, key_dim, value_dim, incoming.device, need_addresses=kernel_path)
+    if not kernel_path:
+        trans = torch.cat([item.transition for item in into.items])
+        state = zero_start_from_states_reference(trans, incoming, final, rows)
+        write_summaries_into(into, type(into.items[0])(transition=trans, state=state))
+        return
+    trans, out = into.items[0].transition, into.items[0].state  # the bases of the table's addresses
+    _check(trans.expand(nw, -1, -1, -1), incoming, final, rows)
+    if nw == 0:
+        return
+    import triton
+
+    precision = scan_precision(precision)
+    kernel, fixed = _kernel()
+    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
+
+    def grid(meta):
+        return (triton.cdiv(value_dim, meta["BV"]), num_heads, nw)
+
+    table = into.addresses.contiguous()
+    kernel[grid](trans, incoming.contiguous(), final.contiguous(),
+                 rows.to(device=incoming.device, dtype=torch.int64).contiguous(), out, table, table.shape[1],
+                 trans.data_ptr(), out.data_ptr(), nw,
+                 HV=num_heads, K=key_dim, V=value_dim, BK=max(16, triton.next_power_of_2(key_dim)),
+                 BKK=32 if key_dim > 16 else 16, PRECISION="tf32x3" if split else precision, SPLIT=split,
+                 TABLE=True, **fixed)
 
 
 def _kernel():
@@ -159,4 +201,4 @@ def _kernel():
 
 
 __all__ = ["COLD_SUMMARY_MODES", "ENV", "cold_summaries_mode", "written_span_rows", "zero_start_from_states",
-           "zero_start_from_states_reference"]
+           "zero_start_from_states_into", "zero_start_from_states_reference"]

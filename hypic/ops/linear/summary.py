@@ -266,6 +266,43 @@ def summary_addresses(summary: Summary, device: torch.device) -> Optional[Tuple[
     return parts[0].data_ptr(), parts[1].data_ptr()
 
 
+def check_summary_targets(table: "SummaryTable", num_spans: int, num_heads: int, key_dim: int,
+                          value_dim: Optional[int], device: torch.device, need_addresses: bool = False) -> None:
+    """Check ``table`` as where ``num_spans`` dense zero-start summaries are to be written (e.g. the
+    store entries of a forward's writes): a :class:`SummaryTable` of that many one-span
+    :class:`DenseSummary` items, T ``[1, HV, K, K]`` and S ``[1, HV, K, V]`` fp32 on ``device``
+    (``value_dim`` None: any V). Only the first item is looked at, as :class:`SummaryTable`
+    promises; ``need_addresses``: a kernel writes through its address table, which must then be
+    on ``device``."""
+    if not isinstance(table, SummaryTable):
+        raise ValueError(f"summary targets must be a SummaryTable, got {type(table).__name__}")
+    if table.num_spans != num_spans:
+        raise ValueError(f"summary targets hold {table.num_spans} items for {num_spans} spans")
+    first = table.items[0]
+    if not isinstance(first, DenseSummary):
+        raise ValueError(f"summary targets must be DenseSummary items, got {type(first).__name__}")
+    device = concrete_device(device)
+    value_dim = first.state.shape[-1] if value_dim is None else value_dim
+    for name, t, shape in (("transition", first.transition, (1, num_heads, key_dim, key_dim)),
+                           ("state", first.state, (1, num_heads, key_dim, value_dim))):
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or concrete_device(t.device) != device:
+            raise ValueError(f"summary targets' {name} must be {shape} float32 on {device}, got "
+                             f"{tuple(t.shape)} {t.dtype} on {t.device}")
+    if need_addresses and (table.addresses is None or concrete_device(table.addresses.device) != device):
+        raise ValueError(f"writing summary targets in place needs their address table on {device}")
+
+
+def write_summaries_into(table: "SummaryTable", summary: DenseSummary) -> None:
+    """Row i of ``summary`` into ``table.items[i]`` (one multi-tensor copy per part, converting the
+    dtype): how a path that forms the summaries itself fills targets a kernel would write in
+    place."""
+    if summary.num_spans != table.num_spans:
+        raise ValueError(f"{summary.num_spans} summaries for {table.num_spans} targets")
+    for part, rows in (("transition", summary.transition), ("state", summary.state)):
+        dst = [getattr(item, part) for item in table.items]
+        torch._foreach_copy_(dst, list(rows.unsqueeze(1).unbind(0)))
+
+
 def _check_chains(cu_chains, initial_states: Optional[torch.Tensor], state: torch.Tensor) -> int:
     """Checks shared by the scans (before any fast path); returns the number of chains."""
     if not isinstance(cu_chains, torch.Tensor) or cu_chains.dim() != 1 or cu_chains.numel() < 1:
@@ -409,6 +446,8 @@ __all__: List[str] = [
     "Summary",
     "SummaryTable",
     "summary_addresses",
+    "check_summary_targets",
+    "write_summaries_into",
     "apply_summary",
     "compose",
     "identity_summary",

@@ -127,11 +127,13 @@ class BesideTransitions:
     reads T and before the inputs may be freed (the current stream must not reuse their memory
     while the side stream works on it)."""
 
-    def __init__(self, out: torch.Tensor, args=None, overlap: bool = False) -> None:
+    def __init__(self, out: torch.Tensor, args=None, overlap: bool = False, written_into=None) -> None:
         self._out = out
         self._args = args  # None: ``out`` is already T
         self._side = None
         self._mark = None
+        # the SummaryTable whose items' T the launch writes (then result() is None), or None
+        self.written_into = written_into
         if args is not None and overlap:
             self._side = _side_stream(out.device)
             self._mark = torch.cuda.Event()
@@ -155,20 +157,27 @@ class BesideTransitions:
             torch.cuda.current_stream(self._out.device).wait_stream(self._side)
             self._side = None
 
-    def result(self) -> torch.Tensor:
+    def result(self) -> Optional[torch.Tensor]:
+        """T ``[NW, HV, K, K]``, or None when it was written into :attr:`written_into`'s items."""
         if self._args is not None:
             raise RuntimeError("BesideTransitions.result() before launch()")
         self.join()
-        return self._out
+        return None if self.written_into is not None else self._out
 
 
 def wy_transitions_beside(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
                           spans: Spans, precision: Optional[str] = None,
-                          overlap: Optional[bool] = None) -> BesideTransitions:
+                          overlap: Optional[bool] = None, into=None) -> BesideTransitions:
     """:func:`wy_transitions` to be launched by the returned object's ``launch()``, on CUDA on a
     side stream from the current stream's position now (``overlap``, default
     ``HYPIC_TRANSITION_OVERLAP``; in line inside a CUDA graph capture), so work queued on the
-    current stream before ``launch()`` runs beside it. Off CUDA T is formed now."""
+    current stream before ``launch()`` runs beside it. Off CUDA T is formed now.
+
+    ``into``: a :class:`~hypic.ops.linear.summary.SummaryTable` of one-span dense summaries, one
+    per requested span, e.g. the store entries a forward writes
+    (:func:`~hypic.ops.linear.summary.check_summary_targets`). The kernel then writes span i's T
+    into ``into.items[i]`` through the table's addresses (``written_into`` is set and
+    ``result()`` is None); where the kernel does not run (off CUDA) it is ignored."""
     from hypic.ops.linear.triton_scan import _interpreting, scan_precision
 
     _check(k, w, g, cu_spans)
@@ -177,14 +186,21 @@ def wy_transitions_beside(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Te
     precision = scan_precision(precision)
     ids = span_ids(spans, cu_spans.numel() - 1, w.device).contiguous()
     num_heads, key_dim = w.shape[1], w.shape[2]
-    out = torch.empty(ids.numel(), num_heads, key_dim, key_dim, device=w.device, dtype=torch.float32)
+    if into is not None:
+        from hypic.ops.linear.summary import check_summary_targets
+
+        check_summary_targets(into, ids.numel(), num_heads, key_dim, None, w.device, need_addresses=True)
+        out = into.items[0].transition  # the base the table's addresses are counted from
+    else:
+        out = torch.empty(ids.numel(), num_heads, key_dim, key_dim, device=w.device, dtype=torch.float32)
     if ids.numel() == 0:
-        return BesideTransitions(out)
+        return BesideTransitions(out, written_into=into)
     cu_spans = cu_spans.to(device=w.device, dtype=torch.int64).contiguous()
     k, w, g = k.contiguous(), w.contiguous(), None if g is None else g.contiguous()
     overlap = transition_overlap() if overlap is None else overlap
     overlap = overlap and w.is_cuda and not torch.cuda.is_current_stream_capturing()
-    return BesideTransitions(out, (k, w, g, cu_spans, ids, out, precision), overlap)
+    table = None if into is None else into.addresses[0].contiguous()
+    return BesideTransitions(out, (k, w, g, cu_spans, ids, out, precision, table), overlap, written_into=into)
 
 
 def _side_stream(device: torch.device):
@@ -196,7 +212,7 @@ def _side_stream(device: torch.device):
     return stream
 
 
-def _launch(k, w, g, cu_spans, ids, out, precision: str) -> None:
+def _launch(k, w, g, cu_spans, ids, out, precision: str, table: Optional[torch.Tensor] = None) -> None:
     import triton
 
     from hypic.ops.linear.triton_scan import _interpreting
@@ -208,10 +224,10 @@ def _launch(k, w, g, cu_spans, ids, out, precision: str) -> None:
     def grid(meta):
         return (triton.cdiv(key_dim, meta["BC"]), num_heads, ids.numel())
 
-    kernel[grid](k, w, g, cu_spans, ids, out, ids.numel(),
+    kernel[grid](k, w, g, cu_spans, ids, out, ids if table is None else table, out.data_ptr(), ids.numel(),
                  H=k.shape[1], HV=num_heads, K=key_dim, BK=max(16, triton.next_power_of_2(key_dim)),
                  BT=CHUNK_TOKENS, USE_G=g is not None, PRECISION="tf32x3" if split else precision, SPLIT=split,
-                 INTERPRET=_interpreting(), **fixed)
+                 INTERPRET=_interpreting(), OUT_TABLE=table is not None, **fixed)
 
 
 def _kernel():

@@ -16,7 +16,7 @@ PTR = {"trans": "*fp32", "state": "*fp32", "init": "*fp32", "incoming": "*fp32",
        "cu_chains": "*i64", "table": "*i64", "source": "*i64", "record": "*i64", "k": "*bf16", "w": "*bf16",
        "u": "*bf16", "g": "*fp32", "cu_spans": "*i64", "span_chunk": "*i64", "v_new": "*bf16", "h_chunks": "*bf16",
        "num_table": "i64", "t_base": "i64", "s_base": "i64", "rows": "*i64", "out": "*fp32", "NW": "i64",
-       "spans": "*i64"}
+       "spans": "*i64", "out_base": "i64"}
 # Qwen3.5-35B-A3B's linear layers: 16 key heads, 32 value heads, K = V = 128
 DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, PRECISION="tf32x3", SPLIT=1, USE_G=True, T_UNIT=64, S_UNIT=64)
 
@@ -45,11 +45,12 @@ def test_chain_kernel_compiles_for_sm90(fuse, long_wy, source, record):
     assert compile_sm90(scan_chain_kernel, constexprs).asm["ptx"]
 
 
-@pytest.mark.parametrize("split,bv", [(1, 32), (0, 64)])
-def test_zero_start_from_states_kernel_compiles_for_sm90(split, bv):
+@pytest.mark.parametrize("split,bv,table", [(1, 32, False), (0, 64, False), (1, 64, True)])
+def test_zero_start_from_states_kernel_compiles_for_sm90(split, bv, table):
+    """Also with T read and S written through a store entries' address table (TABLE)."""
     from hypic.ops.linear._state_summary_kernel import zero_start_from_states_kernel
 
-    constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, BKK=32, PRECISION="tf32x3", SPLIT=split)
+    constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, BKK=32, PRECISION="tf32x3", SPLIT=split, TABLE=table)
     assert compile_sm90(zero_start_from_states_kernel, constexprs).asm["ptx"]
 
 
@@ -62,12 +63,14 @@ def test_cold_walk_compiles_with_deeper_pipelines_for_sm90():
     assert compile_sm90(scan_chain_kernel, constexprs, num_warps=4, num_stages=3).asm["ptx"]
 
 
-@pytest.mark.parametrize("split,bc,num_warps", [(1, 32, 2), (1, 64, 4), (0, 64, 8)])
-def test_wy_transition_kernel_compiles_for_sm90(split, bc, num_warps):
-    """The written spans' T (hypic/ops/linear/transition.py) in the configs it is tuned over."""
+@pytest.mark.parametrize("split,bc,num_warps,out_table", [(1, 32, 2, False), (1, 64, 4, False), (0, 64, 8, False),
+                                                         (1, 64, 4, True)])
+def test_wy_transition_kernel_compiles_for_sm90(split, bc, num_warps, out_table):
+    """The written spans' T (hypic/ops/linear/transition.py) in the configs it is tuned over, also
+    written through an address table (OUT_TABLE)."""
     from hypic.ops.linear._transition_kernel import wy_transition_kernel
 
     constexprs = dict(H=16, HV=32, K=128, BK=128, BC=bc, BT=64, USE_G=True, PRECISION="tf32x3", SPLIT=split,
-                      INTERPRET=False)
+                      INTERPRET=False, OUT_TABLE=out_table)
     assert compile_sm90(wy_transition_kernel, constexprs, num_warps=num_warps, num_stages=3).asm["ptx"]
 

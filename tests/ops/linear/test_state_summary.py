@@ -23,6 +23,7 @@ from hypic.ops.linear.state_summary import (
     zero_start_from_states_reference,
 )
 from tests.interpreter import interpreted_error
+from tests.ops.linear.test_transition import PROBLEM
 from tests.ops.linear.test_chain_forward import CUDA, HV, K, V, chain_problem, rel
 
 # every element live: a cold prefill's chains (seam, body, seam, body, question) and a second
@@ -121,6 +122,111 @@ def test_kernel_matches_reference_on_cuda(precision):
     assert namespace["kernel_case"]("cuda", precision) < 1e-4
 
 
+def targets_for(num_spans, hv, kd, vd, device, layers=3, row=1):
+    """Summary targets laid out as the entry writer lays them: per span one T and one S buffer
+    over ``layers`` linear layers, NaN-poisoned, the targets layer row ``row`` of each; returns
+    ``(table, t_buffers, s_buffers)``."""
+    from hypic.ops.linear.summary import DenseSummary, SummaryTable
+
+    nan = float("nan")
+    t_buf = [torch.full((layers, 1, hv, kd, kd), nan, device=device) for _ in range(num_spans)]
+    s_buf = [torch.full((layers, 1, hv, kd, vd), nan, device=device) for _ in range(num_spans)]
+    items = [DenseSummary(transition=t[row], state=s[row]) for t, s in zip(t_buf, s_buf)]
+    addresses = torch.tensor([[t[row].data_ptr() for t in t_buf], [s[row].data_ptr() for s in s_buf]],
+                             device=device)
+    return SummaryTable(items, addresses), t_buf, s_buf
+
+
+TARGETS_CASE = PROBLEM + textwrap.dedent("""
+    from hypic.ops.linear.state_summary import zero_start_from_states, zero_start_from_states_into
+    from hypic.ops.linear.transition import wy_transitions_beside
+    from tests.ops.linear.test_state_summary import targets_for
+
+    def targets_case(device, dtype=torch.float32):
+        # T from the transition kernel and then S from the state kernel, written through the
+        # targets' address table, against the two kernels' own outputs: the worst absolute
+        # difference (0: the same kernels, the same bits); the targets' other rows untouched.
+        k, w, g, cu = wy_problem([8, 130, 8, 70, 5], kd=32, dtype=dtype)
+        d = lambda x: x.to(device)  # noqa: E731
+        k, w, g, cu = d(k), d(w), d(g.float()), d(cu)
+        hv, kd, vd = w.shape[1], w.shape[2], 16
+        spans = torch.tensor([3, 1], device=device)
+        gen = torch.Generator().manual_seed(1)
+        incoming = d(torch.randn(5, hv, kd, vd, generator=gen))
+        final = d(torch.randn(1, hv, kd, vd, generator=gen))
+        rows = d(torch.tensor([[3, 1], [-1, 2]]))  # span 3 leaves with the final state
+        trans = wy_transitions_beside(k, w, g, cu, spans, overlap=False).launch().result()
+        state = zero_start_from_states(trans, incoming, final, rows)
+        table, t_buf, s_buf = targets_for(2, hv, kd, vd, device)
+        beside = wy_transitions_beside(k, w, g, cu, spans, overlap=False, into=table).launch()
+        assert beside.result() is None and beside.written_into is table
+        zero_start_from_states_into(table, incoming, final, rows)
+        for buf in t_buf + s_buf:
+            assert torch.isnan(buf[0]).all() and torch.isnan(buf[2]).all()
+        err = 0.0
+        for i, item in enumerate(table.items):
+            err = max(err, float((item.transition[0] - trans[i]).abs().max()),
+                      float((item.state[0] - state[i]).abs().max()))
+        return err
+""")
+
+
+def test_kernels_write_into_targets_under_interpreter():
+    assert interpreted_error(TARGETS_CASE + "print(targets_case('cpu'))\n") == 0.0
+
+
+@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+def test_kernels_write_into_targets_on_cuda():
+    namespace: dict = {}
+    exec(TARGETS_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
+    assert namespace["targets_case"]("cuda", torch.bfloat16) == 0.0
+
+
+def test_targets_are_checked():
+    from hypic.ops.linear.summary import DenseSummary, SummaryTable, check_summary_targets, write_summaries_into
+
+    table, _, _ = targets_for(2, 2, 8, 4, "cpu")
+    check_summary_targets(table, 2, 2, 8, 4, "cpu")
+    with pytest.raises(ValueError, match="hold 2 items for 3 spans"):
+        check_summary_targets(table, 3, 2, 8, 4, "cpu")
+    with pytest.raises(ValueError, match=r"state must be \(1, 2, 8, 5\)"):
+        check_summary_targets(table, 2, 2, 8, 5, "cpu")
+    with pytest.raises(ValueError, match="must be a SummaryTable"):
+        check_summary_targets(table.items, 2, 2, 8, 4, "cpu")
+    with pytest.raises(ValueError, match="address table"):
+        check_summary_targets(SummaryTable(table.items), 2, 2, 8, 4, "cpu", need_addresses=True)
+    rows = DenseSummary(transition=torch.randn(2, 2, 8, 8, dtype=torch.float64),
+                        state=torch.randn(2, 2, 8, 4, dtype=torch.float64))
+    write_summaries_into(table, rows)  # converting to the targets' fp32
+    assert torch.equal(table.items[1].state[0], rows.state[1].float())
+    with pytest.raises(ValueError, match="3 summaries for 2 targets"):
+        write_summaries_into(table, DenseSummary(transition=torch.randn(3, 2, 8, 8), state=torch.randn(3, 2, 8, 4)))
+
+
+def test_chain_op_writes_into_targets_on_cpu():
+    """The reference chain op with ``summary_out``: the summaries it would return are in the
+    targets and None is returned; the request is checked (summarize, the targets' count)."""
+    pieces = [[("live", 8), ("live", 40), ("live", 8), ("live", 30), ("live", 6)]]
+    _, _, live, cu_live, _, _, _, cu_chains = chain_problem(pieces, list(range(5)), h=2, hv=4, kd=16, vd=8)
+    live = {key: x.float() for key, x in live.items()}
+    spans = torch.tensor([1, 3])
+    o, final, want, _ = gated_delta.gated_delta_chain_forward_and_summarize(
+        **live, cu_seqlens=cu_live, cu_chains=cu_chains, summary_spans=spans)
+    table, _, _ = targets_for(2, 4, 16, 8, "cpu")
+    o2, final2, got, _ = gated_delta.gated_delta_chain_forward_and_summarize(
+        **live, cu_seqlens=cu_live, cu_chains=cu_chains, summary_spans=spans, summary_out=table)
+    assert got is None and torch.equal(o, o2) and torch.equal(final, final2)
+    for i, item in enumerate(table.items):
+        assert torch.equal(item.transition[0], want.transition[i]) and torch.equal(item.state[0], want.state[i])
+    with pytest.raises(ValueError, match="needs summarize=True"):
+        gated_delta.gated_delta_chain_forward_and_summarize(
+            **live, cu_seqlens=cu_live, cu_chains=cu_chains, summary_spans=spans, summary_out=table,
+            summarize=False)
+    with pytest.raises(ValueError, match="hold 2 items for 3 spans"):
+        gated_delta.gated_delta_chain_forward_and_summarize(
+            **live, cu_seqlens=cu_live, cu_chains=cu_chains, summary_spans=(0, 3), summary_out=table)
+
+
 @pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
 @pytest.mark.parametrize("mode,transition", [("walk", "triton"), ("walk", "fla"), ("fla", "triton")])
 def test_cold_write_path_on_cuda(monkeypatch, mode, transition):
@@ -146,3 +252,27 @@ def test_cold_write_path_on_cuda(monkeypatch, mode, transition):
     assert rel(o.cpu(), o_ref) < 2e-2 and rel(final.cpu(), final_ref) < 2e-2
     assert rel(s.transition.cpu(), s_ref.transition) < 2e-2
     assert rel(s.state.cpu(), s_ref.state) < 2e-2
+
+
+@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
+def test_cold_write_path_into_targets_on_cuda():
+    """The cold write op on CUDA with ``summary_out`` (the entry writer's layout: layer row 1 of
+    per-write buffers, NaN-poisoned): T and S written by the kernels equal what the op returns
+    without targets, the other rows untouched, the outputs the same."""
+    pieces = [[("live", 8), ("live", 504), ("live", 8), ("live", 504), ("live", 64)],
+              [("live", 8), ("live", 200)]]
+    dims = dict(h=2, hv=4, kd=128, vd=128)
+    _, _, live, cu_live, _, _, _, cu_chains = chain_problem(pieces, list(range(7)), **dims)
+    dev = "cuda"
+    live_d = {key: x.to(dev, torch.bfloat16 if key != "g" else torch.float32) for key, x in live.items()}
+    args = dict(cu_seqlens=cu_live.to(dev), cu_chains=cu_chains.to(dev), cu_seqlens_cpu=cu_live,
+                summary_spans=torch.tensor([1, 3, 6], device=dev))
+    o, final, want, _ = gated_delta.gated_delta_chain_forward_and_summarize(**live_d, **args)
+    table, t_buf, s_buf = targets_for(3, 4, 128, 128, dev)
+    o2, final2, got, inc = gated_delta.gated_delta_chain_forward_and_summarize(**live_d, **args, summary_out=table)
+    assert got is None and inc is None
+    assert torch.equal(o, o2) and torch.equal(final, final2)
+    for i, item in enumerate(table.items):
+        assert rel(item.transition[0], want.transition[i]) < 1e-6 and rel(item.state[0], want.state[i]) < 1e-6
+    for buf in t_buf + s_buf:
+        assert torch.isnan(buf[0]).all() and torch.isnan(buf[2]).all()
