@@ -56,7 +56,14 @@ IN_PLACE_ENV = "HYPIC_ENTRY_IN_PLACE"
 def entry_in_place() -> bool:
     """``HYPIC_ENTRY_IN_PLACE`` (default 1): a cold forward's linear layers write their segment
     writes' summaries (T, S) straight into the store entries' rows (:meth:`EntryWriter.summary_targets`);
-    0: the op returns them and the writer copies them like the other fields (A/B runs)."""
+    0: the op returns them and the writer copies them like the other fields (A/B runs).
+
+    Measured on the H200 (session 20 call 2, ``benchmarks/cold_diff_h200.py --ab-env
+    HYPIC_ENTRY_IN_PLACE``, the cold 32k request interleaved in one process, 4 rounds):
+    ``full_recompute`` 681.11 ms, in place 712.92 (+4.7%), copied 716.60 (+5.2%). Besides the
+    copy's GPU time, the forward's peak memory loses the records of every layer's summaries
+    (64 writes x 30 layers x 4 MiB = 7.5 GiB at that prompt), which the copy after the forward
+    needed alive."""
     value = os.environ.get(IN_PLACE_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{IN_PLACE_ENV} must be 0 or 1, got {value!r}")
@@ -124,7 +131,7 @@ class EntryWriter:
         :class:`~hypic.ops.linear.summary.SummaryTable` with its address table on ``device``,
         for the layer's op to write its written spans' summaries into
         (``gated_delta_chain_forward_and_summarize(summary_out=)``): a cold 32k prefill's 64
-        writes then skip copying 7.7 GiB of fp32 rows after the forward. None when some write is
+        writes then skip copying 7.5 GiB of fp32 rows after the forward. None when some write is
         a checkpoint (it stores no summary). Once handed out, :meth:`linear_done` takes the
         layer's summaries as written (the record's ``write_summaries`` is None then)."""
         if not self.writes or any(w.kind == WRITE_CHECKPOINT for _, _, w in self.writes) or not self._in_place_on:

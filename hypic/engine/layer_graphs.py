@@ -78,27 +78,28 @@ def write_graphs_enabled() -> bool:
 
 
 FRESH_ENV = "HYPIC_FRESH_GRAPHS"
-FRESH_MODES = ("adaptive", "always")
-MIN_EAGER_CALLS = 2  # adaptive: calls of a core run eagerly before a capture is weighed
+FRESH_MODES = ("auto", "always")
+FRESH_EAGER_LIVE_TOKENS = 512  # auto: a forward of this many live tokens on a new layout runs eagerly
 
 
 def fresh_graphs_mode() -> str:
-    """``HYPIC_FRESH_GRAPHS``: when a forward whose graphs will not be kept (a layout seen for the
-    first time, as nearly every RAG request's is, or a forward with writes) captures its cores.
-    ``adaptive`` (default): a core runs eagerly for its first :data:`MIN_EAGER_CALLS` calls and
-    then until the GPU has reached the previous call's work when the next call comes (the
-    forward is host-bound: replays then cut host time the GPU waits on); while the GPU stays a
-    layer behind, eager launches keep ahead of it and a capture (~2.5 ms of host time per core,
-    during which the GPU drains its queue and then waits) would only stall it. ``always``: capture
-    at the second call, as before session 20 (A/B runs). Kept layouts capture at the second call
-    either way (their graphs serve later forwards).
+    """``HYPIC_FRESH_GRAPHS``: whether a forward that writes nothing, on a layout whose graphs
+    will not be kept (seen for the first time, as nearly every RAG request's is), captures its
+    cores. ``auto`` (default): not with :data:`FRESH_EAGER_LIVE_TOKENS` or more live tokens; such
+    a forward is GPU-bound (~1.85 ms of GPU time per layer at a RAG 32k request's 671 live
+    tokens, against ~1.1-1.9 ms of eager host time), so eager launches stay ahead of the GPU,
+    and a capture (~2.5-3 ms of host time for the two cores, at the second linear layer, the GPU
+    only ~1 ms behind) leaves the GPU waiting. Fewer live tokens (an 8k prompt's ~200) leave the
+    forward host-bound and its graphs pay. ``always``: every such forward captures, as before
+    session 20. Forwards with writes capture either way (``HYPIC_WRITE_GRAPHS``; session 19
+    measured them faster with graphs), as does a kept layout (its graphs serve later forwards).
 
-    Measured on the H200 (session 20 call 1, ``benchmarks/rag_ab_h200.py``, RAG 32k requests on
-    new layouts, interleaved in one process, 8 each): p50 82.23 ms capturing at the second call
-    against 79.59 with every core eager; the timeline is GPU-bound from layer 1 (1.85 ms of GPU
-    time per layer against ~1.1 ms of eager host time) and the capture left the GPU waiting
-    3.4 ms at layers 0-1."""
-    value = os.environ.get(FRESH_ENV, "adaptive")
+    Measured on the H200, RAG 32k requests on new layouts, settings interleaved in one process
+    (``benchmarks/rag_ab_h200.py``, 8 requests each): every core eager 79.59 ms p50 against
+    82.23 captured at the second call (session 20 call 1), 79.16 against 82.16 captured at the
+    third (call 3, an event-based rule that captured once the GPU had reached the previous
+    call's work; it fired at the third call every time and was dropped)."""
+    value = os.environ.get(FRESH_ENV, "auto")
     if value not in FRESH_MODES:
         raise ValueError(f"{FRESH_ENV} must be one of {FRESH_MODES}, got {value!r}")
     return value
@@ -148,25 +149,12 @@ class CudaGraphBackend:
     def replay(graph) -> None:
         graph.replay()
 
-    def mark(self):
-        """A point in the current stream's queue (what :meth:`reached` is asked about)."""
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-    @staticmethod
-    def reached(mark) -> bool:
-        """Whether the GPU has run everything queued before ``mark`` (no host sync)."""
-        return mark.query()
-
 
 class _Slot:
-    __slots__ = ("first", "graph", "inputs", "in_place", "output", "failed", "calls", "mark")
+    __slots__ = ("first", "graph", "inputs", "in_place", "output", "failed")
 
     def __init__(self) -> None:
         self.first: Optional[Tuple[Signature, ...]] = None  # the first (eager) call's inputs
-        self.calls = 0  # eager calls so far
-        self.mark = None  # adaptive: the backend's mark after the last eager call
         self.graph = None
         self.inputs: Tuple[Optional[torch.Tensor], ...] = ()  # what the graph reads
         self.in_place: Tuple[bool, ...] = ()  # read where the caller's tensor lives (no copy)
@@ -185,15 +173,11 @@ class LayerReplays:
     so an address seen twice alone does not make an input stable.) ``fn`` must be a function of its inputs alone for this forward (what it reads
     otherwise, e.g. the layout's index tensors, must stay as it is until the forward ends)."""
 
-    def __init__(self, backend, adaptive: bool = False) -> None:
+    def __init__(self, backend) -> None:
         self.backend = backend
-        # adaptive (:func:`fresh_graphs_mode`): capture only once the GPU keeps up with the host
-        # (the backend's ``mark()`` / ``reached(mark)``); else at the second call
-        self.adaptive = adaptive
         self._slots: Dict[str, _Slot] = {}
         self.num_captures = 0
         self.num_replays = 0
-        self.num_deferred = 0  # adaptive: calls run eagerly where a capture could have been
         # Set per forward by the runner (its layout): what a core reads besides its inputs
         # (tables derived from the layout, kept while it lives) must outlive the graphs captured
         # over it, so each capture holds the holder of its forward.
@@ -213,12 +197,8 @@ class LayerReplays:
         signature = tuple(_signature(t) for t in inputs)
         if slot.first is None:
             slot.first = signature
-            return self._eager(slot, fn, inputs)
+            return fn(*inputs)
         if slot.graph is None:
-            if self.adaptive and (slot.calls < MIN_EAGER_CALLS or not self.backend.reached(slot.mark)):
-                # the GPU is still on the previous call's work: eager launches keep ahead of it
-                self.num_deferred += slot.calls >= MIN_EAGER_CALLS
-                return self._eager(slot, fn, inputs)
             return self._capture(slot, fn, inputs, signature, stable)
         if len(inputs) != len(slot.inputs):
             return fn(*inputs)
@@ -231,13 +211,6 @@ class LayerReplays:
         self.backend.replay(slot.graph)
         self.num_replays += 1
         return slot.output
-
-    def _eager(self, slot: _Slot, fn: Callable, inputs):
-        out = fn(*inputs)
-        slot.calls += 1
-        if self.adaptive:
-            slot.mark = self.backend.mark()
-        return out
 
     def _capture(self, slot: _Slot, fn: Callable, inputs, signature, stable):
         if len(signature) != len(slot.first) or any(
@@ -353,5 +326,6 @@ class LayoutGraphs:
         return replays
 
 
-__all__ = ["CudaGraphBackend", "ENV", "FRESH_ENV", "FRESH_MODES", "KEPT_ENV", "MIN_EAGER_CALLS", "fresh_graphs_mode", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS", "SEEN_SIGNATURES",
+__all__ = ["CudaGraphBackend", "ENV", "FRESH_EAGER_LIVE_TOKENS", "FRESH_ENV", "FRESH_MODES", "KEPT_ENV",
+           "fresh_graphs_mode", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS", "SEEN_SIGNATURES",
            "WRITE_ENV", "kept_layouts", "layer_graphs_enabled", "write_graphs_enabled"]

@@ -22,8 +22,8 @@ from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
 from hypic.engine.entry_writer import entry_writer
-from hypic.engine.layer_graphs import (CudaGraphBackend, LayerReplays, LayoutGraphs, fresh_graphs_mode,
-                                       layer_graphs_enabled, write_graphs_enabled)
+from hypic.engine.layer_graphs import (FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs,
+                                       fresh_graphs_mode, layer_graphs_enabled, write_graphs_enabled)
 from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
@@ -273,15 +273,17 @@ class PicRunner:
                 or (layout.writes and not write_graphs_enabled())
                 or layout.input_ids.shape[0] > self._max_core_graph_tokens()):
             return None
-        adaptive = fresh_graphs_mode() == "adaptive"
         if layout.writes:
             # per forward only: what its cores read besides the layout's tables (the written
             # spans' rows, hypic/ops/linear/_fla_chain.py) is not in the layout's signature
-            self._replays = LayerReplays(self._replays_backend(), adaptive=adaptive)
+            self._replays = LayerReplays(self._replays_backend())
         else:
-            self._replays = self.layout_graphs.replays_for(layout, lambda: LayerReplays(self._replays_backend()))
-            # graphs that die with this forward are captured only where they pay within it
-            self._replays.adaptive = adaptive and not self.layout_graphs.keeps(layout)
+            replays = self.layout_graphs.replays_for(layout, lambda: LayerReplays(self._replays_backend()))
+            # graphs that die with this forward: not for a GPU-bound one (HYPIC_FRESH_GRAPHS)
+            if (not self.layout_graphs.keeps(layout) and fresh_graphs_mode() == "auto"
+                    and layout.cu_live_host[-1] >= FRESH_EAGER_LIVE_TOKENS):
+                return None
+            self._replays = replays
         self._replays.holder = layout
         return self._replays
 

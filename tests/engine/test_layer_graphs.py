@@ -39,18 +39,6 @@ class RecordingBackend:
                 o.copy_(n)
         self.replayed += 1
 
-    # adaptive captures: marks are call numbers; the "GPU" has reached those in reached_marks
-    # (None: every mark, a host-bound forward)
-    marks = 0
-    reached_marks = None
-
-    def mark(self):
-        self.marks += 1
-        return self.marks
-
-    def reached(self, mark):
-        return self.reached_marks is None or mark in self.reached_marks
-
 
 def core(x, w, bias):
     y = x * w if bias is None else x * w + bias
@@ -133,41 +121,6 @@ def test_switch_is_validated(monkeypatch):
         layer_graphs.layer_graphs_enabled()
     monkeypatch.setenv(layer_graphs.ENV, "0")
     assert not layer_graphs.layer_graphs_enabled()
-
-
-def test_adaptive_replays_capture_once_the_gpu_keeps_up():
-    """Adaptive (graphs that die with their forward): eager for the first MIN_EAGER_CALLS calls,
-    then eager while the previous call's mark is not reached (the GPU a layer behind), captured
-    at the first call that finds it reached; results equal the eager core's throughout."""
-    backend = RecordingBackend()
-    backend.reached_marks = {4}  # the GPU caught up after the 4th eager call
-    replays = LayerReplays(backend, adaptive=True)
-    x = torch.randn(5, 3)
-    for i in range(8):
-        x.copy_(torch.randn(5, 3))
-        w = torch.randn(5, 3)
-        y, s = replays.run("core", core, x, w, None, stable=(0,))
-        torch.testing.assert_close(y, core(x, w, None)[0])
-        if i < 4:
-            assert replays.num_captures == 0
-    # calls 1-4 eager (3 and 4 deferred: marks 2 and 3 not reached), 5 captured, 6-8 replayed
-    assert replays.num_captures == 1 and replays.num_replays == 3 and replays.num_deferred == 2
-    behind = RecordingBackend()
-    behind.reached_marks = ()
-    never = LayerReplays(behind, adaptive=True)  # the GPU never catches up
-    for _ in range(5):
-        never.run("core", core, x, torch.randn(5, 3), None)
-    assert never.num_captures == 0 and never.num_deferred == 3
-
-
-def test_fresh_graphs_switch(monkeypatch):
-    monkeypatch.delenv(layer_graphs.FRESH_ENV, raising=False)
-    assert layer_graphs.fresh_graphs_mode() == "adaptive"
-    monkeypatch.setenv(layer_graphs.FRESH_ENV, "always")
-    assert layer_graphs.fresh_graphs_mode() == "always"
-    monkeypatch.setenv(layer_graphs.FRESH_ENV, "sometimes")
-    with pytest.raises(ValueError, match="HYPIC_FRESH_GRAPHS"):
-        layer_graphs.fresh_graphs_mode()
 
 
 def test_a_cached_request_with_replayed_conv_cores_matches_the_eager_forward(monkeypatch):
@@ -397,3 +350,44 @@ def test_write_graphs_switch_is_validated(monkeypatch):
     monkeypatch.setenv(layer_graphs.WRITE_ENV, "yes")
     with pytest.raises(ValueError, match="HYPIC_WRITE_GRAPHS"):
         layer_graphs.write_graphs_enabled()
+
+
+@pytest.mark.parametrize("mode", ["auto", "always"])
+def test_a_large_forward_on_a_new_layout_runs_its_cores_eagerly(monkeypatch, mode):
+    # HYPIC_FRESH_GRAPHS=auto: a forward that writes nothing, on a layout seen for the first
+    # time, with at least FRESH_EAGER_LIVE_TOKENS live tokens (GPU-bound on the H200) captures
+    # nothing; its signature's second forward (kept) captures as before. "always": both capture.
+    from hypic.engine import pic_runner
+
+    spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
+    store = SegmentStore(None, 0, device="cpu")
+    keyer = Keyer(KeyNamespace("fresh", "float32"))
+    runner = PicRunner(model, spec, store, torch.device("cpu"), torch.float32)
+    segs = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
+    policy = PICConfig(mode="hypic", seam=4).resolve()
+
+    def run(order, query_seed):
+        prompt = SegmentedPrompt(tuple(tuple(segs[i]) for i in order), tuple(random_segment(10, seed=query_seed)))
+        plan = plan_request(prompt, policy, store=store, keyer=keyer)
+        with plan:
+            return runner.prefill([plan])[0]
+
+    run([3, 2, 1, 0], 50)  # cold: caches every segment
+    eager = [run([2, 0, 3, 1], 61), run([0, 2, 1, 3], 62)]  # no graphs (CPU): no signature seen
+    monkeypatch.setenv(layer_graphs.FRESH_ENV, mode)
+    monkeypatch.setattr(runner, "_core_graphs_on", lambda: True)
+    monkeypatch.setattr(runner, "_replays_backend", RecordingBackend)
+    monkeypatch.setattr(runner, "_max_core_graph_tokens", lambda: 1 << 20)
+    monkeypatch.setattr(pic_runner, "FRESH_EAGER_LIVE_TOKENS", 8)  # the tiny forward counts as large
+    fresh = run([2, 0, 3, 1], 61)  # a new signature
+    if mode == "auto":
+        assert runner._replays is None
+    else:
+        assert runner._replays is not None and runner._replays.num_captures >= 1
+    kept = run([0, 2, 1, 3], 62)  # the same signature again: kept, captured
+    assert runner._replays is not None and runner._replays.num_captures >= 1 and len(runner.layout_graphs) == 1
+    for got, want in zip((fresh, kept), eager):
+        torch.testing.assert_close(got.logits, want.logits)
+    monkeypatch.setenv(layer_graphs.FRESH_ENV, "adaptive")  # tried in session 20, dropped
+    with pytest.raises(ValueError, match="HYPIC_FRESH_GRAPHS"):
+        layer_graphs.fresh_graphs_mode()
