@@ -98,7 +98,11 @@ def fresh_graphs_mode() -> str:
     (``benchmarks/rag_ab_h200.py``, 8 requests each): every core eager 79.59 ms p50 against
     82.23 captured at the second call (session 20 call 1), 79.16 against 82.16 captured at the
     third (call 3, an event-based rule that captured once the GPU had reached the previous
-    call's work; it fired at the third call every time and was dropped)."""
+    call's work; it fired at the third call every time and was dropped). With this rule the TTFT
+    bench's RAG 32k requests took 88.81 ms (call 4) on a machine whose host was ~40% slower
+    (plan 1.09 against 0.78 ms), against 84.25 with captures (call 2, another machine): eager
+    launches cost host time per layer, so a slow host can make such a forward host-bound; not
+    yet set side by side on one slow host."""
     value = os.environ.get(FRESH_ENV, "auto")
     if value not in FRESH_MODES:
         raise ValueError(f"{FRESH_ENV} must be one of {FRESH_MODES}, got {value!r}")
