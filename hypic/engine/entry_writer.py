@@ -21,7 +21,6 @@ its tensors are that buffer's rows; its conv tails are noted as one buffer's row
 from __future__ import annotations
 
 import os
-from collections import abc
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -70,7 +69,7 @@ def entry_in_place() -> bool:
     return value == "1"
 
 
-from hypic.engine.pic_context import remember_tail_rows
+from hypic.engine.pic_context import _LazyItems, remember_tail_rows
 from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
 from hypic.ops.linear.summary import SummaryTable
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
@@ -106,7 +105,9 @@ class EntryWriter:
         # the layer's op writes in place; the rows of the layers it was handed to
         self._targets: Optional[List[SummaryTable]] = None
         self._in_place = set()
-        self._in_place_on = entry_in_place()
+        # only when every write stores a summary (a checkpoint stores a state)
+        self._targets_on = (bool(self.writes) and entry_in_place()
+                            and all(w.kind != WRITE_CHECKPOINT for _, _, w in self.writes))
 
     # ---------------------------------------------------------------------------------------------
     def _rows(self, i: int, field: str, count: int, like: torch.Tensor, device=None) -> tuple:
@@ -134,7 +135,7 @@ class EntryWriter:
         writes then skip copying 7.5 GiB of fp32 rows after the forward. None when some write is
         a checkpoint (it stores no summary). Once handed out, :meth:`linear_done` takes the
         layer's summaries as written (the record's ``write_summaries`` is None then)."""
-        if not self.writes or any(w.kind == WRITE_CHECKPOINT for _, _, w in self.writes) or not self._in_place_on:
+        if not self._targets_on:
             return None
         j = self._linear_row.get(layer_idx)
         if j is None:
@@ -165,8 +166,10 @@ class EntryWriter:
             s_base = torch.tensor([rows[0].data_ptr() for rows in s_rows], dtype=torch.int64)
             table = torch.stack([t_base + layers * t_step, s_base + layers * s_step], dim=1)  # [L, 2, NW]
             addresses = table.pin_memory().to(device, non_blocking=True)
-        return [SummaryTable(_Row(t_rows, s_rows, j, self._summary_cls),
-                             None if addresses is None else addresses[j]) for j in range(count)]
+        def row(j: int):  # layer row j of every write's buffers, one-span summaries built on access
+            return _LazyItems(range(len(self.writes)), lambda i: DenseSummary(t_rows[i][j], s_rows[i][j]))
+
+        return [SummaryTable(row(j), None if addresses is None else addresses[j]) for j in range(count)]
 
     def linear_done(self, layer_idx: int, rec) -> None:
         if self._take(self._check_new(layer_idx, self._linear_row, "linear"), rec, self._linear):
@@ -291,22 +294,6 @@ class EntryWriter:
                                    self.linear_layers, list(tail_rows), tail_buffer)
             entries.append(entry)
         return entries
-
-
-class _Row(abc.Sequence):
-    """Layer row ``j`` of every write's T and S buffers as one-span summaries, built on access
-    (a SummaryTable's items: its kernels read only the first, through the addresses)."""
-
-    def __init__(self, t_rows, s_rows, j: int, cls) -> None:
-        self._t, self._s, self._j, self._cls = t_rows, s_rows, j, cls
-
-    def __len__(self) -> int:
-        return len(self._t)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[n] for n in range(*i.indices(len(self)))]
-        return self._cls(transition=self._t[i][self._j], state=self._s[i][self._j])
 
 
 def entry_writer(layout: PackedLayout, linear_layers: Sequence[int], attention_layers: Sequence[int],

@@ -75,8 +75,8 @@ class PicContext(ForwardContext):
         # (a cached request's few live tokens: hypic.engine.layer_graphs).
         self.replays: Optional[LayerReplays] = None
         # Set by the runner for a forward with writes (hypic.engine.entry_writer.EntryWriter):
-        # told when each layer's records are complete, it copies their rows into the store
-        # entries while the next layers run.
+        # told when each layer's records are complete, it fills the store entries from them
+        # (and hands a cold forward's layers the entries' rows to write their summaries into).
         self.writer = None
 
     @property

@@ -265,9 +265,10 @@ class PicRunner:
         whose live tokens fit the row-wise graphs' largest bucket (a cached request: above it,
         kernels are long enough that launching them costs little), else None: for a forward
         that writes nothing, those of an earlier forward of the same layout signature when they
-        are kept (:class:`LayoutGraphs`), else new ones; for one that writes (a cached request
-        with missed segments; ``HYPIC_WRITE_GRAPHS``), new ones, never kept. Graphs are dropped here, when the next forward
-        starts, not when their forward returned with its replays possibly still queued."""
+        are kept (:class:`LayoutGraphs`), else new ones, or none for a GPU-bound one
+        (``HYPIC_FRESH_GRAPHS``); for one that writes (a cached request with missed segments;
+        ``HYPIC_WRITE_GRAPHS``), new ones, never kept. Graphs are dropped here, when the next
+        forward starts, not when their forward returned with its replays possibly still queued."""
         self._replays = None
         if (not self._core_graphs_on() or layout.linear_one_run_per_request
                 or (layout.writes and not write_graphs_enabled())
@@ -315,8 +316,8 @@ class PicRunner:
 
     def _write_entries(self, ctx: PicContext, insert: bool = True) -> List[SegmentEntry]:
         """The forward's store entries (:class:`~hypic.engine.entry_writer.EntryWriter`: their
-        tensors were copied layer by layer while it ran), inserted into the store unless
-        ``insert`` is False."""
+        tensors filled from the layers' records, or written by the ops in place), inserted into
+        the store unless ``insert`` is False."""
         entries = ctx.writer.finish() if ctx.writer is not None else []
         if insert and self.store is not None:
             for e in entries:

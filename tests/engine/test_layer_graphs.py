@@ -241,19 +241,15 @@ def test_a_capture_holds_the_holder_of_its_forward():
     assert replays._held == [first]
 
 
-def test_all_hit_forwards_of_one_signature_replay_every_layer_from_the_kept_graphs(monkeypatch):
-    # Requests of one pool in new orders share a layout signature: the second such forward
-    # builds its tables into the first's buffer and replays every linear layer's core, the
-    # first included, with results equal to an eager forward's; a request of another shape gets
-    # graphs of its own.
+def _pool_runner(namespace: str):
+    """``(spec, runner, run)``: a CPU PicRunner over a pool of four segments (24-48 tokens) and
+    ``run(order, query_seed, num_segs=4)``, one request of the pool's segments in that order."""
     spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
     store = SegmentStore(None, 0, device="cpu")
-    keyer = Keyer(KeyNamespace("kept", "float32"))
+    keyer = Keyer(KeyNamespace(namespace, "float32"))
     runner = PicRunner(model, spec, store, torch.device("cpu"), torch.float32)
     segs = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
     policy = PICConfig(mode="hypic", seam=4).resolve()
-    orders = [[3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1], [0, 1, 2, 3]]
-    num_linear = sum(t == "linear_attention" for t in spec.layer_types)
 
     def run(order, query_seed, num_segs=4):
         prompt = SegmentedPrompt(tuple(tuple(segs[i]) for i in order[:num_segs]),
@@ -261,6 +257,18 @@ def test_all_hit_forwards_of_one_signature_replay_every_layer_from_the_kept_grap
         plan = plan_request(prompt, policy, store=store, keyer=keyer)
         with plan:
             return runner.prefill([plan])[0]
+
+    return spec, runner, run
+
+
+def test_all_hit_forwards_of_one_signature_replay_every_layer_from_the_kept_graphs(monkeypatch):
+    # Requests of one pool in new orders share a layout signature: the second such forward
+    # builds its tables into the first's buffer and replays every linear layer's core, the
+    # first included, with results equal to an eager forward's; a request of another shape gets
+    # graphs of its own.
+    spec, runner, run = _pool_runner("kept")
+    orders = [[3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1], [0, 1, 2, 3]]
+    num_linear = sum(t == "linear_attention" for t in spec.layer_types)
 
     run(orders[0], 50)  # cold: caches every segment
     eager = [run(orders[i], 60 + i) for i in (1, 2)] + [run(orders[3], 70, num_segs=3)]
@@ -359,18 +367,7 @@ def test_a_large_forward_on_a_new_layout_runs_its_cores_eagerly(monkeypatch, mod
     # nothing; its signature's second forward (kept) captures as before. "always": both capture.
     from hypic.engine import pic_runner
 
-    spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
-    store = SegmentStore(None, 0, device="cpu")
-    keyer = Keyer(KeyNamespace("fresh", "float32"))
-    runner = PicRunner(model, spec, store, torch.device("cpu"), torch.float32)
-    segs = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
-    policy = PICConfig(mode="hypic", seam=4).resolve()
-
-    def run(order, query_seed):
-        prompt = SegmentedPrompt(tuple(tuple(segs[i]) for i in order), tuple(random_segment(10, seed=query_seed)))
-        plan = plan_request(prompt, policy, store=store, keyer=keyer)
-        with plan:
-            return runner.prefill([plan])[0]
+    _, runner, run = _pool_runner("fresh")
 
     run([3, 2, 1, 0], 50)  # cold: caches every segment
     eager = [run([2, 0, 3, 1], 61), run([0, 2, 1, 3], 62)]  # no graphs (CPU): no signature seen

@@ -266,8 +266,12 @@ def gated_delta_chain_forward_and_summarize(
     if summary_out is not None:
         if not summarize:
             raise ValueError("summary_out needs summarize=True")
-        num_written = (num_spans if summary_spans is None else summary_spans[1] - summary_spans[0]
-                       if isinstance(summary_spans, tuple) else summary_spans.numel())
+        if summary_spans is None:
+            num_written = num_spans
+        elif isinstance(summary_spans, tuple):
+            num_written = summary_spans[1] - summary_spans[0]
+        else:
+            num_written = summary_spans.numel()
         check_summary_targets(summary_out, num_written, v.shape[1], k.shape[2], v.shape[2], v.device)
     fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
     if fast is not None:

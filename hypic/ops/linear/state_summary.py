@@ -78,13 +78,14 @@ def written_span_rows(cu_chains: torch.Tensor, spans: Union[torch.Tensor, Tuple[
     return _TABLES.get(cu_chains, None, ("written_span_rows", num_spans, which), build)
 
 
-def _check(trans, incoming, final, rows) -> None:
+def _check_states(incoming, final, rows, trans=None) -> None:
+    """The shapes :func:`zero_start_from_states` needs (``trans`` None: read from targets)."""
     if rows.dim() != 2 or rows.shape[0] != 2:
         raise ValueError(f"rows must be [2, NW] (entering and leaving rows), got {tuple(rows.shape)}")
     nw = rows.shape[1]
-    if trans.dim() != 4 or trans.shape[0] != nw or trans.shape[-1] != trans.shape[-2]:
+    if trans is not None and (trans.dim() != 4 or trans.shape[0] != nw or trans.shape[-1] != trans.shape[-2]):
         raise ValueError(f"trans must be [NW, HV, K, K] with NW = {nw}, got {tuple(trans.shape)}")
-    if incoming.dim() != 4 or incoming.shape[1:3] != trans.shape[1:3]:
+    if incoming.dim() != 4 or (trans is not None and incoming.shape[1:3] != trans.shape[1:3]):
         raise ValueError(f"incoming must be [R, HV, K, V] matching trans, got {tuple(incoming.shape)}")
     if final.dim() != 4 or final.shape[1:] != incoming.shape[1:]:
         raise ValueError(f"final must be [B, HV, K, V] like incoming's rows, got {tuple(final.shape)}")
@@ -95,7 +96,7 @@ def zero_start_from_states_reference(trans: torch.Tensor, incoming: torch.Tensor
     """``S_i = after_i - T_i incoming[rows[0, i]]``, ``after_i = incoming[rows[1, i]]`` (or
     ``final[-rows[1, i] - 1]`` when negative), in the inputs' dtype (fp32 products exact on the
     CPU; float64 in, float64 out)."""
-    _check(trans, incoming, final, rows)
+    _check_states(incoming, final, rows, trans)
     rows = rows.to(device=incoming.device, dtype=torch.int64)
     stacked = torch.cat([incoming, final])
     after = stacked.index_select(0, torch.where(rows[1] >= 0, rows[1], incoming.shape[0] - rows[1] - 1))
@@ -107,30 +108,14 @@ def zero_start_from_states(trans: torch.Tensor, incoming: torch.Tensor, final: t
     """:func:`zero_start_from_states_reference` as one Triton launch on CUDA (fp32 in and out;
     the product in the chain scan's dot precision, ``HYPIC_SCAN_PRECISION``, bf16x3 by
     default); the reference elsewhere."""
-    from hypic.ops.linear.triton_scan import _interpreting, scan_precision
+    from hypic.ops.linear.triton_scan import _interpreting
 
     if not (trans.is_cuda or _interpreting()) or trans.dtype != torch.float32:
         return zero_start_from_states_reference(trans, incoming, final, rows)
-    _check(trans, incoming, final, rows)
-    import triton
-
-    precision = scan_precision(precision)
+    _check_states(incoming, final, rows, trans)
     nw, num_heads, key_dim = trans.shape[:3]
-    value_dim = incoming.shape[-1]
-    out = torch.empty(nw, num_heads, key_dim, value_dim, device=trans.device, dtype=torch.float32)
-    if nw == 0:
-        return out
-    kernel, fixed = _kernel()
-    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
-
-    def grid(meta):
-        return (triton.cdiv(value_dim, meta["BV"]), num_heads, nw)
-
-    rows = rows.to(device=trans.device, dtype=torch.int64).contiguous()
-    kernel[grid](trans.contiguous(), incoming.contiguous(), final.contiguous(), rows, out, rows, 0, 0, 0, nw,
-                 HV=num_heads, K=key_dim, V=value_dim, BK=max(16, triton.next_power_of_2(key_dim)),
-                 BKK=32 if key_dim > 16 else 16, PRECISION="tf32x3" if split else precision, SPLIT=split,
-                 TABLE=False, **fixed)
+    out = torch.empty(nw, num_heads, key_dim, incoming.shape[-1], device=trans.device, dtype=torch.float32)
+    _launch(trans.contiguous(), incoming, final, rows, out, None, precision)
     return out
 
 
@@ -143,23 +128,33 @@ def zero_start_from_states_into(into, incoming: torch.Tensor, final: torch.Tenso
     through the table's addresses on CUDA (and under the interpreter); elsewhere the reference
     and a copy into the items."""
     from hypic.ops.linear.summary import check_summary_targets, write_summaries_into
-    from hypic.ops.linear.triton_scan import _interpreting, scan_precision
+    from hypic.ops.linear.triton_scan import _interpreting
 
-    nw = rows.shape[1] if rows.dim() == 2 else -1
-    num_heads, key_dim, value_dim = incoming.shape[1], incoming.shape[2], incoming.shape[3]
+    _check_states(incoming, final, rows)
     kernel_path = incoming.is_cuda or _interpreting()
-    check_summary_targets(into, nw, num_heads, key_dim, value_dim, incoming.device, need_addresses=kernel_path)
+    check_summary_targets(into, rows.shape[1], incoming.shape[1], incoming.shape[2], incoming.shape[3],
+                          incoming.device, need_addresses=kernel_path)
     if not kernel_path:
         trans = torch.cat([item.transition for item in into.items])
         state = zero_start_from_states_reference(trans, incoming, final, rows)
         write_summaries_into(into, type(into.items[0])(transition=trans, state=state))
         return
-    trans, out = into.items[0].transition, into.items[0].state  # the bases of the table's addresses
-    _check(trans.expand(nw, -1, -1, -1), incoming, final, rows)
-    if nw == 0:
-        return
+    # the items' first T and S are the bases the table's addresses are counted from
+    _launch(into.items[0].transition, incoming, final, rows, into.items[0].state, into.addresses.contiguous(),
+            precision)
+
+
+def _launch(trans, incoming, final, rows, out, table: Optional[torch.Tensor], precision: Optional[str]) -> None:
+    """One launch over ``rows.shape[1]`` spans: T from ``trans`` and S to ``out`` by row, or, with
+    ``table`` (``[2, N']`` byte addresses), where it says, counted from those two tensors."""
     import triton
 
+    from hypic.ops.linear.triton_scan import _interpreting, scan_precision
+
+    nw = rows.shape[1]
+    if nw == 0:
+        return
+    num_heads, key_dim, value_dim = incoming.shape[1], incoming.shape[2], incoming.shape[3]
     precision = scan_precision(precision)
     kernel, fixed = _kernel()
     split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
@@ -167,13 +162,14 @@ def zero_start_from_states_into(into, incoming: torch.Tensor, final: torch.Tenso
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, nw)
 
-    table = into.addresses.contiguous()
-    kernel[grid](trans, incoming.contiguous(), final.contiguous(),
-                 rows.to(device=incoming.device, dtype=torch.int64).contiguous(), out, table, table.shape[1],
-                 trans.data_ptr(), out.data_ptr(), nw,
+    rows = rows.to(device=incoming.device, dtype=torch.int64).contiguous()
+    on_table = table is not None
+    kernel[grid](trans, incoming.contiguous(), final.contiguous(), rows, out, table if on_table else rows,
+                 table.shape[1] if on_table else 0, trans.data_ptr() if on_table else 0,
+                 out.data_ptr() if on_table else 0, nw,
                  HV=num_heads, K=key_dim, V=value_dim, BK=max(16, triton.next_power_of_2(key_dim)),
                  BKK=32 if key_dim > 16 else 16, PRECISION="tf32x3" if split else precision, SPLIT=split,
-                 TABLE=True, **fixed)
+                 TABLE=on_table, **fixed)
 
 
 def _kernel():

@@ -298,9 +298,9 @@ def write_summaries_into(table: "SummaryTable", summary: DenseSummary) -> None:
     place."""
     if summary.num_spans != table.num_spans:
         raise ValueError(f"{summary.num_spans} summaries for {table.num_spans} targets")
-    for part, rows in (("transition", summary.transition), ("state", summary.state)):
-        dst = [getattr(item, part) for item in table.items]
-        torch._foreach_copy_(dst, list(rows.unsqueeze(1).unbind(0)))
+    items = list(table.items)
+    torch._foreach_copy_([item.transition for item in items], list(summary.transition.unsqueeze(1).unbind(0)))
+    torch._foreach_copy_([item.state for item in items], list(summary.state.unsqueeze(1).unbind(0)))
 
 
 def _check_chains(cu_chains, initial_states: Optional[torch.Tensor], state: torch.Tensor) -> int:

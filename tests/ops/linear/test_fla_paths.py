@@ -23,7 +23,7 @@ try:  # the GPU machine may lack hypothesis: only the CPU property test needs it
 except ImportError:  # pragma: no cover
     given = None
 
-from hypic.ops.linear import delta, fla_paths, gated_delta, gla, kda, mamba2, simple_gla
+from hypic.ops.linear import _fla_scalar, delta, fla_paths, gated_delta, gla, kda, mamba2, simple_gla
 from hypic.ops.linear._family import expand_heads
 from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, SummaryTable, scan_chain, summary_addresses
 from hypic.ops.linear.triton_scan import scan_chain_torch
@@ -109,18 +109,18 @@ def test_segment_log_decay_matches_reference_summaries():
     k = torch.randn(t, 2, 3, generator=gen)
     v = torch.randn(t, 4, 2, generator=gen)
     ref = gla.gla_summarize(k.double(), v.double(), g.double(), cu_seqlens=cu)
-    got = fla_paths._segment_log_decay(g, cu)
+    got = _fla_scalar._segment_log_decay(g, cu)
     assert got.dtype == torch.float32 and got.shape == ref.log_decay.shape
     assert rel(got, ref.log_decay) < 1e-6
     gamma = -torch.rand(4, generator=gen)
     ref_s = simple_gla.simple_gla_summarize(k.double(), v.double(), g_gamma=gamma.double(), cu_seqlens=cu)
-    assert rel(fla_paths._scalar_log_decay(None, gamma, cu), ref_s.log_decay) < 1e-6
+    assert rel(_fla_scalar._scalar_log_decay(None, gamma, cu), ref_s.log_decay) < 1e-6
 
 
 def test_expand_heads_matches_reference_gva():
     x = torch.randn(5, 2, 3)
-    assert torch.equal(fla_paths._expand_heads(x, 6), expand_heads(x, 6))
-    assert fla_paths._expand_heads(x, 2) is x
+    assert torch.equal(_fla_scalar._expand_heads(x, 6), expand_heads(x, 6))
+    assert _fla_scalar._expand_heads(x, 2) is x
 
 
 def test_torch_decode_steps_match_reference():
