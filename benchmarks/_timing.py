@@ -63,3 +63,36 @@ def event_times_ms(fn: Callable[[], object], repeats: int = 10) -> List[float]:
 def event_median_ms(fn: Callable[[], object], repeats: int = 10) -> float:
     """Median of :func:`event_times_ms`."""
     return statistics.median(event_times_ms(fn, repeats))
+
+
+class CaptureSets:
+    """For an A/B of a switch read when a CUDA graph is captured (``HYPIC_GRAPH_GLUE``), not at
+    every call: each value gets graphs of its own, the runner's row-wise
+    :class:`~hypic.engine.cuda_graphs.TokenGraphs` (every bucket captured at the value's first
+    use, under its switches) and its kept core graphs, swapped in for the ``with`` block. Without
+    graphs (CPU) it does nothing."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.sets = {}
+
+    @contextlib.contextmanager
+    def use(self, value: str) -> Iterator[None]:
+        from hypic.engine.cuda_graphs import TokenGraphs
+        from hypic.engine.layer_graphs import LayoutGraphs
+
+        runner = self.runner
+        if runner.graphs is None:
+            yield
+            return
+        first = value not in self.sets
+        if first:
+            self.sets[value] = (TokenGraphs(runner.graphs.device, runner.graphs.buckets), LayoutGraphs())
+        old = (runner.graphs, runner.layout_graphs)
+        runner.graphs, runner.layout_graphs = self.sets[value]
+        try:
+            if first:
+                runner.capture_graphs()
+            yield
+        finally:
+            runner.graphs, runner.layout_graphs = old

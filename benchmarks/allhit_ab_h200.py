@@ -26,6 +26,7 @@ previous layer's end and this layer's start) and how far ahead the host was.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from hypic.models.loader import build_dummy_model
 from hypic.pic.segments import SegmentedPrompt
 
 from _gaps import gaps_text, gpu_gaps  # benchmarks/, the script's folder
-from _timing import env_vars
+from _timing import CaptureSets, env_vars
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic", "models", "configs",
                       "qwen3_5_35b_a3b.json")
@@ -97,6 +98,9 @@ def main():
                     help="also profile the Python functions of one request whose layout's core graphs are not "
                          "kept (HYPIC_KEPT_LAYOUTS=0: its first layers run eagerly, then are captured, as for "
                          "every request of a new shape), by cumulative time")
+    ap.add_argument("--ab-capture", action="store_true",
+                    help="--ab-env is read when CUDA graphs are captured (HYPIC_GRAPH_GLUE): each value gets its own "
+                         "row-wise and core graphs, captured under it (_timing.CaptureSets)")
     ap.add_argument("--census", action="store_true",
                     help="also count the non-view aten ops of one request by the hypic line that issued them")
     args = ap.parse_args()
@@ -135,7 +139,8 @@ def main():
             fixed = dict(kv.split("=", 1) for kv in args.ab_fixed.split(",") if kv)
             row["ab_fixed"] = fixed
             with env_vars(**fixed):
-                row["ab"] = interleaved_ab(bench, prompt, args.ab_env, args.ab_values.split(","), args.repeats)
+                row["ab"] = interleaved_ab(bench, prompt, args.ab_env, args.ab_values.split(","), args.repeats,
+                                           CaptureSets(bench.runner) if args.ab_capture else None)
             print(f"{args.ab_env}: " + ", ".join(f"{v} {r['ttft_p50_ms']:.2f} ms" for v, r in row["ab"].items()),
                   flush=True)
         if args.timeline:
@@ -216,14 +221,15 @@ def fresh_graphs_profile(bench, prompt, sync, top: int = 70) -> str:
         return python_profile(bench, prompt, sync, "cumulative", top)
 
 
-def interleaved_ab(bench, prompt, name: str, values, repeats: int) -> dict:
+def interleaved_ab(bench, prompt, name: str, values, repeats: int, captures=None) -> dict:
     """TTFT of ``prompt`` with ``os.environ[name]`` set to each value in turn, ``repeats`` rounds
     of one request per value (a first round per value not counted: it compiles what the value
-    needs); the variable is restored afterwards."""
+    needs); the variable is restored afterwards. ``captures`` (a :class:`_timing.CaptureSets`):
+    each value runs on graphs of its own, captured under it."""
     samples = {v: [] for v in values}
     for r in range(repeats + 1):
         for v in values:
-            with env_vars(**{name: v}):
+            with env_vars(**{name: v}), (captures.use(v) if captures else contextlib.nullcontext()):
                 ttft = bench.run(prompt).ttft_s * 1e3
             if r:
                 samples[v].append(ttft)

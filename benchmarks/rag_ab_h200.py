@@ -22,6 +22,7 @@ per-layer host and GPU times there (allhit_ab_h200.py's timeline, new layout gra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -37,7 +38,7 @@ from hypic.bench.ttft import parse_bytes  # noqa: E402
 from hypic.bench.ttft_mode import ModeBench  # noqa: E402
 from hypic.models.loader import build_dummy_model  # noqa: E402
 
-from _timing import env_vars  # noqa: E402  (benchmarks/, the script's folder)
+from _timing import CaptureSets, env_vars  # noqa: E402  (benchmarks/, the script's folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(HERE, "..", "hypic", "models", "configs", "qwen3_5_35b_a3b.json")
@@ -72,6 +73,9 @@ def main() -> None:
                     help="also, per value, the per-layer host/GPU timeline of one request repeated 3 times with "
                          "HYPIC_KEPT_LAYOUTS=0 (a new layout's graphs every time, as every RAG request's), to "
                          "OUT/rag_ab_profile.txt")
+    ap.add_argument("--ab-capture", action="store_true",
+                    help="the switches are read when CUDA graphs are captured (HYPIC_GRAPH_GLUE): each value gets "
+                         "its own row-wise and core graphs, captured under it (_timing.CaptureSets)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
@@ -96,6 +100,15 @@ def main() -> None:
                           None if args.store_bytes is None else parse_bytes(args.store_bytes), f"rag-ab-{prompt_tokens}")
         for r in trace.warmup_requests(args.warmup_requests):
             bench.run(r.prompt)  # until every document is cached
+        captures = CaptureSets(bench.runner)
+
+        def setting(v, **extra):
+            """Value v's switches (and its own graphs with --ab-capture) for a ``with`` block."""
+            stack = contextlib.ExitStack()
+            stack.enter_context(env_vars(**{**settings[v], **extra}))
+            if args.ab_capture:
+                stack.enter_context(captures.use(v))
+            return stack
         samples = {v: [] for v in values}
         live = []
         # Round 0 (requests of their own stream) compiles what each value needs; round 1 is
@@ -112,7 +125,7 @@ def main() -> None:
                 order = values if r % 2 == 0 else values[::-1]
                 for v in order:
                     force_misses(bench, request.prompt, args.force_misses)
-                    with env_vars(**settings[v]):
+                    with setting(v):
                         sample, added = run_noting_writes(bench, lambda: bench.run(request.prompt))
                     if args.same_misses and v != order[-1]:
                         for key in added:
@@ -134,7 +147,7 @@ def main() -> None:
             bench.run = lambda prompt: (force_misses(bench, prompt, args.force_misses), real_run(prompt))[1]
             try:
                 for v in values:
-                    with env_vars(**{**settings[v], "HYPIC_KEPT_LAYOUTS": "0"}):
+                    with setting(v, HYPIC_KEPT_LAYOUTS="0"):
                         row["timeline"][v] = timeline(bench, request.prompt, model, 3)
                     texts.append(f"== rag {prompt_tokens}, {label}={v}: timeline (new layout graphs each time) "
                                  f"==\n" + timeline_text(row["timeline"][v]))
@@ -142,7 +155,8 @@ def main() -> None:
             finally:
                 del bench.run  # the instance attribute: the class method again
         if args.profile:
-            texts += profile_values(bench, trace, label, settings, prompt_tokens, device, args.force_misses)
+            texts += profile_values(bench, trace, label, settings, prompt_tokens, device, args.force_misses,
+                                    setting)
         res["rows"].append(row)
         print(f"rag {prompt_tokens}: " + ", ".join(f"{label}={v} {row['ttft_p50_ms'][v]:.2f} ms" for v in values)
               + f" (live tokens {row['live_tokens_mean']:.0f}; entries written per request "
@@ -202,7 +216,7 @@ def force_misses(bench, prompt, count: int) -> int:
 
 
 def profile_values(bench, trace, name: str, settings, prompt_tokens: int, device: str,
-                   misses: int = 0):
+                   misses: int = 0, setting=None):
     """One request of a stream of its own, once per value (what a run wrote discarded before the
     next): the profiler's kernel table, then a second traced run's GPU idle gaps with the hypic
     line running at each. Under the profiler launches are slower: for where time goes, not TTFT."""
@@ -217,10 +231,11 @@ def profile_values(bench, trace, name: str, settings, prompt_tokens: int, device
     texts = []
     request = trace.requests(1, stream="profile")[0]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    for v, setting in settings.items():
+    for v in settings:
         for stacks in (False, True):
             force_misses(bench, request.prompt, misses)
-            with env_vars(**setting), profile(activities=activities, with_stack=stacks) as prof:
+            with (setting(v) if setting else env_vars(**settings[v])), \
+                    profile(activities=activities, with_stack=stacks) as prof:
                 sample, added = run_noting_writes(bench, lambda: (bench.run(request.prompt), sync())[0])
             for key in added:
                 bench.store.discard(key)

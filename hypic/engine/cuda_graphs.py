@@ -36,6 +36,7 @@ from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 
+from hypic.ops.fused import recording_graph
 from hypic.ops.linear._checks import concrete_device
 
 ENV = "HYPIC_CUDA_GRAPHS"
@@ -143,15 +144,16 @@ class TokenGraphs:
         for static, t in zip(inputs, tensors):
             static[:t.shape[0]].copy_(t)
         # Warm up on a side stream (first-call work such as compilation or cuBLAS workspace
-        # allocation must not land in the graph), then capture. The captured phase copies its
-        # results into output buffers shared by every graph of the phase function and shape (the
-        # same phase of every layer; each replay's rows are copied out before the next replay),
-        # so a bucket costs one set of outputs, not one per layer; what the phase allocates
-        # itself returns to the pool for the next capture.
+        # allocation must not land in the graph), then capture; both record the compiled glue
+        # (hypic.ops.fused.recording_graph), so it compiles in the warm-up. The captured phase
+        # copies its results into output buffers shared by every graph of the phase function and
+        # shape (the same phase of every layer; each replay's rows are copied out before the next
+        # replay), so a bucket costs one set of outputs, not one per layer; what the phase
+        # allocates itself returns to the pool for the next capture.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         try:
-            with torch.cuda.stream(side):
+            with recording_graph(), torch.cuda.stream(side):
                 for _ in range(2):
                     warm = fn(*inputs)
             torch.cuda.current_stream(self.device).wait_stream(side)
@@ -167,7 +169,7 @@ class TokenGraphs:
                                                          for o in warm)
             del warm
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with recording_graph(), torch.cuda.graph(graph, pool=self.pool):
                 result = fn(*inputs)
                 result = (result,) if isinstance(result, torch.Tensor) else tuple(result)
                 for out, r in zip(outputs, result):

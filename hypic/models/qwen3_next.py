@@ -28,7 +28,7 @@ from torch import nn
 
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.ops.moe import moe_experts, route_topk_softmax
-from hypic.ops.fused import add_sigmoid_gated, sigmoid_gate, swiglu
+from hypic.ops.fused import add_sigmoid_gated, gdn_gates, sigmoid_gate, swiglu
 from hypic.ops.norms import add_rms_norm_zero_centered, gated_rms_norm, l2_normalize, rms_norm_zero_centered
 from hypic.ops.rope import RotaryEmbedding, apply_rotary
 
@@ -135,10 +135,7 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         q = l2_normalize(q.reshape(num_tokens, self.num_k_heads, self.head_k_dim), QK_L2NORM_EPS)
         k = l2_normalize(k.reshape(num_tokens, self.num_k_heads, self.head_k_dim), QK_L2NORM_EPS)
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
-        math = _math_dtype(mixed)
-        beta = torch.sigmoid(b.to(math))
-        # log decay g = -exp(A_log) * softplus(a + dt_bias) <= 0, computed in fp32 (fp16 A overflows)
-        g = -self.A_log.to(math).exp() * F.softplus(a.to(math) + self.dt_bias.to(math))
+        g, beta = gdn_gates(b, a, self.A_log, self.dt_bias)
         return q, k, v, g, beta
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

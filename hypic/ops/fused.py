@@ -12,14 +12,23 @@ benchmarks/glue_check_h200.py on the GPU).
 
 Measured on the H200 at 32k tokens (benchmarks/results/glue_check_h200.json): a norm takes
 0.23-0.66 ms compiled against 0.78-3.45 ms eager, and the whole plain prefill 787 ms against
-1,022 ms. SwiGLU and the sigmoid gates stay eager: two-op chains, compiled they were no faster
-(0.41 vs 0.36 ms, 0.44 vs 0.35 ms).
+1,022 ms. SwiGLU and the sigmoid gates stay eager there: two-op chains, compiled they were no
+faster (0.41 vs 0.36 ms, 0.44 vs 0.35 ms).
+
+**Inside a CUDA graph** (:func:`recording_graph`: the row-wise phases' warm-up and capture,
+:mod:`hypic.engine.cuda_graphs`) every glue function runs its compiled math at any size,
+``graph_only`` ones included: a replay pays none of a compiled call's host cost, and each
+eager kernel it saves is a graph node fewer, ~2-4 us of GPU time at a cached request's few
+hundred rows (an eager norm is 4-9 kernels: casts, the weight's ``1 +``, the norm, the cast
+back). ``HYPIC_GRAPH_GLUE=0`` records the eager glue instead, for A/B runs.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
+from contextlib import contextmanager
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -40,6 +49,35 @@ def compile_glue_enabled() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{COMPILE_ENV} must be 0 or 1, got {value!r}")
     return value == "1"
+
+
+GRAPH_ENV = "HYPIC_GRAPH_GLUE"
+_STATE = threading.local()  # .recording: depth of recording_graph() on this thread
+
+
+def graph_glue_enabled() -> bool:
+    """Whether glue recorded into a CUDA graph runs compiled at any size (``HYPIC_GRAPH_GLUE`` =
+    0 or 1, default 1; it needs ``HYPIC_COMPILE_GLUE=1`` as well)."""
+    value = os.environ.get(GRAPH_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{GRAPH_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+@contextmanager
+def recording_graph():
+    """Glue called inside runs its compiled math at any size on CUDA (:func:`dispatch`): the
+    caller is warming up or capturing a CUDA graph, whose replays pay no host cost per call.
+    Wrap the warm-up runs too, so that compiling happens there and never inside a capture."""
+    _STATE.recording = getattr(_STATE, "recording", 0) + 1
+    try:
+        yield
+    finally:
+        _STATE.recording -= 1
+
+
+def _recording() -> bool:
+    return getattr(_STATE, "recording", 0) > 0
 
 
 def compile_graph(fn: Callable) -> Callable:
@@ -74,13 +112,18 @@ def compiled(fn: Callable) -> Callable:
     return out
 
 
-def dispatch(fn: Callable, x: torch.Tensor, eager: Optional[Callable] = None) -> Callable:
-    """The compiled ``fn`` for CUDA tensors of at least ``MIN_COMPILED_ELEMENTS`` elements when
-    enabled, else ``eager`` (default ``fn`` itself: an ``fn`` written for the compiler may have a
-    cheaper eager equivalent)."""
-    # The switch is read first, so a bad value is an error on every device.
-    if compile_glue_enabled() and x.is_cuda and x.numel() >= MIN_COMPILED_ELEMENTS:
-        return compiled(fn)
+def dispatch(fn: Callable, x: torch.Tensor, eager: Optional[Callable] = None, graph_only: bool = False) -> Callable:
+    """The compiled ``fn`` for CUDA tensors when enabled: inside :func:`recording_graph` at any
+    size (unless ``HYPIC_GRAPH_GLUE=0``), elsewhere from ``MIN_COMPILED_ELEMENTS`` elements on
+    and not at all for ``graph_only`` functions (compiled, they were no faster eagerly); else
+    ``eager`` (default ``fn`` itself: an ``fn`` written for the compiler may have a cheaper eager
+    equivalent)."""
+    # The switches are read first, so a bad value is an error on every device.
+    if compile_glue_enabled() and x.is_cuda:
+        if _recording() and graph_glue_enabled():
+            return compiled(fn)
+        if not graph_only and x.numel() >= MIN_COMPILED_ELEMENTS:
+            return compiled(fn)
     return fn if eager is None else eager
 
 
@@ -92,7 +135,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` (the SwiGLU of dense and routed experts)."""
     if gate.shape != up.shape:
         raise ValueError(f"swiglu: gate shape {tuple(gate.shape)} != up shape {tuple(up.shape)}")
-    return swiglu_math(gate, up)
+    return dispatch(swiglu_math, gate, graph_only=True)(gate, up)
 
 
 def sigmoid_gate_math(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -103,7 +146,7 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(gate)`` (the gated-attention output gate)."""
     if gate.shape != x.shape:
         raise ValueError(f"sigmoid_gate: gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
-    return sigmoid_gate_math(x, gate)
+    return dispatch(sigmoid_gate_math, x, graph_only=True)(x, gate)
 
 
 def add_sigmoid_gated_math(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -116,7 +159,28 @@ def add_sigmoid_gated(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor) -> t
         raise ValueError(f"add_sigmoid_gated: h shape {tuple(h.shape)} != x shape {tuple(x.shape)}")
     if gate.dim() != x.dim() or gate.shape[:-1] != x.shape[:-1] or gate.shape[-1] not in (1, x.shape[-1]):
         raise ValueError(f"add_sigmoid_gated: gate shape {tuple(gate.shape)} does not broadcast to {tuple(x.shape)}")
-    return add_sigmoid_gated_math(x, h, gate)
+    return dispatch(add_sigmoid_gated_math, x, graph_only=True)(x, h, gate)
+
+
+def gdn_gates_math(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """The unchecked math of :func:`gdn_gates`."""
+    math = torch.float64 if b.dtype == torch.float64 else torch.float32
+    beta = torch.sigmoid(b.to(math))
+    # -exp(A_log) * softplus(a + dt_bias) <= 0, in fp32 (an fp16 exp(A_log) overflows)
+    g = -a_log.to(math).exp() * F.softplus(a.to(math) + dt_bias.to(math))
+    return g, beta
+
+
+def gdn_gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """Gated DeltaNet's per-token gates from the raw projections ``b, a [T, HV]``: ``(g, beta)``
+    with log decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, both
+    fp32 (fp64 for fp64 inputs). Eager, these are ten small kernels."""
+    if b.dim() != 2 or a.shape != b.shape:
+        raise ValueError(f"gdn_gates: b {tuple(b.shape)} and a {tuple(a.shape)} must both be [T, HV]")
+    if a_log.shape != (b.shape[1],) or dt_bias.shape != (b.shape[1],):
+        raise ValueError(f"gdn_gates: A_log {tuple(a_log.shape)} and dt_bias {tuple(dt_bias.shape)} must be "
+                         f"[{b.shape[1]}]")
+    return dispatch(gdn_gates_math, b, graph_only=True)(b, a, a_log, dt_bias)
 
 
 def add_then(norm_math: Callable) -> Callable:

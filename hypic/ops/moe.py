@@ -23,6 +23,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from hypic.ops.fused import dispatch
 from hypic.ops.moe_grouped import grouped_mm_supported, moe_experts_grouped
 from hypic.ops.moe_rows import moe_experts_rows, rows_preferred, rows_supported
 
@@ -45,6 +46,12 @@ def route_topk_softmax(
     num_experts = router_logits.shape[1]
     if not (0 < top_k <= num_experts):
         raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+    return dispatch(route_topk_softmax_math, router_logits, graph_only=True)(router_logits, top_k, renormalize)
+
+
+def route_topk_softmax_math(router_logits: torch.Tensor, top_k: int, renormalize: bool):
+    """The unchecked math of :func:`route_topk_softmax` (compiled inside CUDA graphs,
+    :func:`hypic.ops.fused.dispatch`)."""
     math = torch.float64 if router_logits.dtype == torch.float64 else torch.float32
     probs = torch.softmax(router_logits.to(math), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)

@@ -14,6 +14,7 @@ from typing import Tuple
 
 import torch
 
+from hypic.ops.fused import dispatch
 from hypic.ops.linear._checks import FLOAT_DTYPES, check_tensor
 from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, Summary
 
@@ -77,9 +78,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     rd = cos.shape[1]
     if rd % 2 or rd > head_dim or rd == 0:
         raise ValueError(f"cos/sin width {rd} must be even and in (0, head_dim={head_dim}]")
+    return dispatch(apply_rotary_math, x, graph_only=True)(x, cos, sin)
+
+
+def apply_rotary_math(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The unchecked math of :func:`apply_rotary` (compiled inside CUDA graphs: eager, a partial
+    rotation is ~9 kernels)."""
+    rd = cos.shape[1]
     dtype = torch.promote_types(x.dtype, cos.dtype)
     rot = _rotate_last(x[..., :rd].to(dtype), cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]).to(x.dtype)
-    if rd == head_dim:
+    if rd == x.shape[-1]:
         return rot
     # Partial rotary (Qwen3.5: 64 of 256 dims): only the rotated dims go through the wider dtype;
     # the rest is copied once (converting the whole head there and back was three full passes).

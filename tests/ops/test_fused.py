@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic.ops import fused, norms
+from hypic.ops import fused, moe, norms, rope
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -19,6 +19,24 @@ def _cases(x, gate, w):
         "add_rms_norm_zero_centered": ((x, gate, w, 1e-6), norms._ADD_RMS_NORM_ZERO_CENTERED),
         "gated_rms_norm": ((x, gate, w + 1, 1e-6), norms.gated_rms_norm_math),
         "l2_normalize": ((x, 1e-6), norms.l2_normalize_math),
+        "swiglu": ((x, gate), fused.swiglu_math),
+        "sigmoid_gate": ((x, gate), fused.sigmoid_gate_math),
+        "add_sigmoid_gated": ((x, gate, gate[..., :1]), fused.add_sigmoid_gated_math),
+    }
+
+
+def _row_cases(num_tokens, dtype, gen):
+    """The glue that compiles only inside CUDA graphs, on its own shapes."""
+    b, a = (torch.randn(num_tokens, 6, generator=gen) * 2).to(dtype), torch.randn(num_tokens, 6, generator=gen).to(dtype)
+    a_log, dt_bias = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    logits = (torch.randn(num_tokens, 16, generator=gen) * 2).to(dtype)
+    q = torch.randn(num_tokens, 3, 32, generator=gen).to(dtype)
+    cos, sin = torch.randn(num_tokens, 8, generator=gen).to(dtype), torch.randn(num_tokens, 8, generator=gen).to(dtype)
+    return {
+        "gdn_gates": ((b, a, a_log, dt_bias), fused.gdn_gates_math),
+        "route_topk_softmax": ((logits, 4, True), moe.route_topk_softmax_math),
+        "apply_rotary (partial)": ((q, cos, sin), rope.apply_rotary_math),
+        "apply_rotary (whole head)": ((q[..., :8].contiguous(), cos, sin), rope.apply_rotary_math),
     }
 
 
@@ -42,7 +60,8 @@ def test_compiled_glue_matches_the_eager_reference(toolchain, dtype, tol, num_to
     x = (torch.randn(num_tokens, 4, 64, generator=gen) * 3).to(dtype)
     gate = torch.randn(num_tokens, 4, 64, generator=gen).to(dtype)
     w = (torch.randn(64, generator=gen) * 0.1).to(dtype)
-    for name, (args, eager) in _cases(x, gate, w).items():
+    cases = {**_cases(x, gate, w), **_row_cases(num_tokens, dtype, gen)}
+    for name, (args, eager) in cases.items():
         ref = eager(*args)
         out = fused.compile_graph(eager)(*args)  # the graph itself: no eager fallback
         refs = ref if isinstance(ref, tuple) else (ref,)
@@ -88,6 +107,69 @@ def test_switch_and_dispatch(monkeypatch):
     monkeypatch.setenv(fused.COMPILE_ENV, "yes")
     with pytest.raises(ValueError, match="HYPIC_COMPILE_GLUE must be 0 or 1"):
         norms.l2_normalize(x)
+
+
+def test_dispatch_inside_a_graph_recording(monkeypatch):
+    """Inside recording_graph (a CUDA graph's warm-up and capture) CUDA glue of any size runs
+    compiled, graph_only functions too; outside, graph_only functions stay eager at any size.
+    HYPIC_GRAPH_GLUE=0 (or HYPIC_COMPILE_GLUE=0) records the eager glue. CPU stays eager."""
+    for env in (fused.COMPILE_ENV, fused.GRAPH_ENV):
+        monkeypatch.delenv(env, raising=False)
+    assert fused.graph_glue_enabled() is True
+    small, big = _FakeCuda(8), _FakeCuda(fused.MIN_COMPILED_ELEMENTS)
+    math, eager = fused.swiglu_math, norms.l2_normalize
+    assert fused.dispatch(math, big, graph_only=True) is math
+    assert fused.dispatch(math, small, eager=eager) is eager
+    with fused.recording_graph():
+        with fused.recording_graph():  # nested (a capture inside a warm-up's context)
+            assert fused.dispatch(math, small) is fused.compiled(math)
+        assert fused.dispatch(math, small, graph_only=True) is fused.compiled(math)
+        assert fused.dispatch(math, torch.randn(3, 8), graph_only=True) is math  # CPU: the reference
+        monkeypatch.setenv(fused.GRAPH_ENV, "0")
+        assert fused.dispatch(math, small, eager=eager) is eager
+        assert fused.dispatch(math, big, graph_only=True) is math
+        assert fused.dispatch(math, big) is fused.compiled(math)  # the size rule still holds
+        monkeypatch.setenv(fused.GRAPH_ENV, "1")
+        monkeypatch.setenv(fused.COMPILE_ENV, "0")
+        assert fused.dispatch(math, small) is math
+        monkeypatch.setenv(fused.COMPILE_ENV, "1")
+        monkeypatch.setenv(fused.GRAPH_ENV, "on")
+        with pytest.raises(ValueError, match="HYPIC_GRAPH_GLUE must be 0 or 1"):
+            fused.dispatch(math, small)
+        monkeypatch.setenv(fused.GRAPH_ENV, "1")
+    assert fused.dispatch(math, small, eager=eager) is eager  # the context has ended
+    with pytest.raises(RuntimeError, match="boom"):
+        with fused.recording_graph():
+            raise RuntimeError("boom")
+    assert fused.dispatch(math, small, eager=eager) is eager  # ended by the error too
+
+    # the flag is per thread: a capture on one thread does not change another's glue
+    import threading
+
+    seen = []
+    with fused.recording_graph():
+        worker = threading.Thread(target=lambda: seen.append(fused.dispatch(math, small, eager=eager)))
+        worker.start()
+        worker.join()
+    assert seen == [eager]
+
+
+def test_gdn_gates_match_the_model_maths_and_check_shapes():
+    gen = torch.Generator().manual_seed(0)
+    b, a = torch.randn(5, 4, generator=gen), torch.randn(5, 4, generator=gen)
+    a_log, dt_bias = torch.randn(4, generator=gen), torch.randn(4, generator=gen)
+    g, beta = fused.gdn_gates(b.bfloat16(), a.bfloat16(), a_log, dt_bias)
+    assert g.dtype == beta.dtype == torch.float32
+    bf, af = b.bfloat16().float(), a.bfloat16().float()
+    torch.testing.assert_close(beta, torch.sigmoid(bf))
+    torch.testing.assert_close(g, -a_log.exp() * torch.nn.functional.softplus(af + dt_bias))
+    assert (g <= 0).all()
+    g64, _ = fused.gdn_gates(b.double(), a.double(), a_log.double(), dt_bias.double())
+    assert g64.dtype == torch.float64
+    with pytest.raises(ValueError, match="must both be"):
+        fused.gdn_gates(b, a[:, :2], a_log, dt_bias)
+    with pytest.raises(ValueError, match="A_log"):
+        fused.gdn_gates(b, a, a_log[:2], dt_bias)
 
 
 def test_shape_errors():
