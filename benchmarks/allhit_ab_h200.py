@@ -98,6 +98,9 @@ def main():
                     help="also profile the Python functions of one request whose layout's core graphs are not "
                          "kept (HYPIC_KEPT_LAYOUTS=0: its first layers run eagerly, then are captured, as for "
                          "every request of a new shape), by cumulative time")
+    ap.add_argument("--ab-settings", default=None,
+                    help="instead of --ab-env: settings separated by ';', each of space-separated NAME=VALUE "
+                         "switches (rag_ab_h200.py's form), interleaved as --ab-env's values")
     ap.add_argument("--ab-capture", action="store_true",
                     help="--ab-env is read when CUDA graphs are captured (HYPIC_GRAPH_GLUE): each value gets its own "
                          "row-wise and core graphs, captured under it (_timing.CaptureSets)")
@@ -135,14 +138,18 @@ def main():
                "live_tokens": samples[-1].live_tokens, "first_allhit_ms": first.ttft_s * 1e3,
                "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft),
                "plan_p50_ms": statistics.median(s.plan_s * 1e3 for s in samples)}
-        if args.ab_env:
+        if args.ab_env or args.ab_settings:
+            from rag_ab_h200 import parse_settings
+
             fixed = dict(kv.split("=", 1) for kv in args.ab_fixed.split(",") if kv)
             row["ab_fixed"] = fixed
+            settings = parse_settings(args.ab_env, args.ab_values, args.ab_settings)
+            row["ab_settings"] = settings
             with env_vars(**fixed):
-                row["ab"] = interleaved_ab(bench, prompt, args.ab_env, args.ab_values.split(","), args.repeats,
+                row["ab"] = interleaved_ab(bench, prompt, settings, args.repeats,
                                            CaptureSets(bench.runner) if args.ab_capture else None)
-            print(f"{args.ab_env}: " + ", ".join(f"{v} {r['ttft_p50_ms']:.2f} ms" for v, r in row["ab"].items()),
-                  flush=True)
+            print(f"{args.ab_env or 'setting'}: " + ", ".join(f"{v} {r['ttft_p50_ms']:.2f} ms"
+                                                            for v, r in row["ab"].items()), flush=True)
         if args.timeline:
             row["timeline"] = timeline(bench, prompt, model, args.repeats)
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, timeline ==\n" + timeline_text(row["timeline"]))
@@ -221,15 +228,15 @@ def fresh_graphs_profile(bench, prompt, sync, top: int = 70) -> str:
         return python_profile(bench, prompt, sync, "cumulative", top)
 
 
-def interleaved_ab(bench, prompt, name: str, values, repeats: int, captures=None) -> dict:
-    """TTFT of ``prompt`` with ``os.environ[name]`` set to each value in turn, ``repeats`` rounds
-    of one request per value (a first round per value not counted: it compiles what the value
-    needs); the variable is restored afterwards. ``captures`` (a :class:`_timing.CaptureSets`):
-    each value runs on graphs of its own, captured under it."""
-    samples = {v: [] for v in values}
+def interleaved_ab(bench, prompt, settings, repeats: int, captures=None) -> dict:
+    """TTFT of ``prompt`` under each of ``settings`` (``{label: {NAME: VALUE}}``) in turn,
+    ``repeats`` rounds of one request per setting (a first round not counted: it compiles what a
+    setting needs); the variables are restored afterwards. ``captures`` (a
+    :class:`_timing.CaptureSets`): each setting runs on graphs of its own, captured under it."""
+    samples = {v: [] for v in settings}
     for r in range(repeats + 1):
-        for v in values:
-            with env_vars(**{name: v}), (captures.use(v) if captures else contextlib.nullcontext()):
+        for v, setting in settings.items():
+            with env_vars(**setting), (captures.use(v) if captures else contextlib.nullcontext()):
                 ttft = bench.run(prompt).ttft_s * 1e3
             if r:
                 samples[v].append(ttft)

@@ -14,7 +14,9 @@ long prefill's kernels are long enough that launching them costs little). Rows a
 so padding rows (zeros, then stale rows of an earlier call) never change the real rows. The same
 phase of every layer shares one set of static input and output buffers per bucket: inputs are
 copied in right before a replay and the graph copies its results into the outputs, in stream
-order. **A replay returns views of those output buffers**: they are valid until the next replay
+order. An input that was an earlier phase's output buffer when the phase was captured (the
+residual from the previous layer, ``z`` and the gates' ``b, a`` from the layer's first phase) is
+read from that buffer in place, without the copy (``HYPIC_GRAPH_ADOPT``). **A replay returns views of those output buffers**: they are valid until the next replay
 of the same phase function at the same bucket (any layer), so a caller consumes them, or copies
 what it keeps, before that phase runs again. The decoder layers do (a layer's phase outputs are
 read within the layer; its output is the next layer's input, which a replay copies in before
@@ -42,6 +44,20 @@ from hypic.ops.linear._checks import concrete_device
 ENV = "HYPIC_CUDA_GRAPHS"
 DEFAULT_BUCKETS: Tuple[int, ...] = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
                                     1536, 2048)
+
+
+ADOPT_ENV = "HYPIC_GRAPH_ADOPT"
+
+
+def adopt_enabled() -> bool:
+    """``HYPIC_GRAPH_ADOPT`` (default 1): a phase captured over another phase's replay output
+    reads that buffer in place (:meth:`TokenGraphs._adoptable`) instead of copying it into a
+    static input of its own before every replay; 0 copies every input, as before session 21
+    (read at capture time)."""
+    value = os.environ.get(ADOPT_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ADOPT_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def graphs_enabled() -> bool:
@@ -102,6 +118,7 @@ class TokenGraphs:
         # every layer): inputs are copied in right before each replay, and replays never overlap.
         self._inputs: Dict[Hashable, Tuple[torch.Tensor, ...]] = {}
         self._outputs: Dict[Hashable, Tuple[torch.Tensor, ...]] = {}  # per phase function and shapes
+        self._output_at: Dict[int, torch.Tensor] = {}  # every output buffer, by address (adoption)
         self._failed: Dict[Hashable, str] = {}  # phase -> why its capture failed
         self.num_captures = 0
         self.warmed: "weakref.WeakKeyDictionary[torch.nn.Module, set]" = weakref.WeakKeyDictionary()
@@ -128,7 +145,8 @@ class TokenGraphs:
                     return fn(*tensors)
                 self._graphs[key] = entry
             for static, t in zip(entry.inputs, tensors):
-                static[:num_tokens].copy_(t)
+                if t.data_ptr() != static.data_ptr() or t.stride() != static.stride():
+                    static[:num_tokens].copy_(t)  # (an adopted buffer that holds t already is not)
             entry.graph.replay()
             return _rows(entry.output, num_tokens)
 
@@ -141,8 +159,11 @@ class TokenGraphs:
         if inputs is None:
             inputs = self._inputs[in_key] = tuple(
                 torch.zeros(size, *t.shape[1:], dtype=t.dtype, device=self.device) for t in tensors)
+        if adopt_enabled():
+            inputs = tuple(self._adoptable(t, size) or static for static, t in zip(inputs, tensors))
         for static, t in zip(inputs, tensors):
-            static[:t.shape[0]].copy_(t)
+            if t.data_ptr() != static.data_ptr():
+                static[:t.shape[0]].copy_(t)
         # Warm up on a side stream (first-call work such as compilation or cuBLAS workspace
         # allocation must not land in the graph), then capture; both record the compiled glue
         # (hypic.ops.fused.recording_graph), so it compiles in the warm-up. The captured phase
@@ -167,6 +188,7 @@ class TokenGraphs:
             if outputs is None:
                 outputs = self._outputs[out_key] = tuple(torch.empty_like(o, memory_format=torch.contiguous_format)
                                                          for o in warm)
+                self._output_at.update((o.data_ptr(), o) for o in outputs)
             del warm
             graph = torch.cuda.CUDAGraph()
             with recording_graph(), torch.cuda.graph(graph, pool=self.pool):
@@ -182,6 +204,20 @@ class TokenGraphs:
         self.num_captures += 1
         self._watch(fn)
         return _Graph(graph, tuple(inputs), outputs[0] if single else outputs)
+
+    def _adoptable(self, t: torch.Tensor, size: int) -> Optional[torch.Tensor]:
+        """The output buffer whose first rows ``t`` is (an earlier phase's replay output at this
+        bucket), else None. A phase captured over such an input reads that buffer in place
+        instead of a static copy: the layer's residual from the previous layer's last phase,
+        ``z`` / ``b, a`` / the attention gate from the layer's first phase. A later call whose
+        input is that buffer's rows again (the same flow) skips the copy; any other input is
+        copied into the buffer, whose own rows are then stale (its producer's output was not what
+        came here), as the static copy would have been."""
+        buf = self._output_at.get(t.data_ptr())
+        if (buf is None or buf.shape[0] != size or buf.dtype != t.dtype or buf.shape[1:] != t.shape[1:]
+                or buf.stride() != t.stride()):
+            return None
+        return buf
 
     def failures(self) -> Dict[Hashable, str]:
         """Why each phase that runs eagerly failed to capture (by phase key)."""

@@ -29,7 +29,9 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-ROWS_PER_PROGRAM = 64  # query rows (queries x heads of a group) per program
+ROWS_PER_PROGRAM = 64  # query rows (queries x heads of a group) per program, by default
+ROWS_ENV = "HYPIC_SPLIT_ROWS"
+ROWS_CHOICES = (64, 128)
 BLOCK_N = 64  # split lengths are multiples of this (and of every tuned key step)
 MIN_SPLIT = 2048  # keys per program, at least
 MAX_SPLITS = 16  # splits per query block, at most
@@ -48,6 +50,18 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def rows_per_program() -> int:
+    """``HYPIC_SPLIT_ROWS``: query rows per program, 64 (default) or 128. Every program of a
+    query block reads every key tile its block sees, from L2 (a layer's K/V of a 32k prompt, 67
+    MB, is beyond it only once): at the all-hit 32k shape the 72 blocks of 64 rows (one seam's 8
+    queries x 8 heads each) read ~2.4 GB per layer, so 128 rows (two seams; the first sees a few
+    masked keys past its position) halve that traffic at twice the registers per program."""
+    value = os.environ.get(ROWS_ENV, str(ROWS_PER_PROGRAM))
+    if value not in tuple(str(c) for c in ROWS_CHOICES):
+        raise ValueError(f"{ROWS_ENV} must be one of {ROWS_CHOICES}, got {value!r}")
+    return int(value)
+
+
 def _build_kernel():
     """The kernel, autotuned over key step and warps on GPU (keyed on head dims and group); one
     fixed config under the interpreter, which cannot benchmark."""
@@ -61,6 +75,9 @@ def _build_kernel():
         triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
         triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=2),
         triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
+        # for 128-row blocks (HYPIC_SPLIT_ROWS; BLOCK_Q is in the key, so each is tuned apart)
+        triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=3),
+        triton.Config({"BLOCK_N": 32}, num_warps=8, num_stages=3),
     ]
     # o_part / lse_part are fully rewritten by every launch, so benchmarking runs are harmless
     return triton.autotune(configs=configs, key=["D", "DV", "GROUP", "BLOCK_Q"])(kernel), {"WHILE_LOOP": False}
@@ -138,8 +155,8 @@ def split_prefix_attention(
     if num_q == 0:
         return out
     group = num_heads // num_kv_heads
-    block_q = max(1, ROWS_PER_PROGRAM // group)
-    shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group)
+    block_q = max(1, rows_per_program() // group)
+    shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group, block_q)
     blocks, num_splits, split = _plan(cu_seqlens_q_host, cu_seqlens_k_host, block_q, q.device, layout_key, shape_key,
                                       num_q * num_heads * (value_dim + 1) * 4)
     if _KERNEL is None:

@@ -200,3 +200,59 @@ def test_recorded_glue_runs_compiled_and_matches_eager(monkeypatch):
             for math in (norms.rms_norm_zero_centered_math, moe.route_topk_softmax_math, fused.swiglu_math,
                          fused.add_sigmoid_gated_math):
                 assert fused._COMPILED.get(math) not in (None, math), math.__name__
+
+
+def test_adopt_switch(monkeypatch):
+    from hypic.engine.cuda_graphs import ADOPT_ENV, adopt_enabled
+
+    monkeypatch.delenv(ADOPT_ENV, raising=False)
+    assert adopt_enabled()
+    monkeypatch.setenv(ADOPT_ENV, "0")
+    assert not adopt_enabled()
+    monkeypatch.setenv(ADOPT_ENV, "no")
+    with pytest.raises(ValueError, match=ADOPT_ENV):
+        adopt_enabled()
+
+
+class _Scale(torch.nn.Module):
+    def forward(self, x):
+        return x * 2, x + 1
+
+
+class _Mix(torch.nn.Module):
+    def forward(self, u, w, x):
+        return u * w + x
+
+
+@needs_cuda
+@torch.inference_mode()
+@pytest.mark.parametrize("adopt", ["1", "0"])
+def test_a_phase_reads_an_earlier_phases_output_in_place(adopt, monkeypatch):
+    """Phase B captured over phase A's replay outputs reads A's output buffers in place (no copy
+    before its replays) when HYPIC_GRAPH_ADOPT=1; any other input is copied into them, and every
+    flow, in any order, equals the eager phases."""
+    from hypic.engine.cuda_graphs import ADOPT_ENV
+
+    monkeypatch.setenv(ADOPT_ENV, adopt)
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
+    a, b = _Scale(), _Mix()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def fresh(n):
+        return torch.randn(n, 8, device="cuda", generator=gen)
+
+    for n in (16, 9, 12):
+        x = fresh(n)
+        u, w = graphs.run(a, x)
+        got = graphs.run(b, u, w, x)
+        assert torch.equal(got, x * 2 * (x + 1) + x), n
+        # B over other inputs (copied into the adopted buffers), then the chained flow again
+        p, q = fresh(n), fresh(n)
+        assert torch.equal(graphs.run(b, p, q, x), p * q + x), n
+        u, w = graphs.run(a, x)
+        assert torch.equal(graphs.run(b, u, w, x), x * 2 * (x + 1) + x), n
+    entry_a = next(e for k, e in graphs._graphs.items() if k[0] == id(a))
+    entry_b = next(e for k, e in graphs._graphs.items() if k[0] == id(b))
+    adopted = [s.data_ptr() == o.data_ptr() for s, o in zip(entry_b.inputs[:2], entry_a.output)]
+    assert adopted == ([True, True] if adopt == "1" else [False, False])
+    assert entry_b.inputs[2].data_ptr() not in {o.data_ptr() for o in entry_a.output}  # x: its own copy

@@ -100,13 +100,29 @@ def test_environment_preference_falls_back_where_split_cannot_run(monkeypatch):
                                         cu_seqlens_k_host=[0, 4], **args), want)
 
 
-def test_kernel_under_interpreter():
+@pytest.mark.parametrize("rows", ["64", "128"])
+def test_kernel_under_interpreter(rows, monkeypatch):
+    # 128 rows: a block holds all three seams of request 0 (its first rows masked past their
+    # positions while the block's later rows read on)
+    monkeypatch.setenv(attention_split.ROWS_ENV, rows)
     assert interpreted_error(CASE + "print(case(torch.float16, 'cpu'))\n") < 2e-3
 
 
+def test_rows_per_program_switch(monkeypatch):
+    monkeypatch.delenv(attention_split.ROWS_ENV, raising=False)
+    assert attention_split.rows_per_program() == 64
+    monkeypatch.setenv(attention_split.ROWS_ENV, "128")
+    assert attention_split.rows_per_program() == 128
+    monkeypatch.setenv(attention_split.ROWS_ENV, "96")
+    with pytest.raises(ValueError, match="HYPIC_SPLIT_ROWS must be one of"):
+        attention_split.rows_per_program()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+@pytest.mark.parametrize("rows", ["64", "128"])
 @pytest.mark.parametrize("heads", [(8, 2, 32), (16, 2, 256), (4, 4, 64)])
-def test_kernel_matches_reference_on_cuda(heads, monkeypatch):
+def test_kernel_matches_reference_on_cuda(heads, rows, monkeypatch):
+    monkeypatch.setenv(attention_split.ROWS_ENV, rows)
     monkeypatch.setattr(attention_split, "MIN_SPLIT", attention_split.MIN_SPLIT)  # restored after
     namespace: dict = {}
     exec(CASE, namespace)  # noqa: S102 - the same case as the interpreter test
