@@ -160,7 +160,8 @@ class TokenGraphs:
             inputs = self._inputs[in_key] = tuple(
                 torch.zeros(size, *t.shape[1:], dtype=t.dtype, device=self.device) for t in tensors)
         if adopt_enabled():
-            inputs = tuple(self._adoptable(t, size) or static for static, t in zip(inputs, tensors))
+            adopted = [self._adoptable(t, size) for t in tensors]
+            inputs = tuple(static if buf is None else buf for static, buf in zip(inputs, adopted))
         for static, t in zip(inputs, tensors):
             if t.data_ptr() != static.data_ptr():
                 static[:t.shape[0]].copy_(t)

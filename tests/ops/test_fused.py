@@ -29,7 +29,10 @@ def _row_cases(num_tokens, dtype, gen):
     """The glue that compiles only inside CUDA graphs, on its own shapes."""
     b, a = (torch.randn(num_tokens, 6, generator=gen) * 2).to(dtype), torch.randn(num_tokens, 6, generator=gen).to(dtype)
     a_log, dt_bias = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
-    logits = (torch.randn(num_tokens, 16, generator=gen) * 2).to(dtype)
+    # distinct logits a whole unit apart in every row: no near-tie for the two softmaxes' last
+    # bits to order differently (the ids are compared exactly)
+    order = torch.stack([torch.randperm(16, generator=gen) for _ in range(num_tokens)])
+    logits = (order.float() * 0.5 - 4 + 0.1 * torch.rand(num_tokens, 16, generator=gen)).to(dtype)
     q = torch.randn(num_tokens, 3, 32, generator=gen).to(dtype)
     cos, sin = torch.randn(num_tokens, 8, generator=gen).to(dtype), torch.randn(num_tokens, 8, generator=gen).to(dtype)
     return {
