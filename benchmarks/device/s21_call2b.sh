@@ -11,14 +11,14 @@ rm -rf /tmp/tree && mkdir -p /tmp/tree && tar xzf .snap/tree.tgz -C /tmp/tree &&
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 R=/tmp/r2; mkdir -p $R; T0=$(date +%s)
 pack() { tar czf $OUT/s21c2b.tgz -C $R .; }
-timeout 120 python3 -m pytest -p no:cacheprovider -rfs --tb=short --timeout 60 \
+timeout 100 python3 -m pytest -p no:cacheprovider -rfs --tb=short --timeout 60 \
   tests/engine/test_cuda_graphs.py tests/ops/test_fused.py > $R/pytest_cuda_a.txt 2>&1
 echo "pytest a rc=$? after $(( $(date +%s) - T0 )) s" >> $R/pytest_cuda_a.txt; pack
-(cd benchmarks && timeout 260 python3 allhit_ab_h200.py --tag s21c2b --out $R --prompts 32768,8192 --repeats 5 \
+(cd benchmarks && timeout 230 python3 allhit_ab_h200.py --tag s21c2b --out $R --prompts 32768,8192 --repeats 5 \
   --ab-settings "HYPIC_SPLIT_ROWS=64;HYPIC_SPLIT_ROWS=128;HYPIC_GRAPH_ADOPT=0" --ab-capture --no-profile \
   --timeline > $R/ab_stdout.txt 2>&1
  echo "allhit_ab rc=$? after $(( $(date +%s) - T0 )) s" >> $R/ab_stdout.txt); pack
-LEFT=$(( 420 - ($(date +%s) - T0) ))
+LEFT=$(( 360 - ($(date +%s) - T0) ))
 if [ $LEFT -gt 30 ]; then
 timeout $LEFT python3 -m pytest -p no:cacheprovider -rfs --tb=short --timeout 60 \
   "tests/ops/test_attention_split.py::test_kernel_matches_reference_on_cuda" tests/engine/test_pic_runner_cuda.py \
