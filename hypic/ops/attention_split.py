@@ -29,7 +29,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-ROWS_PER_PROGRAM = 64  # query rows (queries x heads of a group) per program, by default
+ROWS_PER_PROGRAM = 128  # query rows (queries x heads of a group) per program, by default
 ROWS_ENV = "HYPIC_SPLIT_ROWS"
 ROWS_CHOICES = (64, 128)
 BLOCK_N = 64  # split lengths are multiples of this (and of every tuned key step)
@@ -51,11 +51,14 @@ def _interpreting() -> bool:
 
 
 def rows_per_program() -> int:
-    """``HYPIC_SPLIT_ROWS``: query rows per program, 64 (default) or 128. Every program of a
+    """``HYPIC_SPLIT_ROWS``: query rows per program, 128 (default) or 64. Every program of a
     query block reads every key tile its block sees, from L2 (a layer's K/V of a 32k prompt, 67
     MB, is beyond it only once): at the all-hit 32k shape the 72 blocks of 64 rows (one seam's 8
     queries x 8 heads each) read ~2.4 GB per layer, so 128 rows (two seams; the first sees a few
-    masked keys past its position) halve that traffic at twice the registers per program."""
+    masked keys past its position) halve that traffic at twice the registers per program.
+    Measured on the H200 (session 21 call 2b, ``benchmarks/allhit_ab_h200.py --ab-settings``,
+    interleaved in one process): all-hit 32k 60.53 ms p50 with 128 rows against 62.29 with 64,
+    8k 33.62 against 33.90."""
     value = os.environ.get(ROWS_ENV, str(ROWS_PER_PROGRAM))
     if value not in tuple(str(c) for c in ROWS_CHOICES):
         raise ValueError(f"{ROWS_ENV} must be one of {ROWS_CHOICES}, got {value!r}")
@@ -90,7 +93,7 @@ def split_supported(q: torch.Tensor, v: torch.Tensor, num_kv_heads: int) -> bool
         return False
     group = q.shape[1] // num_kv_heads
     dims_ok = all(16 <= d <= 256 and d & (d - 1) == 0 for d in (q.shape[2], v.shape[2]))
-    return dims_ok and group & (group - 1) == 0 and group <= ROWS_PER_PROGRAM
+    return dims_ok and group & (group - 1) == 0 and group <= min(ROWS_CHOICES)
 
 
 def split_blocks_host(cu_q_host: Sequence[int], cu_k_host: Sequence[int], block_q: int) -> np.ndarray:

@@ -110,9 +110,9 @@ def test_kernel_under_interpreter(rows, monkeypatch):
 
 def test_rows_per_program_switch(monkeypatch):
     monkeypatch.delenv(attention_split.ROWS_ENV, raising=False)
-    assert attention_split.rows_per_program() == 64
-    monkeypatch.setenv(attention_split.ROWS_ENV, "128")
     assert attention_split.rows_per_program() == 128
+    monkeypatch.setenv(attention_split.ROWS_ENV, "64")
+    assert attention_split.rows_per_program() == 64
     monkeypatch.setenv(attention_split.ROWS_ENV, "96")
     with pytest.raises(ValueError, match="HYPIC_SPLIT_ROWS must be one of"):
         attention_split.rows_per_program()
