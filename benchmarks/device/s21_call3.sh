@@ -2,7 +2,7 @@
 # Session 21, call 3 (nvidia-h200; carry .whl and .snap): the TTFT command's cached cases
 # (prefix_cache against hypic; all-hit and the RAG trace; 32k and 8k prompts; one process) at
 # the final code (row-wise graphs with compiled glue and input adoption, 128-row split-KV
-# blocks); then the RAG trace at 32k and 8k with fresh-layout core graphs eager (auto) against
+# blocks); then the RAG trace at 32k with fresh-layout core graphs eager (auto) against
 # captured (always), interleaved; then the runner's CUDA tests with the time left.
 set -u
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
@@ -11,14 +11,14 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expa
 R=/tmp/r3; mkdir -p $R; T0=$(date +%s)
 pack() { tar czf $OUT/s21c3.tgz -C $R .; }
 MODEL=(--dummy-config hypic/models/configs/qwen3_5_35b_a3b.json --load-format dummy --device cuda --dtype bfloat16 --seed 0 --seam 8)
-timeout 300 python3 -m hypic bench ttft "${MODEL[@]}" --modes prefix_cache,hypic --cases all_hit,rag \
+timeout 330 python3 -m hypic bench ttft "${MODEL[@]}" --modes prefix_cache,hypic --cases all_hit,rag \
   --query-tokens 64 --doc-tokens 256,2048 --system-tokens 256 --rag-query-tokens 32,64 --no-progress \
   --prompt-tokens 32768,8192 --segment-tokens 512 --num-requests 8 --cold-requests 3 --store-bytes 36GiB \
   --warmup-requests 2 --corpus-factor 3 --json $R/ttft_h200_cached.json > $R/ttft_cached_stdout.txt 2>&1
 echo "ttft rc=$? after $(( $(date +%s) - T0 )) s" >> $R/ttft_cached_stdout.txt; pack
 LEFT=$(( 430 - ($(date +%s) - T0) ))
 if [ $LEFT -gt 60 ]; then
-  (cd benchmarks && timeout $LEFT python3 rag_ab_h200.py --out $R --prompts 32768,8192 --requests 6 --store-bytes 36GiB \
+  (cd benchmarks && timeout $LEFT python3 rag_ab_h200.py --out $R --prompts 32768 --requests 6 --store-bytes 36GiB \
     --ab-settings "HYPIC_KEPT_LAYOUTS=0;HYPIC_KEPT_LAYOUTS=0 HYPIC_FRESH_GRAPHS=always" > $R/rag_ab_stdout.txt 2>&1
    echo "rag_ab rc=$? after $(( $(date +%s) - T0 )) s" >> $R/rag_ab_stdout.txt); pack
 fi
