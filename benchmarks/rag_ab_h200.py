@@ -216,7 +216,7 @@ def force_misses(bench, prompt, count: int) -> int:
 
 
 def profile_values(bench, trace, name: str, settings, prompt_tokens: int, device: str,
-                   misses: int = 0, setting=None):
+                   misses: int, setting):
     """One request of a stream of its own, once per value (what a run wrote discarded before the
     next): the profiler's kernel table, then a second traced run's GPU idle gaps with the hypic
     line running at each. Under the profiler launches are slower: for where time goes, not TTFT."""
@@ -234,8 +234,7 @@ def profile_values(bench, trace, name: str, settings, prompt_tokens: int, device
     for v in settings:
         for stacks in (False, True):
             force_misses(bench, request.prompt, misses)
-            with (setting(v) if setting else env_vars(**settings[v])), \
-                    profile(activities=activities, with_stack=stacks) as prof:
+            with setting(v), profile(activities=activities, with_stack=stacks) as prof:
                 sample, added = run_noting_writes(bench, lambda: (bench.run(request.prompt), sync())[0])
             for key in added:
                 bench.store.discard(key)

@@ -16,7 +16,8 @@ phase of every layer shares one set of static input and output buffers per bucke
 copied in right before a replay and the graph copies its results into the outputs, in stream
 order. An input that was an earlier phase's output buffer when the phase was captured (the
 residual from the previous layer, ``z`` and the gates' ``b, a`` from the layer's first phase) is
-read from that buffer in place, without the copy (``HYPIC_GRAPH_ADOPT``). **A replay returns views of those output buffers**: they are valid until the next replay
+read from that buffer in place, without the copy (``HYPIC_GRAPH_ADOPT``).
+**A replay returns views of those output buffers**: they are valid until the next replay
 of the same phase function at the same bucket (any layer), so a caller consumes them, or copies
 what it keeps, before that phase runs again. The decoder layers do (a layer's phase outputs are
 read within the layer; its output is the next layer's input, which a replay copies in before
@@ -78,6 +79,11 @@ class _Graph:
         self.graph = graph
         self.inputs = inputs
         self.output = output  # a tensor or a tuple of tensors, first dim the bucket size
+
+
+def _holds(static: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether ``t`` is the first rows of ``static`` (an adopted buffer fed its own rows)."""
+    return t.data_ptr() == static.data_ptr() and t.stride() == static.stride()
 
 
 def _fn_key(fn) -> Hashable:
@@ -145,8 +151,8 @@ class TokenGraphs:
                     return fn(*tensors)
                 self._graphs[key] = entry
             for static, t in zip(entry.inputs, tensors):
-                if t.data_ptr() != static.data_ptr() or t.stride() != static.stride():
-                    static[:num_tokens].copy_(t)  # (an adopted buffer that holds t already is not)
+                if not _holds(static, t):  # an adopted buffer already holding t is not copied into
+                    static[:num_tokens].copy_(t)
             entry.graph.replay()
             return _rows(entry.output, num_tokens)
 
@@ -163,7 +169,7 @@ class TokenGraphs:
             adopted = [self._adoptable(t, size) for t in tensors]
             inputs = tuple(static if buf is None else buf for static, buf in zip(inputs, adopted))
         for static, t in zip(inputs, tensors):
-            if t.data_ptr() != static.data_ptr():
+            if not _holds(static, t):
                 static[:t.shape[0]].copy_(t)
         # Warm up on a side stream (first-call work such as compilation or cuBLAS workspace
         # allocation must not land in the graph), then capture; both record the compiled glue
