@@ -530,4 +530,6 @@ def test_writes_of_a_batch_record_their_own_conv_tails(tiny):
         alone.run(segs, query)
         (want,) = alone.store.snapshot()
         for layer, cache in want.linear.items():
-            torch.testing.assert_close(got[want.key].linear[layer].conv_tail, cache.conv_tail, rtol=0, atol=1e-6)
+            # batched and alone run different fp32 GEMM shapes: their roundings differ (1.07e-6
+            # seen on one CPU); another request's tail would be off by O(1)
+            torch.testing.assert_close(got[want.key].linear[layer].conv_tail, cache.conv_tail, rtol=0, atol=1e-5)

@@ -162,8 +162,11 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
             incoming = out[3] if record_rows is not None else None
             if beside is not None:
                 beside.launch()
-            o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
-                            cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
+            if long_spans:
+                o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
+                                cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
+            else:  # every span fits in a chunk: short_wy's output kernel (fla's with HYPIC_SHORT_WY=fla)
+                o = fla_paths._span_output(q, k4, v_new, h, gc, cu, ci, cu_seqlens_cpu, scale)
         except BaseException:
             if beside is not None:
                 beside.join()  # the side stream must be done with the inputs before they are freed

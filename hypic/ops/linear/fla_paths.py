@@ -67,6 +67,7 @@ from hypic.ops.linear.short_span import (
     short_span_summary_triton,
     triton_supported,
 )
+from hypic.ops.linear.short_wy import short_span_output_triton, short_span_wy_triton, short_wy_impl
 from hypic.ops.linear.triton_scan import scan_chain_torch, scan_chain_triton
 
 
@@ -96,15 +97,43 @@ def _wy_state_and_output(q4, k4, w, u, gc, h0, cu, ci, scale):
     return o, final
 
 
+def _short_tiles(key_dim, value_dim, cu, cu_cpu):
+    """The span table of :mod:`short_wy`'s kernels when every span fits in one chunk, else None
+    (also with ``HYPIC_SHORT_WY=fla``, or head dims the kernels do not take)."""
+    if short_wy_impl() != "triton" or not triton_supported(key_dim, value_dim, CHUNK_SIZE):
+        return None
+    return short_span_rows(cu, cu_cpu, CHUNK_SIZE, classes=False)
+
+
 def _wy_prepare(k, v, g, beta, cu_seqlens, cu_cpu):
     """What the state pass, the output and the summaries share: fla layouts, the chunk table, the
-    per-chunk gate cumsum and the WY intra step. Returns ``(cu, ci, k4, gc, w, u)``."""
+    per-chunk gate cumsum and the WY intra step. Returns ``(cu, ci, k4, gc, w, u)``. When every
+    span fits in one chunk (a cached request's seams and question) the cumsum and WY step are
+    :mod:`short_wy`'s one launch per tile size instead of fla's four kernels over 64-row chunks."""
     cu = _cu(cu_seqlens, k.device)
     ci = _chunk_indices(cu, cu_cpu)
     k4 = _b1(k)
+    tiles = _short_tiles(k.shape[-1], v.shape[-1], cu, cu_cpu)
+    if tiles is not None:
+        gc, w, u = short_span_wy_triton(k, v, g, beta, cu, tiles)
+        return cu, ci, k4, _b1(gc), _b1(w), _b1(u)
     gc = _local_cumsum(_b1(g), cu, ci)
     w, u = _wy_intra(k4, _b1(v), gc, _b1(beta), cu, ci)
     return cu, ci, k4, gc, w, u
+
+
+def _span_output(q, k4, v_new, h, gc, cu, ci, cu_cpu, scale):
+    """``[1, T, HV, V]`` output of spans from the state entering each of their chunks
+    (``v_new [T, HV, V]``, ``h [num_chunks, HV, K, V]``): :mod:`short_wy`'s kernel when every
+    span fits in one chunk, else fla's output kernel."""
+    tiles = _short_tiles(k4.shape[-1], v_new.shape[-1], cu, cu_cpu)
+    if tiles is not None:
+        return short_span_output_triton(q, k4[0], v_new, h, None if gc is None else gc[0], cu, tiles,
+                                        scale).unsqueeze(0)
+    from fla.ops.common.chunk_o import chunk_fwd_o
+
+    return chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
+                       cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
 
 
 def _short_spans(k4, u, cu, cu_cpu):
@@ -220,14 +249,11 @@ def gated_delta_summarize_then_forward(q, k, v, g, beta, *, cu_seqlens, initial_
         table, use_triton = (None, False) if output_final_state or h0 is None else \
             _short_spans(k4, u, cu, cu_seqlens_cpu)
         if table is not None:
-            from fla.ops.common.chunk_o import chunk_fwd_o
-
             if use_triton:
                 v_new, h = short_span_state_pass_triton(w[0], u[0], h0, cu, table, CHUNK_SIZE)
             else:
                 v_new, h = short_span_state_pass(w[0], u[0], h0, table)
-            o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
-                            cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
+            o = _span_output(q, k4, v_new, h, gc, cu, ci, cu_seqlens_cpu, scale)
             final = None
         else:
             o, final = _wy_state_and_output(_b1(q), k4, w, u, gc, h0, cu, ci, scale)

@@ -45,6 +45,18 @@ def short_span_impl() -> str:
 
 
 MIN_WIDTH = 8  # narrowest padded width of a span class
+TILE_MIN_ROWS = 16  # narrowest Triton tile of short_wy's kernels (tl.dot needs 16)
+
+
+def tile_groups_host(lengths: np.ndarray) -> list:
+    """``[(rows, span ids)]`` of the non-empty spans of ``lengths``, grouped by their length
+    rounded up to a power of two (at least ``TILE_MIN_ROWS``): one launch per group."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    nonempty = np.flatnonzero(lengths > 0)
+    if nonempty.size == 0:
+        return []
+    rows = np.maximum(TILE_MIN_ROWS, 1 << np.ceil(np.log2(lengths[nonempty])).astype(np.int64))
+    return [(int(r), nonempty[rows == r]) for r in np.unique(rows)]
 
 
 class SpanClass(NamedTuple):
@@ -68,6 +80,9 @@ class SpanRows(NamedTuple):
     chunk_spans: torch.Tensor  # [num_chunks] int64: the span of each chunk (the non-empty spans)
     all_nonempty: bool  # host: every span is one chunk (chunk i is span i)
     span_chunk: torch.Tensor  # [N] int32: the chunk of each span, -1 for an empty span
+    # (tile rows, span ids [M] int64) per Triton tile of :mod:`short_wy` (rows: the span lengths
+    # rounded up to a power of two, at least TILE_MIN_ROWS), empty spans left out
+    tiles: Tuple[Tuple[int, torch.Tensor], ...] = ()
 
 
 def short_span_rows_host(cu_cpu: torch.Tensor, chunk_size: int) -> Optional[Tuple[int, list, np.ndarray]]:
@@ -121,7 +136,8 @@ def short_span_rows(cu: torch.Tensor, cu_cpu: Optional[torch.Tensor], chunk_size
         span_chunk = np.full(num_spans, -1, dtype=np.int32)
         span_chunk[chunk_spans] = np.arange(len(chunk_spans), dtype=np.int32)
         built = tuple(SpanClass(c[0], *(dev(a) for a in c[1:])) for c in host_classes) if classes else None
-        return SpanRows(num_spans, built, dev(chunk_spans), len(chunk_spans) == num_spans, dev(span_chunk))
+        tiles = tuple((rows, dev(ids)) for rows, ids in tile_groups_host(np.diff(np.asarray(cu_cpu.tolist()))))
+        return SpanRows(num_spans, built, dev(chunk_spans), len(chunk_spans) == num_spans, dev(span_chunk), tiles)
 
     return _TABLES.get(cu, cu_cpu, ("short_span_rows", chunk_size, classes), build)
 
