@@ -230,9 +230,12 @@ def test_seam_and_body_in_one_step_on_cuda(monkeypatch, fuse):
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
-@pytest.mark.parametrize("long_span,short_span_impl", [(False, "triton"), (True, "triton"), (False, "fla")])
-def test_fla_path_matches_reference(monkeypatch, long_span, short_span_impl):
+@pytest.mark.parametrize("long_span,short_span_impl,short_wy", [(False, "triton", "triton"), (False, "triton", "fla"),
+                                                               (True, "triton", "triton"), (False, "fla", "triton")])
+def test_fla_path_matches_reference(monkeypatch, long_span, short_span_impl, short_wy):
+    """``short_wy``: the seams' and question's WY step and output from hypic's tiles or fla's."""
     monkeypatch.setenv("HYPIC_SHORT_SPAN", short_span_impl)
+    monkeypatch.setenv("HYPIC_SHORT_WY", short_wy)
     pieces = [[("live", 8), ("body", 100), ("live", 8), ("body", 70), ("live", 100 if long_span else 64)],
               [("body", 90), ("live", 1), ("live", 8)]]
     dims = dict(h=2, hv=4, kd=128, vd=64)
