@@ -157,3 +157,19 @@ def test_triton_kernels_match_fla_on_cuda(gated):
                         chunk_size=64, chunk_indices=ci)[0]
     o = short_span_output_triton(q, k, u_fla[0], h, None if gc_fla is None else gc_fla[0], cu, table, 0.088)
     assert rel(o, o_fla) < 1e-2
+
+
+def test_fla_paths_take_the_tiles_only_when_every_span_fits(monkeypatch):
+    """``fla_paths._short_tiles``: the kernels' table for one-chunk spans, else fla's kernels."""
+    from hypic.ops.linear.fla_paths import _short_tiles
+
+    monkeypatch.delenv("HYPIC_SHORT_WY", raising=False)
+    cu = torch.tensor([0, 8, 16, 80])
+    table = _short_tiles(128, 128, cu, cu.clone())
+    assert [(r, ids.tolist()) for r, ids in table.tiles] == [(16, [0, 1]), (64, [2])]
+    assert _short_tiles(128, 128, cu, None) is None  # no host copy: never read the device one back
+    long_cu = torch.tensor([0, 8, 73])
+    assert _short_tiles(128, 128, long_cu, long_cu.clone()) is None  # a 65-token span
+    assert _short_tiles(96, 128, cu, cu.clone()) is None  # not a power-of-two key dim
+    monkeypatch.setenv("HYPIC_SHORT_WY", "fla")
+    assert _short_tiles(128, 128, cu, cu.clone()) is None
