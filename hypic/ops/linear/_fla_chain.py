@@ -37,7 +37,6 @@ import torch
 from hypic.ops.linear._fla_common import (
     CHUNK_SIZE,
     _any_fp64,
-    _b1,
     _check_fla_inputs,
     _on_cpu_reference,
     _state_or_none,
@@ -125,8 +124,6 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
     if table is None and not long_spans:
         return _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
                                        scale, cu_seqlens_cpu, summarize, summary_spans, record_rows, num_records)
-    from fla.ops.common.chunk_o import chunk_fwd_o
-
     from hypic.ops.linear.triton_scan import scan_chain_wy_triton
 
     with torch.no_grad():
@@ -162,11 +159,9 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
             incoming = out[3] if record_rows is not None else None
             if beside is not None:
                 beside.launch()
-            if long_spans:
-                o = chunk_fwd_o(q=_b1(q), k=k4, v=v_new.unsqueeze(0), h=h.unsqueeze(0), g=gc, scale=scale,
-                                cu_seqlens=cu, chunk_size=CHUNK_SIZE, chunk_indices=ci)
-            else:  # every span fits in a chunk: short_wy's output kernel (fla's with HYPIC_SHORT_WY=fla)
-                o = fla_paths._span_output(q, k4, v_new, h, gc, cu, ci, cu_seqlens_cpu, scale)
+            # short_wy's output kernel when every span fits in a chunk, else (or with
+            # HYPIC_SHORT_WY=fla) fla's
+            o = fla_paths._span_output(q, k4, v_new, h, gc, cu, ci, cu_seqlens_cpu, scale)
         except BaseException:
             if beside is not None:
                 beside.join()  # the side stream must be done with the inputs before they are freed

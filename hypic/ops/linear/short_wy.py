@@ -166,8 +166,10 @@ def _kernels():
 
 
 def _check_tiles(table: SpanRows, key_dim: int) -> None:
-    if not table.tiles and table.num_spans and bool(table.chunk_spans.numel()):
-        raise ValueError("the span table has no Triton tiles (built before tiles were added?)")
+    """A table whose non-empty spans have tiles (else the kernels would write nothing) and a key
+    dim the kernels take."""
+    if not table.tiles and table.chunk_spans.numel():
+        raise ValueError("the span table has non-empty spans but no Triton tiles")
     if key_dim < 16 or key_dim & (key_dim - 1):
         raise ValueError(f"short_wy's kernels need a power-of-two key dim >= 16, got {key_dim}")
 
