@@ -1,0 +1,226 @@
+"""Where the fused chain walk's step time goes, at the all-hit 32k shape of one linear layer
+(Qwen3.5-35B-A3B: 32 value heads, 16 key heads, K = V = 128; N cached bodies, each after its
+8-token seam, then a 64-token question): the kernel module is copied with one stage edited out
+(or added) per variant, and each variant's launch timed at the configuration the default's
+autotuning picked. Differences against ``base`` place the time inside the step (H200.md: no
+hardware counters on every machine, so variants that leave one stage out).
+
+Variants (text edits of ``hypic/ops/linear/_triton_scan_kernel.py``, checked to apply):
+
+* ``hot_ts``: every step reads one fixed T and S tile per head (L2-resident) instead of the
+  body's own: the cost of fetching the bodies' tiles from HBM;
+* ``no_stores``: no ``h_chunks`` / ``v_new`` stores;
+* ``no_th``: ``T h`` replaced by ``h`` (its three MMAs leave the state's path);
+* ``no_seam``: the seam's ``W h -> P v`` path dropped from the state;
+* ``prefetch``: the next pair's body T and S tiles prefetched into L2 while a step runs
+  (``prefetch.global.L2``), no registers held.
+
+Outputs of variants are garbage by design (timing only), except ``prefetch``, whose outputs are
+checked equal to ``base``'s.
+
+    python3 benchmarks/scan_ablation_h200.py --out OUT   # -> OUT/scan_ablation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+from _timing import event_times_ms
+
+PREFETCH_HELPER = '''
+
+@triton.jit
+def prefetch_l2(base, NUM: tl.constexpr):
+    """Ask L2 for the NUM fp32 values from ``base`` (one request per 128-byte line)."""
+    offs = tl.arange(0, NUM // 32) * 32
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\\n mov.u32 $0, 0;", "=r,l", [base + offs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_rows_l2(base, o_k, NUM_ROWS_STRIDE: tl.constexpr):
+    """Ask L2 for the line holding each row's first value (``base + o_k * stride``)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\\n mov.u32 $0, 0;", "=r,l", [base + o_k * NUM_ROWS_STRIDE],
+                              dtype=tl.int32, is_pure=False, pack=1)
+'''
+
+VARIANTS = {
+    "base": [],
+    "hot_ts": [
+        ("b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
+         "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w",
+         "b_t = tl.load(trans + i_h * K * K + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
+         "    b_s = tl.load(state + i_h * K * V + kv_off, mask=m_kv, other=0.0)\n    b_w"),
+    ],
+    "no_stores": [
+        ("    if chunk >= 0:\n        tl.store(h_chunks + (chunk * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty), mask=m_kv)\n    o_s = tl.arange(0, BS)",
+         "    o_s = tl.arange(0, BS)"),
+        ("    tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)\n    b_th", "    b_th"),
+    ],
+    "no_th": [
+        ("    b_th = split_dot(t_hi, t_lo, b_t, b_h, PRECISION, SPLIT)\n", "    b_th = b_h\n"),
+    ],
+    "no_seam": [
+        ("    return gamma * b_th + fp32_dot(b_p, b_v, PRECISION, SPLIT) + b_s", "    return gamma * b_th + b_s"),
+    ],
+    "prefetch": [
+        ("            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)\n",
+         "            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)\n"
+         "            if (src3 < 0) & (j3 > i + 1):\n"
+         "                prefetch_l2(trans + t3, K * K)\n"
+         "                prefetch_rows_l2(state + s3 + i_v * BV, o_k, V)\n"),
+    ],
+}
+
+
+def variant_module(name: str, edits, tmp: str):
+    from hypic.ops.linear import _triton_scan_kernel as mod
+
+    src = inspect.getsource(mod)
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise SystemExit(f"variant {name}: edit does not apply once ({src.count(old)}): {old[:80]!r}")
+        src = src.replace(old, new)
+    if name == "prefetch":
+        src = src.replace("@triton.jit\ndef span_offsets", PREFETCH_HELPER.lstrip("\n") + "\n\n@triton.jit\ndef span_offsets", 1)
+    path = os.path.join(tmp, f"scan_variant_{name}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(f"scan_variant_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class FixedConfig:
+    """A plain JIT kernel launched at one (BV, warps, stages), in the shape ``_launch`` calls."""
+
+    def __init__(self, fn, warps: int, stages: int):
+        self.fn, self.warps, self.stages = fn, warps, stages
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+        return lambda *a, **k: launch(*a, num_warps=self.warps, num_stages=self.stages, **k)
+
+
+def inputs(nb: int):
+    from hypic.ops.linear import fla_paths
+    from hypic.ops.linear.short_span import short_span_rows
+    from hypic.ops.linear.summary import DenseSummary, SummaryTable, summary_addresses
+
+    dev = torch.device("cuda")
+    h, hv, kd, vd, seam, question = 16, 32, 128, 128, 8, 64
+    gen = torch.Generator(device=dev).manual_seed(0)
+    lengths = [seam] * nb + [question]
+    t = sum(lengths)
+    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
+    cu = cu_cpu.to(dev)
+    k = F.normalize(torch.randn(t, h, kd, device=dev, generator=gen), dim=-1).bfloat16()
+    v = torch.randn(t, hv, vd, device=dev, generator=gen).bfloat16()
+    g = F.logsigmoid(torch.randn(t, hv, device=dev, generator=gen) + 3.0)
+    beta = torch.sigmoid(torch.randn(t, hv, device=dev, generator=gen)).bfloat16()
+    eye = torch.eye(kd, device=dev)
+    bodies = [DenseSummary(0.9 * eye + 0.01 * torch.randn(1, hv, kd, kd, device=dev, generator=gen),
+                           torch.randn(1, hv, kd, vd, device=dev, generator=gen)) for _ in range(nb)]
+    addresses = torch.tensor([summary_addresses(b, dev) for b in bodies], device=dev).T.contiguous()
+    table = SummaryTable(tuple(bodies), addresses)
+    source_host = []
+    for j in range(nb):
+        source_host += [j, -j - 1]
+    source_host.append(nb)
+    source = torch.tensor(source_host, device=dev)
+    cu_chains = torch.tensor([0, len(source_host)], device=dev)
+    _, _, k4, gc, w, u = fla_paths._wy_prepare(k, v, g, beta, cu, cu_cpu)
+    spans = short_span_rows(cu, cu_cpu, 64, classes=False)
+    # a body allocation per step, as the store's entries are: flush L2 between timed calls
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=dev)
+    return dict(k4=k4, gc=gc, w=w, u=u, cu=cu, spans=spans, cu_chains=cu_chains, table=table, source=source,
+                flush=flush)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--bodies", default="64,16")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--ncu-once", action="store_true", help="run the default once (for ncu) and exit")
+    args = ap.parse_args()
+    from hypic.ops.linear import triton_scan
+    from hypic.ops.linear.triton_scan import scan_chain_wy_triton
+
+    def scan(x):
+        return scan_chain_wy_triton(x["k4"][0], x["w"][0], x["u"][0], x["gc"][0], x["cu"], x["spans"].span_chunk,
+                                    x["spans"].chunk_spans.shape[0], x["cu_chains"], second=x["table"],
+                                    source=x["source"], precision="bf16x3")
+
+    if args.ncu_once:
+        x = inputs(64)
+        scan(x)
+        torch.cuda.synchronize()
+        return
+    rows = []
+    tmp = tempfile.mkdtemp()
+    for nb in [int(n) for n in args.bodies.split(",")]:
+        x = inputs(nb)
+
+        def timed(fn):
+            def call():
+                x["flush"].zero_()  # the bodies' tiles leave L2, as between layers
+                return fn()
+            # the flush is timed too: time it alone and subtract
+            both = event_times_ms(call, repeats=args.repeats)
+            alone = event_times_ms(lambda: x["flush"].zero_(), repeats=args.repeats)
+            return statistics.median(both) - statistics.median(alone)
+
+        triton_scan._KERNEL = None  # the default, autotuned
+        ref = scan(x)
+        tuned = triton_scan._KERNEL[0]
+        best = getattr(tuned, "best_config", None)
+        base_ms = timed(lambda: scan(x))
+        bv = best.kwargs["BV"] if best is not None else 16
+        warps = best.num_warps if best is not None else 4
+        stages = best.num_stages if best is not None else 2
+        row = {"bodies": nb, "default_ms": base_ms, "best_config": str(best), "variants": {}, "configs": {}}
+        for cfg in ((16, 4, 1), (16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 1)):
+            mod = variant_module("base", [], tmp)
+            triton_scan._KERNEL = (FixedConfig(mod.scan_chain_kernel, cfg[1], cfg[2]), cfg[0])
+            scan(x)
+            row["configs"][f"BV{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = timed(lambda: scan(x))
+        for name in args.variants.split(","):
+            mod = variant_module(name, VARIANTS[name], tmp)
+            triton_scan._KERNEL = (FixedConfig(mod.scan_chain_kernel, warps, stages), bv)
+            out = scan(x)
+            item = {"ms": timed(lambda: scan(x))}
+            if name in ("base", "prefetch"):
+                item["max_abs_diff_vs_default"] = [float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)]
+            row["variants"][name] = item
+        triton_scan._KERNEL = None
+        steps = nb + 1
+        row["per_step_us"] = {k: v["ms"] * 1e3 / steps for k, v in row["variants"].items()}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "scan_ablation.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    names = list(rows[0]["variants"])
+    print(f"{'bodies':>6} {'default':>8} " + " ".join(f"{n:>10}" for n in names) + "  (ms per launch)")
+    for r in rows:
+        print(f"{r['bodies']:>6} {r['default_ms']:>8.3f} " + " ".join(f"{r['variants'][n]['ms']:>10.3f}" for n in names))
+    for r in rows:
+        print(r["bodies"], "configs:", {k: round(v, 3) for k, v in r["configs"].items()}, "best:", r["best_config"])
+
+
+if __name__ == "__main__":
+    main()
