@@ -11,6 +11,7 @@ Variants (text edits of ``hypic/ops/linear/_triton_scan_kernel.py``, checked to 
   body's own: the cost of fetching the bodies' tiles from HBM;
 * ``no_stores``: no ``h_chunks`` / ``v_new`` stores;
 * ``no_th``: ``T h`` replaced by ``h`` (its three MMAs leave the state's path);
+* ``no_t``: neither product with T (``P = Kd^T``, ``T h = h``): T is not loaded or split;
 * ``no_seam``: the seam's ``W h -> P v`` path dropped from the state;
 * ``prefetch``: the next pair's body T and S tiles prefetched into L2 while a step runs
   (``prefetch.global.L2``), no registers held.
@@ -68,6 +69,11 @@ VARIANTS = {
         ("    tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)\n    b_th", "    b_th"),
     ],
     "no_th": [
+        ("    b_th = split_dot(t_hi, t_lo, b_t, b_h, PRECISION, SPLIT)\n", "    b_th = b_h\n"),
+    ],
+    "no_t": [
+        ("    b_p = split_dot(t_hi, t_lo, b_t, tl.trans(b_k * decay[:, None]), PRECISION, SPLIT)  # [K, BS]\n",
+         "    b_p = tl.trans(b_k * decay[:, None])  # [K, BS]\n"),
         ("    b_th = split_dot(t_hi, t_lo, b_t, b_h, PRECISION, SPLIT)\n", "    b_th = b_h\n"),
     ],
     "no_seam": [
@@ -156,6 +162,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--ncu-once", action="store_true", help="run the default once (for ncu) and exit")
+    ap.add_argument("--ncu-config", default=None, help="BV,warps,stages: --ncu-once launches this config alone")
     args = ap.parse_args()
     from hypic.ops.linear import triton_scan
     from hypic.ops.linear.triton_scan import scan_chain_wy_triton
@@ -167,6 +174,10 @@ def main():
 
     if args.ncu_once:
         x = inputs(64)
+        if args.ncu_config:
+            bv, warps, stages = (int(v) for v in args.ncu_config.split(","))
+            mod = variant_module("base", [], tempfile.mkdtemp())
+            triton_scan._KERNEL = (FixedConfig(mod.scan_chain_kernel, warps, stages), bv)
         scan(x)
         torch.cuda.synchronize()
         return
@@ -206,6 +217,17 @@ def main():
             if name in ("base", "prefetch"):
                 item["max_abs_diff_vs_default"] = [float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)]
             row["variants"][name] = item
+        # the same number of plain dense steps (T h + S, no seam, no WY outputs), autotuned
+        from hypic.ops.linear.summary import DenseSummary
+        from hypic.ops.linear.triton_scan import scan_chain_triton
+        triton_scan._KERNEL = None
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        dense = DenseSummary(0.9 * torch.eye(128, device="cuda") + 0.01 * torch.randn(nb + 1, 32, 128, 128, device="cuda", generator=gen),
+                             torch.randn(nb + 1, 32, 128, 128, device="cuda", generator=gen))
+        one_chain = torch.tensor([0, nb + 1], device="cuda")
+        scan_chain_triton(dense, one_chain, precision="bf16x3")
+        row["dense_walk_ms"] = timed(lambda: scan_chain_triton(dense, one_chain, precision="bf16x3"))
+        row["dense_walk_config"] = str(getattr(triton_scan._KERNEL[0], "best_config", None))
         triton_scan._KERNEL = None
         steps = nb + 1
         row["per_step_us"] = {k: v["ms"] * 1e3 / steps for k, v in row["variants"].items()}
@@ -219,7 +241,7 @@ def main():
     for r in rows:
         print(f"{r['bodies']:>6} {r['default_ms']:>8.3f} " + " ".join(f"{r['variants'][n]['ms']:>10.3f}" for n in names))
     for r in rows:
-        print(r["bodies"], "configs:", {k: round(v, 3) for k, v in r["configs"].items()}, "best:", r["best_config"])
+        print(r["bodies"], "dense walk", round(r["dense_walk_ms"], 3), r["dense_walk_config"], "configs:", {k: round(v, 3) for k, v in r["configs"].items()}, "best:", r["best_config"])
 
 
 if __name__ == "__main__":
