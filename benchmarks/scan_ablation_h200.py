@@ -14,7 +14,12 @@ Variants (text edits of ``hypic/ops/linear/_triton_scan_kernel.py``, checked to 
 * ``no_t``: neither product with T (``P = Kd^T``, ``T h = h``): T is not loaded or split;
 * ``no_seam``: the seam's ``W h -> P v`` path dropped from the state;
 * ``prefetch``: the next pair's body T and S tiles prefetched into L2 while a step runs
-  (``prefetch.global.L2``), no registers held.
+  (``prefetch.global.L2``), no registers held;
+* ``reorder``: the body's T tile loaded after the seam's tiles and S (its layout change into shared
+  memory waits for it, and everything loaded before it is then in flight at once);
+  ``reorder_prefetch`` both.
+
+Variants are timed round-robin (``--rounds``), medians over every round's samples.
 
 Outputs of variants are garbage by design (timing only), except ``prefetch``, whose outputs are
 checked equal to ``base``'s.
@@ -55,6 +60,21 @@ def prefetch_rows_l2(base, o_k, NUM_ROWS_STRIDE: tl.constexpr):
                               dtype=tl.int32, is_pure=False, pack=1)
 '''
 
+PREFETCH = [
+    ("            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)\n",
+     "            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)\n"
+     "            if (src3 < 0) & (j3 > i + 1):\n"
+     "                prefetch_l2(trans + t3, K * K)\n"
+     "                prefetch_rows_l2(state + s3 + i_v * BV, o_k, V)\n"),
+]
+REORDER = [
+    ("    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
+     "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w",
+     "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w"),
+    ("    if SPLIT == 0:\n        t_hi = b_t\n",
+     "    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
+     "    if SPLIT == 0:\n        t_hi = b_t\n"),
+]
 VARIANTS = {
     "base": [],
     "hot_ts": [
@@ -79,13 +99,9 @@ VARIANTS = {
     "no_seam": [
         ("    return gamma * b_th + fp32_dot(b_p, b_v, PRECISION, SPLIT) + b_s", "    return gamma * b_th + b_s"),
     ],
-    "prefetch": [
-        ("            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)\n",
-         "            fuse = (src0 >= 0) & (i + 1 < end) & (src1 < 0) & (len0 <= BS)\n"
-         "            if (src3 < 0) & (j3 > i + 1):\n"
-         "                prefetch_l2(trans + t3, K * K)\n"
-         "                prefetch_rows_l2(state + s3 + i_v * BV, o_k, V)\n"),
-    ],
+    "reorder": REORDER,
+    "reorder_prefetch": REORDER + PREFETCH,
+    "prefetch": PREFETCH,
 }
 
 
@@ -97,7 +113,7 @@ def variant_module(name: str, edits, tmp: str):
         if src.count(old) != 1:
             raise SystemExit(f"variant {name}: edit does not apply once ({src.count(old)}): {old[:80]!r}")
         src = src.replace(old, new)
-    if name == "prefetch":
+    if "prefetch" in name:
         src = src.replace("@triton.jit\ndef span_offsets", PREFETCH_HELPER.lstrip("\n") + "\n\n@triton.jit\ndef span_offsets", 1)
     path = os.path.join(tmp, f"scan_variant_{name}.py")
     with open(path, "w") as f:
@@ -107,6 +123,9 @@ def variant_module(name: str, edits, tmp: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+EXACT = ("base", "prefetch", "reorder", "reorder_prefetch")  # variants that must equal the default
 
 
 class FixedConfig:
@@ -159,7 +178,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--bodies", default="64,16")
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--ncu-once", action="store_true", help="run the default once (for ncu) and exit")
     ap.add_argument("--ncu-config", default=None, help="BV,warps,stages: --ncu-once launches this config alone")
@@ -209,14 +229,22 @@ def main():
             triton_scan._KERNEL = (FixedConfig(mod.scan_chain_kernel, cfg[1], cfg[2]), cfg[0])
             scan(x)
             row["configs"][f"BV{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = timed(lambda: scan(x))
+        kernels = {}
         for name in args.variants.split(","):
             mod = variant_module(name, VARIANTS[name], tmp)
-            triton_scan._KERNEL = (FixedConfig(mod.scan_chain_kernel, warps, stages), bv)
-            out = scan(x)
-            item = {"ms": timed(lambda: scan(x))}
-            if name in ("base", "prefetch"):
+            kernels[name] = (FixedConfig(mod.scan_chain_kernel, warps, stages), bv)
+            triton_scan._KERNEL = kernels[name]
+            out = scan(x)  # compiles
+            item = {"samples_ms": []}
+            if name in EXACT:
                 item["max_abs_diff_vs_default"] = [float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)]
             row["variants"][name] = item
+        for _ in range(args.rounds):  # round-robin: machine drift falls on every variant alike
+            for name, kernel in kernels.items():
+                triton_scan._KERNEL = kernel
+                row["variants"][name]["samples_ms"].append(timed(lambda: scan(x)))
+        for item in row["variants"].values():
+            item["ms"] = statistics.median(item["samples_ms"])
         # the same number of plain dense steps (T h + S, no seam, no WY outputs), autotuned
         from hypic.ops.linear.summary import DenseSummary
         from hypic.ops.linear.triton_scan import scan_chain_triton
