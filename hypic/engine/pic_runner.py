@@ -21,7 +21,7 @@ from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.cuda_graphs import make_token_graphs
-from hypic.engine.entry_writer import entry_writer
+from hypic.engine.entry_writer import entry_in_place, entry_writer
 from hypic.engine.layer_graphs import (FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs,
                                        fresh_graphs_mode, layer_graphs_enabled, write_graphs_enabled)
 from hypic.engine.pic_context import PicContext
@@ -88,7 +88,8 @@ class PicRunner:
     def prefill(self, plans: Sequence[RequestPlan]) -> List[PrefillResult]:
         standalone = self._run_standalone(plans)
         try:
-            budget = _WriteBudget(lambda: self._write_budget(sum(p.live_tokens for p in plans)))
+            budget = _WriteBudget(lambda: self._write_budget(sum(p.live_tokens for p in plans),
+                                                             _writes_in_place(plans)))
             canonical: Dict[object, Tuple[Tuple[int, ...], int]] = {}
             layouts = [self._request_layout(p, standalone, budget, canonical) for p in plans]
             logits, caches, ctx = self._forward(layouts)
@@ -166,16 +167,18 @@ class PicRunner:
         _, _, ctx = self._forward(layouts, want_caches=False)
         return self._write_entries(ctx, insert=False)
 
-    def _write_budget(self, num_live_tokens: int) -> Optional[int]:
+    def _write_budget(self, num_live_tokens: int, in_place: bool = False) -> Optional[int]:
         """Bytes of new entries this forward may record: what the store can hold (device + host
         tier; None = unbounded), and on CUDA no more than the device can hold while they are
-        made (:func:`record_headroom_bytes`)."""
+        made (:func:`record_headroom_bytes`; ``in_place``: the forward's writes go straight into
+        their entries, :func:`_writes_in_place`)."""
         if self.store is None:
             return 0
         budget = None
         if self.store.device_budget_bytes is not None:
             budget = self.store.device_budget_bytes + self.store.host_budget_bytes
-        headroom = record_headroom_bytes(self.device, num_live_tokens)
+        headroom = record_headroom_bytes(self.device, num_live_tokens,
+                                         IN_PLACE_PEAK_FACTOR if in_place else RECORD_PEAK_FACTOR)
         if headroom is not None:
             budget = headroom if budget is None else min(budget, headroom)
         return budget
@@ -350,6 +353,28 @@ class _WriteBudget:
 # the entry's compact copy.
 ACTIVATION_BYTES_PER_LIVE_TOKEN = 256 << 10
 RECORD_PEAK_FACTOR = 3
+# The same multiple for a forward whose writes go in place (_writes_in_place): its linear layers
+# write T and S straight into the entries' rows (hypic/engine/entry_writer.py, summary_targets),
+# and its attention layers' K/V are copied once, after the forward, from the records the forward
+# keeps anyway. Session 23 call 5: under the multiple 3, a cold 128k-token prompt in 512-token
+# segments recorded ~90 of its 256 entries (34 GB) with a 40 GiB store and ~71 GB free beside
+# the model, and the all-hit requests after it hit 0.93 of their tokens.
+IN_PLACE_PEAK_FACTOR = 1
+
+
+def _writes_in_place(plans: Sequence[RequestPlan]) -> bool:
+    """Whether a forward of ``plans`` writes its entries in place: summary targets on
+    (``HYPIC_ENTRY_IN_PLACE``) and a cold batch, every span a miss or the query, no prefix and
+    no prefix-cache checkpoints (the conditions of :meth:`EntryWriter.summary_targets` and of
+    the linear layers that take them, hypic/engine/pic_context.py)."""
+    if not entry_in_place():
+        return False
+    for plan in plans:
+        if plan.policy.mode.uses_prefix_checkpoints:
+            return False
+        if any(s.kind not in (SpanKind.MISS, SpanKind.QUERY) for s in plan.spans):
+            return False
+    return True
 
 
 def device_free_bytes(device: torch.device) -> Optional[int]:
@@ -362,17 +387,21 @@ def device_free_bytes(device: torch.device) -> Optional[int]:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def record_headroom_bytes(device: torch.device, num_live_tokens: int) -> Optional[int]:
+def record_headroom_bytes(device: torch.device, num_live_tokens: int,
+                          peak_factor: int = RECORD_PEAK_FACTOR) -> Optional[int]:
     """Entry bytes a forward of ``num_live_tokens`` can record without running the device out of
     memory; None when the device does not say (CPU). The store's own budget does not bound this:
-    a write exists ~3x at its peak and the forward's activations come on top, so on the H200 a
-    cold 128k-token prompt in 512-token segments ran out of memory under a 20 GiB store with the
-    model's 69 GB resident (session 13, benchmarks/results/session13/call7). Writes beyond it run
-    live, unrecorded, as writes beyond the store's budget do."""
+    a write exists up to ``peak_factor`` times at its peak (3 when its rows are copied from the
+    forward's records, 1 when written in place) and the forward's activations come on top, so on
+    the H200 a cold 128k-token prompt in 512-token segments ran out of memory under a 20 GiB
+    store with the model's 69 GB resident (session 13, benchmarks/results/session13/call7).
+    Writes beyond it run live, unrecorded, as writes beyond the store's budget do."""
+    if peak_factor < 1:
+        raise ValueError(f"peak_factor must be >= 1, got {peak_factor}")
     free = device_free_bytes(device)
     if free is None:
         return None
-    return max(0, (free - ACTIVATION_BYTES_PER_LIVE_TOKEN * num_live_tokens) // RECORD_PEAK_FACTOR)
+    return max(0, (free - ACTIVATION_BYTES_PER_LIVE_TOKEN * num_live_tokens) // peak_factor)
 
 
 def _own_row(t: torch.Tensor, i: int) -> torch.Tensor:

@@ -475,13 +475,62 @@ def test_writes_beyond_the_device_headroom_are_skipped(tiny, monkeypatch):
     one = probe.runner.entry_nbytes(len(a) - 8, checkpoint=False)
     two = one + probe.runner.entry_nbytes(len(b) - 8, checkpoint=False)
     asked = []
-    monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n: asked.append(n) or two)
+    monkeypatch.setattr(pic_runner, "record_headroom_bytes",
+                        lambda device, n, factor=pic_runner.RECORD_PEAK_FACTOR: asked.append((n, factor)) or two)
     h = PicHarness(spec, model)  # an unbounded store: the headroom alone limits the writes
     query = random_segment(4, 3)
     plan, res = h.run([a, b, c], query)
-    assert asked == [plan.live_tokens]
+    # a cold forward writes its entries in place (HYPIC_ENTRY_IN_PLACE, on by default): each once
+    assert asked == [(plan.live_tokens, pic_runner.IN_PLACE_PEAK_FACTOR)]
     assert len(h.store) == 2 and h.runner.skipped_writes == 1
     assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
+
+
+@pytest.mark.parametrize("in_place", ["1", "0"])
+def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, monkeypatch, in_place):
+    """The device headroom of a forward's writes takes each entry's bytes once when its linear
+    layers write the summaries straight into the entries (a cold forward, summary targets on),
+    else RECORD_PEAK_FACTOR times (the rows copied from the forward's records: a cached request
+    with a missed segment, HYPIC_ENTRY_IN_PLACE=0, or prefix-cache checkpoints)."""
+    from hypic.engine import pic_runner
+
+    monkeypatch.setenv("HYPIC_ENTRY_IN_PLACE", in_place)
+    spec, model = tiny
+    a, b, c = (random_segment(n, 900 + n) for n in (40, 30, 50))
+    factors = []
+    monkeypatch.setattr(pic_runner, "record_headroom_bytes",
+                        lambda device, n, factor=pic_runner.RECORD_PEAK_FACTOR: factors.append(factor) or None)
+    copied = pic_runner.RECORD_PEAK_FACTOR
+    cold = pic_runner.IN_PLACE_PEAK_FACTOR if in_place == "1" else copied
+    h = PicHarness(spec, model)
+    query = random_segment(4, 3)
+    h.run([a, b], query)  # cold
+    h.run([a, c, b], query)  # two hits and a miss: the miss's rows are copied after the forward
+    assert factors == [cold, copied]
+    p = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
+    factors.clear()
+    p.run([a, b], query)  # checkpoints are copied from the records
+    assert factors == [copied]
+
+
+def test_writes_in_place_follows_the_entry_writer_conditions(monkeypatch):
+    from types import SimpleNamespace
+
+    from hypic.engine import pic_runner
+    from hypic.pic.plan import SpanKind
+
+    def plan(*kinds, checkpoints=False):
+        mode = SimpleNamespace(uses_prefix_checkpoints=checkpoints)
+        return SimpleNamespace(policy=SimpleNamespace(mode=mode), spans=[SimpleNamespace(kind=k) for k in kinds])
+
+    cold = plan(SpanKind.MISS, SpanKind.MISS, SpanKind.QUERY)
+    monkeypatch.setenv("HYPIC_ENTRY_IN_PLACE", "1")
+    assert pic_runner._writes_in_place([cold, cold])
+    assert not pic_runner._writes_in_place([cold, plan(SpanKind.HIT, SpanKind.MISS, SpanKind.QUERY)])
+    assert not pic_runner._writes_in_place([plan(SpanKind.PREFIX, SpanKind.MISS, SpanKind.QUERY)])
+    assert not pic_runner._writes_in_place([plan(SpanKind.MISS, SpanKind.QUERY, checkpoints=True)])
+    monkeypatch.setenv("HYPIC_ENTRY_IN_PLACE", "0")
+    assert not pic_runner._writes_in_place([cold])
 
 
 def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkeypatch):
@@ -492,7 +541,10 @@ def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkey
     per_token = pic_runner.ACTIVATION_BYTES_PER_LIVE_TOKEN
     got = pic_runner.record_headroom_bytes(torch.device("cuda"), 4096)
     assert got == ((10 << 30) - 4096 * per_token) // pic_runner.RECORD_PEAK_FACTOR
+    assert pic_runner.record_headroom_bytes(torch.device("cuda"), 4096, 1) == (10 << 30) - 4096 * per_token
     assert pic_runner.record_headroom_bytes(torch.device("cuda"), 10 ** 9) == 0
+    with pytest.raises(ValueError, match="peak_factor"):
+        pic_runner.record_headroom_bytes(torch.device("cuda"), 4096, 0)
 
 
 def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
@@ -504,7 +556,7 @@ def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
     ref = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone"))
     _, want = ref.run(segs, query)
     one = ref.runner.entry_nbytes(41 - 8, checkpoint=False)  # the largest entry
-    monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n: one)
+    monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n, factor=3: one)
     forwards = []
     real = pic_runner.PicRunner._standalone_entries
     monkeypatch.setattr(pic_runner.PicRunner, "_standalone_entries",
