@@ -24,7 +24,7 @@ took 3.37-3.43 ms against 3.49-3.51 with T in line.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 

@@ -36,7 +36,7 @@ def test_matches_ssd_definition():
     ys = []
     for t in range(25):
         for head in range(fc.HV):
-            b, c = tok["B"][t, head // group], tok["C"][t, head // group]
+            b = tok["B"][t, head // group]
             dt, x = tok["dt"][t, head], tok["x"][t, head]
             h[head] = torch.exp(dt * const["A"][head]) * h[head] + dt * x[:, None] * b[None, :]
         ys.append(torch.einsum("hpn,hn->hp", h, tok["C"][t].repeat_interleave(group, 0)) + const["D"][:, None] * tok["x"][t])
