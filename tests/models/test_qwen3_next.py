@@ -13,6 +13,17 @@ from tests.models._hf import KINDS, VOCAB, hf_greedy, hf_logits, hypic_greedy, s
 pytest.importorskip("transformers")
 
 ATOL = 1e-4
+# Logits against transformers' fp32 forward: ATOL, or a fraction of the logits' scale when that is
+# larger. Both forwards round in fp32 through chunked recurrences and grouped expert products, and
+# the reference's own error is not below ATOL everywhere: on one CPU (session 23, the 70-token
+# prompt) transformers' qwen3_5_moe logits were 1.9e-4 from hypic's fp64 forward (scale 10.3),
+# hypic's fp32 ones 1.1e-4, the two 1.4e-4 apart; 2e-5 of the scale is 2.1e-4 there.
+LOGITS_REL_SCALE = 2e-5
+
+
+def _assert_logits_close(got, ref):
+    atol = max(ATOL, LOGITS_REL_SCALE * float(ref.abs().max()))
+    torch.testing.assert_close(got, ref, atol=atol, rtol=0)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -69,7 +80,7 @@ def test_full_prompt_logits_match(pair):
     got, _ = _forward_all(spec, model, ids)
     ref = hf_logits(hf, ids)
     assert got.shape == ref.shape
-    torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
+    _assert_logits_close(got, ref)
 
 
 @torch.no_grad()
@@ -85,7 +96,7 @@ def test_prefill_then_decode_logits_match(pair):
         assert ctx.positions.tolist() == [t]
         got.append(model(torch.tensor([ids[t]]), ctx.positions, ctx))
     assert cache.num_tokens == 29
-    torch.testing.assert_close(torch.cat(got), ref[12:], atol=ATOL, rtol=0)
+    _assert_logits_close(torch.cat(got), ref[12:])
 
 
 def test_greedy_generation_token_identical(pair):
