@@ -45,7 +45,8 @@ prompt tokens), ``hit_rate`` (store acquire hits / look-ups during the measured 
 without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
 floor), ``seam``, ``store_bytes_per_cached_token, store_bytes, store_entries, store_evictions,
 store_drops, store_budget_bytes, store_skipped_writes``; ``summary_overhead`` and ``speedup_vs_full_recompute`` on cold
-rows; ``corpus_documents, warmup_requests`` on rag rows; ``error`` (a traceback; timings None) when
+rows; ``speedup_vs_prefix_cache`` (prefix_cache's p50 / the row's) on all_hit and rag rows of the
+other modes when prefix_cache ran; ``corpus_documents, warmup_requests`` on rag rows; ``error`` (a traceback; timings None) when
 a mode failed (e.g. out of memory), the run then carrying on and exiting with 1.
 """
 
@@ -158,6 +159,18 @@ class _NoProgress:
 
     def update(self, n: int = 1) -> None:
         pass
+
+
+def _with_prefix_cache_speedup(rows: List[Dict]) -> List[Dict]:
+    """``rows`` of one cached-case sweep point, each measured row of another mode given
+    ``speedup_vs_prefix_cache`` = prefix_cache's p50 / its p50 (issue 6's RAG ratio) when
+    prefix_cache was measured there."""
+    base = next((r for r in rows if r["mode"] == "prefix_cache" and r.get("ttft_p50_ms")), None)
+    if base is not None:
+        for r in rows:
+            if r is not base and r.get("ttft_p50_ms"):
+                r["speedup_vs_prefix_cache"] = base["ttft_p50_ms"] / r["ttft_p50_ms"]
+    return rows
 
 
 def _random_tokens(rng: random.Random, n: int, vocab_size: int) -> Tuple[int, ...]:
@@ -348,7 +361,7 @@ class TtftBench:
 
         warmup = [shuffled(), shuffled()]  # caches the pool; then an all-hit request, untimed
         measured = [shuffled() for _ in range(self.config.num_requests)]
-        return self._measure("all_hit", prompt_tokens, segment_tokens, warmup, measured)
+        return _with_prefix_cache_speedup(self._measure("all_hit", prompt_tokens, segment_tokens, warmup, measured))
 
     def case_rag(self, prompt_tokens: int, segment_tokens: int) -> List[Dict]:
         trace = RagTrace(self.config.rag_trace_config(self.spec.vocab_size, prompt_tokens, segment_tokens))
@@ -356,7 +369,7 @@ class TtftBench:
         # one more like the measured ones, from its own stream, untimed (first-call costs)
         warmup.append(trace.requests(1, stream="first")[0].prompt)
         measured = [r.prompt for r in trace.requests(self.config.num_requests)]
-        rows = self._measure("rag", prompt_tokens, segment_tokens, warmup, measured)
+        rows = _with_prefix_cache_speedup(self._measure("rag", prompt_tokens, segment_tokens, warmup, measured))
         for r in rows:
             r["corpus_documents"] = len(trace.documents)
             r["warmup_requests"] = len(warmup)

@@ -62,6 +62,8 @@ def format_table(results: Sequence[Dict]) -> str:
             note.append(f"summary overhead {r['summary_overhead']:+.1%}")
         if r.get("speedup_vs_full_recompute") is not None:
             note.append(f"{r['speedup_vs_full_recompute']:.2f}x vs full")
+        if r.get("speedup_vs_prefix_cache") is not None:
+            note.append(f"{r['speedup_vs_prefix_cache']:.2f}x vs prefix_cache")
         if r.get("store_evictions"):
             note.append(f"{r['store_evictions']} evicted")
         if r.get("store_skipped_writes"):

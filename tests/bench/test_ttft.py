@@ -151,6 +151,21 @@ def test_all_hit_live_tokens(report):
     assert Q <= _row(report, "all_hit", "prefix_cache")["live_tokens_mean"] <= n * S + Q
 
 
+@pytest.mark.parametrize("case", ["all_hit", "rag"])
+def test_cached_cases_carry_the_speedup_over_prefix_caching(report, case):
+    base = _row(report, case, "prefix_cache")
+    assert "speedup_vs_prefix_cache" not in base
+    for mode in ALL_MODES:
+        if mode != "prefix_cache":
+            row = _row(report, case, mode)
+            assert row["speedup_vs_prefix_cache"] == pytest.approx(base["ttft_p50_ms"] / row["ttft_p50_ms"])
+    for row in report["results"]:
+        if row["case"] == "cold":
+            assert "speedup_vs_prefix_cache" not in row
+    rows = [r for r in report["results"] if r["case"] == case]
+    assert "x vs prefix_cache" in format_table(rows)
+
+
 def test_rag_after_warmup(report):
     hypic = _row(report, "rag", "hypic")
     full = _row(report, "rag", "full_recompute")
