@@ -17,7 +17,8 @@ ATOL = 1e-4
 # larger. Both forwards round in fp32 through chunked recurrences and grouped expert products, and
 # the reference's own error is not below ATOL everywhere: on one CPU (session 23, the 70-token
 # prompt) transformers' qwen3_5_moe logits were 1.9e-4 from hypic's fp64 forward (scale 10.3),
-# hypic's fp32 ones 1.1e-4, the two 1.4e-4 apart; 2e-5 of the scale is 2.1e-4 there.
+# hypic's fp32 ones 1.1e-4, the two 1.4e-4 apart (benchmarks/hf_parity_precision_cpu.py); 2e-5 of
+# the scale is 2.1e-4 there.
 LOGITS_REL_SCALE = 2e-5
 
 
