@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -55,12 +56,13 @@ def main():
               + " ".join(f"{f['scan_ms']:>7.3f}/{f['layer_ms']:<7.3f}" for f in r["fuse_seams"].values()))
 
 
-def run(nb: int, repeats: int) -> dict:
-    from hypic.ops.linear import fla_paths
-    from hypic.ops.linear.gated_delta import gated_delta_chain_forward
-    from hypic.ops.linear.short_span import short_span_rows, short_span_state_pass_triton
-    from hypic.ops.linear.summary import DenseSummary, SummaryTable, scan_chain_from, summary_addresses
-    from hypic.ops.linear.triton_scan import scan_chain_wy_triton
+def allhit_layer_inputs(nb: int) -> SimpleNamespace:
+    """One linear layer's inputs at the all-hit shape on CUDA: ``nb`` 8-token seams and a
+    64-token question (``q, k, v, g, beta``, span bounds ``cu`` / ``cu_cpu``), ``nb`` cached
+    bodies read in place (``bodies``, ``table``), the chain seam, body, ..., question
+    (``source``, ``cu_chains``) and the live spans' record rows (``record``). Shared with
+    scan_ablation_h200.py."""
+    from hypic.ops.linear.summary import DenseSummary, SummaryTable, summary_addresses
 
     dev = torch.device("cuda")
     h, hv, kd, vd, seam, question = 16, 32, 128, 128, 8, 64
@@ -78,14 +80,28 @@ def run(nb: int, repeats: int) -> dict:
     bodies = [DenseSummary(0.9 * eye + 0.01 * torch.randn(1, hv, kd, kd, device=dev, generator=gen),
                            torch.randn(1, hv, kd, vd, device=dev, generator=gen)) for _ in range(nb)]
     addresses = torch.tensor([summary_addresses(b, dev) for b in bodies], device=dev).T.contiguous()
-    table = SummaryTable(tuple(bodies), addresses)
     source_host = []
     for j in range(nb):
         source_host += [j, -j - 1]
     source_host.append(nb)
     source = torch.tensor(source_host, device=dev)
-    cu_chains = torch.tensor([0, len(source_host)], device=dev)
-    record = torch.where(source >= 0, source, torch.full_like(source, -1))
+    return SimpleNamespace(t=t, hv=hv, kd=kd, vd=vd, cu=cu, cu_cpu=cu_cpu, q=q, k=k, v=v, g=g, beta=beta,
+                           bodies=bodies, table=SummaryTable(tuple(bodies), addresses), source=source,
+                           cu_chains=torch.tensor([0, len(source_host)], device=dev),
+                           record=torch.where(source >= 0, source, torch.full_like(source, -1)))
+
+
+def run(nb: int, repeats: int) -> dict:
+    from hypic.ops.linear import fla_paths
+    from hypic.ops.linear.gated_delta import gated_delta_chain_forward
+    from hypic.ops.linear.short_span import short_span_rows, short_span_state_pass_triton
+    from hypic.ops.linear.summary import DenseSummary, scan_chain_from
+    from hypic.ops.linear.triton_scan import scan_chain_wy_triton
+
+    x = allhit_layer_inputs(nb)
+    t, hv, kd, vd, cu, cu_cpu = x.t, x.hv, x.kd, x.vd, x.cu, x.cu_cpu
+    q, k, v, g, beta = x.q, x.k, x.v, x.g, x.beta
+    bodies, table, source, cu_chains, record = x.bodies, x.table, x.source, x.cu_chains, x.record
 
     def separate():
         out = {}
