@@ -15,6 +15,8 @@ Variants (text edits of ``hypic/ops/linear/_triton_scan_kernel.py``, checked to 
 * ``no_seam``: the seam's ``W h -> P v`` path dropped from the state;
 * ``prefetch``: the next pair's body T and S tiles prefetched into L2 while a step runs
   (``prefetch.global.L2``), no registers held;
+* ``presplit``: the body's T read as bf16 high and low planes (a copy of each body written so)
+  instead of fp32 split in the step: the walk's side of storing T pre-split;
 * ``reorder``: the body's T tile loaded after the seam's tiles and S (its layout change into shared
   memory waits for it, and everything loaded before it is then in flight at once);
   ``reorder_prefetch`` both.
@@ -74,8 +76,22 @@ REORDER = [
      "    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
      "    if SPLIT == 0:\n        t_hi = b_t\n"),
 ]
+# The body's T read as two bf16 planes (``hi`` then ``lo`` in its 64 KB per head, written by
+# :func:`presplit_table`) instead of fp32 split in the step: what a store holding T pre-split
+# would cost the walk. Its outputs must equal the default's (the split is the same rounding).
+PRESPLIT = [
+    ("    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
+     "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w",
+     "    p_t16 = trans.to(tl.pointer_type(tl.bfloat16)) + 2 * t_off + o_k[:, None] * K + o_k[None, :]\n"
+     "    t_hi = tl.load(p_t16, mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
+     "    t_lo = tl.load(p_t16 + K * K, mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
+     "    b_t = t_hi\n"
+     "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w"),
+    ("    if SPLIT == 0:\n        t_hi = b_t\n        t_lo = b_t\n    else:\n        t_hi, t_lo = split_bf16(b_t)\n", ""),
+]
 VARIANTS = {
     "base": [],
+    "presplit": PRESPLIT,
     "hot_ts": [
         ("b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
          "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w",
@@ -124,7 +140,25 @@ def variant_module(name: str, edits, tmp: str):
     return module
 
 
-EXACT = ("base", "prefetch", "reorder", "reorder_prefetch")  # variants that must equal the default
+EXACT = ("base", "prefetch", "reorder", "reorder_prefetch", "presplit")  # variants that must equal the default
+PRESPLIT_VARIANTS = ("presplit",)  # variants that read the bodies' T from presplit_table's copies
+
+
+def presplit_table(bodies, device):
+    """Copies of the bodies with each head's T as its bf16 high plane then its low plane, in the
+    same 64 KB (``hi = T`` rounded to bf16, ``lo = T - hi`` rounded: the split the step does),
+    and their address table."""
+    from hypic.ops.linear.summary import DenseSummary, SummaryTable, summary_addresses
+
+    copies = []
+    for b in bodies:
+        t = b.transition  # [1, HV, K, K] fp32
+        hi = t.bfloat16()
+        lo = (t - hi.float()).bfloat16()
+        packed = torch.cat([hi.flatten(2), lo.flatten(2)], dim=-1).view(torch.float32).view(t.shape)
+        copies.append(DenseSummary(packed.contiguous(), b.state))
+    addresses = torch.tensor([summary_addresses(b, device) for b in copies], device=device).T.contiguous()
+    return SummaryTable(tuple(copies), addresses)
 
 
 class FixedConfig:
@@ -152,7 +186,7 @@ def inputs(nb: int):
     spans = short_span_rows(x.cu, x.cu_cpu, 64, classes=False)
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=x.cu.device)
     return dict(k4=k4, gc=gc, w=w, u=u, cu=x.cu, spans=spans, cu_chains=x.cu_chains, table=x.table,
-                source=x.source, flush=flush)
+                source=x.source, flush=flush, presplit_table=presplit_table(x.bodies, x.cu.device))
 
 
 def main():
@@ -162,15 +196,19 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--configs", default="16,4,1;16,4,2;32,4,2;32,8,2;64,8,1",
+                    help="BV,warps,stages;...: fixed configurations timed for each --config-variants")
+    ap.add_argument("--config-variants", default="base", help="variants timed at every --configs entry")
     ap.add_argument("--ncu-once", action="store_true", help="run the default once (for ncu) and exit")
     ap.add_argument("--ncu-config", default=None, help="BV,warps,stages: --ncu-once launches this config alone")
     args = ap.parse_args()
     from hypic.ops.linear import triton_scan
     from hypic.ops.linear.triton_scan import scan_chain_wy_triton
 
-    def scan(x):
+    def scan(x, name="base"):
+        table = x["presplit_table"] if name in PRESPLIT_VARIANTS else x["table"]
         return scan_chain_wy_triton(x["k4"][0], x["w"][0], x["u"][0], x["gc"][0], x["cu"], x["spans"].span_chunk,
-                                    x["spans"].chunk_spans.shape[0], x["cu_chains"], second=x["table"],
+                                    x["spans"].chunk_spans.shape[0], x["cu_chains"], second=table,
                                     source=x["source"], precision="bf16x3")
 
     if args.ncu_once:
@@ -205,17 +243,20 @@ def main():
         warps = best.num_warps if best is not None else 4
         stages = best.num_stages if best is not None else 2
         row = {"bodies": nb, "default_ms": base_ms, "best_config": str(best), "variants": {}, "configs": {}}
-        for cfg in ((16, 4, 1), (16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 1)):
-            mod = variant_module("base", [], tmp)
-            triton_scan._KERNEL = (FixedConfig(mod.scan_chain_kernel, cfg[1], cfg[2]), cfg[0])
-            scan(x)
-            row["configs"][f"BV{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = timed(lambda: scan(x))
+        configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";")]
+        for name in args.config_variants.split(","):
+            mod = variant_module(name, VARIANTS[name], tmp)
+            for cfg in configs:
+                triton_scan._KERNEL = (FixedConfig(mod.scan_chain_kernel, cfg[1], cfg[2]), cfg[0])
+                scan(x, name)
+                key = f"BV{cfg[0]}_w{cfg[1]}_s{cfg[2]}" + ("" if name == "base" else f"_{name}")
+                row["configs"][key] = timed(lambda: scan(x, name))
         kernels = {}
         for name in args.variants.split(","):
             mod = variant_module(name, VARIANTS[name], tmp)
             kernels[name] = (FixedConfig(mod.scan_chain_kernel, warps, stages), bv)
             triton_scan._KERNEL = kernels[name]
-            out = scan(x)  # compiles
+            out = scan(x, name)  # compiles
             item = {"samples_ms": []}
             if name in EXACT:
                 item["max_abs_diff_vs_default"] = [float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)]
@@ -223,7 +264,7 @@ def main():
         for _ in range(args.rounds):  # round-robin: machine drift falls on every variant alike
             for name, kernel in kernels.items():
                 triton_scan._KERNEL = kernel
-                row["variants"][name]["samples_ms"].append(timed(lambda: scan(x)))
+                row["variants"][name]["samples_ms"].append(timed(lambda: scan(x, name)))
         for item in row["variants"].values():
             item["ms"] = statistics.median(item["samples_ms"])
         # the same number of plain dense steps (T h + S, no seam, no WY outputs), autotuned
