@@ -172,10 +172,10 @@ class FixedConfig:
         return lambda *a, **k: launch(*a, num_warps=self.warps, num_stages=self.stages, **k)
 
 
-def inputs(nb: int):
+def inputs(nb: int, presplit: bool = False):
     """chain_forward_h200's all-hit layer, with the WY factors the walk reads and a buffer whose
     zeroing pushes the bodies' tiles out of L2 before each timed launch (as the layers between two
-    walks of a request do)."""
+    walks of a request do); with ``presplit``, also the bodies' pre-split copies."""
     from chain_forward_h200 import allhit_layer_inputs
 
     from hypic.ops.linear import fla_paths
@@ -186,7 +186,8 @@ def inputs(nb: int):
     spans = short_span_rows(x.cu, x.cu_cpu, 64, classes=False)
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=x.cu.device)
     return dict(k4=k4, gc=gc, w=w, u=u, cu=x.cu, spans=spans, cu_chains=x.cu_chains, table=x.table,
-                source=x.source, flush=flush, presplit_table=presplit_table(x.bodies, x.cu.device))
+                source=x.source, flush=flush,
+                presplit_table=presplit_table(x.bodies, x.cu.device) if presplit else None)
 
 
 def main():
@@ -222,8 +223,9 @@ def main():
         return
     rows = []
     tmp = tempfile.mkdtemp()
+    wanted = set(args.variants.split(",")) | set(args.config_variants.split(","))
     for nb in [int(n) for n in args.bodies.split(",")]:
-        x = inputs(nb)
+        x = inputs(nb, presplit=bool(wanted & set(PRESPLIT_VARIANTS)))
 
         # the flush is timed with each launch: timed alone once, and subtracted
         flush_ms = statistics.median(event_times_ms(lambda: x["flush"].zero_(), repeats=args.repeats))
