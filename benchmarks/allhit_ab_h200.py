@@ -173,6 +173,7 @@ def main():
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 bench.run(prompt)
                 sync()
+            row["kernels"] = kernel_rows(prof)
             texts.append(f"== {args.tag}: all-hit {prompt_tokens} ({n} x 512 + 64) ==\n"
                          + prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, by host time ==\n"
@@ -201,6 +202,20 @@ def main():
         json.dump(res, f, indent=1)
     with open(os.path.join(args.out, f"allhit_ab_{args.tag}_profile.txt"), "w") as f:
         f.write("\n\n".join(texts))
+
+
+def kernel_rows(prof) -> list:
+    """Every event of a profile with GPU time of its own (kernels, copies), by that time: name,
+    calls and total milliseconds, so the whole request's GPU time can be split (the printed table
+    keeps only the top rows)."""
+    rows = []
+    for e in prof.key_averages():
+        own_us = getattr(e, "self_device_time_total", None)
+        if own_us is None:
+            own_us = e.self_cuda_time_total
+        if own_us > 0:
+            rows.append({"name": e.key, "calls": e.count, "ms": own_us / 1e3})
+    return sorted(rows, key=lambda r: -r["ms"])
 
 
 def python_profile(bench, prompt, sync, sort: str, top: int) -> str:
