@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
-from hypic.ops.moe import moe_experts, route_topk_softmax
+from hypic.ops.moe import moe_routed
 from hypic.ops.fused import add_sigmoid_gated, gdn_gates, sigmoid_gate, swiglu
 from hypic.ops.norms import add_rms_norm_zero_centered, gated_rms_norm, l2_normalize, rms_norm_zero_centered
 from hypic.ops.rope import RotaryEmbedding, apply_rotary
@@ -229,9 +229,9 @@ class Qwen3NextSparseMoeBlock(nn.Module):
             self.shared_expert_gate = _linear(spec.hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route_topk_softmax(self.gate(x), self.top_k, self.renormalize)
-        # transformers rounds the routing weights to the activation dtype before mixing.
-        out = moe_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights.to(x.dtype), ids)
+        # softmax top-k routing, the weights rounded to the activation dtype (as transformers mixes)
+        out = moe_routed(x, self.gate(x), self.experts.gate_up_proj, self.experts.down_proj, self.top_k,
+                         self.renormalize)
         if self.has_shared:
             out = add_sigmoid_gated(out, self.shared_expert(x), self.shared_expert_gate(x))
         return out

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
-BLOCK_T, BLOCK_D = 32, 128
+BLOCK_T, BLOCK_D, NUM_WARPS = 32, 128, 4
 # Binary-search steps: one constant for up to 65,536 runs, so the kernel compiles once rather
 # than once per bit length of the run count (a few extra L1-resident loads per tile)
 _SEARCH_STEPS = 16
@@ -59,7 +59,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             x, weight.contiguous(), bias if bias is not None else x, state if state is not None else x, cu, y,
             num_tokens, num_seqs, x.stride(0), y.stride(0), D=dim, W=width, HAS_BIAS=bias is not None,
             HAS_STATE=state is not None, SILU=activation == "silu", BT=BLOCK_T, BD=BLOCK_D,
-            LOG_N=max(_SEARCH_STEPS, num_seqs.bit_length()), num_warps=4,
+            LOG_N=max(_SEARCH_STEPS, num_seqs.bit_length()), num_warps=NUM_WARPS,
         )
     final = conv_final_state(x, initial_state, cu_seqlens, width - 1) if output_final_state else None
     return y, final

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from hypic.ops.fused import dispatch
 from hypic.ops.moe_grouped import grouped_mm_supported, moe_experts_grouped
+from hypic.ops.moe_route import route_impl, routed_experts_rows
 from hypic.ops.moe_rows import moe_experts_rows, rows_preferred, rows_supported
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -60,6 +61,76 @@ def route_topk_softmax_math(router_logits: torch.Tensor, top_k: int, renormalize
     return weights, ids
 
 
+def moe_routed(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    *,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """A routed MoE layer: :func:`route_topk_softmax` of ``router_logits [T, E]``, the weights
+    rounded to x's dtype (as transformers mixes), then :func:`moe_experts`. Where the experts run
+    on the row-block path, routing, bucketing and mixing run as the fused launches of
+    :mod:`hypic.ops.moe_route` around its GEMMs (``HYPIC_MOE_ROUTE=torch``: the separate ops)."""
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    _check_expert_operands(x, gate_up, down)
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
+        raise ValueError("router_logits must be a rank-2 tensor [T, E]")
+    if router_logits.shape != (x.shape[0], gate_up.shape[0]):
+        raise ValueError(f"router_logits must be [{x.shape[0]}, {gate_up.shape[0]}] (tokens, experts), "
+                         f"got {tuple(router_logits.shape)}")
+    resolved = _resolve_impl(impl, x, gate_up, down, top_k)
+    # fp64 logits keep the reference's fp64 softmax; a bad top_k gets route_topk_softmax's error
+    if resolved == "rows" and route_impl() == "fused" and router_logits.dtype in _FLOAT[:3] \
+            and 0 < top_k <= router_logits.shape[1]:
+        _require_rows(x, gate_up, down)
+        return routed_experts_rows(x, router_logits, gate_up, down, top_k, renormalize)
+    weights, ids = route_topk_softmax(router_logits, top_k, renormalize)
+    return moe_experts(x, gate_up, down, weights.to(x.dtype), ids, impl=resolved)
+
+
+def _resolve_impl(impl: str, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int) -> str:
+    """``impl`` with ``auto`` (and ``HYPIC_MOE_IMPL``) resolved as :func:`moe_experts` does."""
+    if impl == "auto":
+        impl = os.environ.get("HYPIC_MOE_IMPL", "auto")
+        if impl not in _IMPLS:
+            raise ValueError(f"HYPIC_MOE_IMPL must be one of {_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        if x.is_cuda and rows_preferred(x.shape[0] * top_k, gate_up.shape[0]) and rows_supported(x, gate_up, down):
+            impl = "rows"
+        elif x.is_cuda and grouped_mm_supported(x, gate_up, down):
+            impl = "grouped"
+        else:
+            impl = "reference"
+    return impl
+
+
+def _check_expert_operands(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    """Shapes and dtypes of the activations and the fused expert weights."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _FLOAT:
+        raise ValueError("x must be a floating rank-2 tensor [T, H]")
+    hidden = x.shape[1]
+    if gate_up.dim() != 3 or gate_up.shape[2] != hidden or gate_up.shape[1] % 2 != 0:
+        raise ValueError(f"gate_up must be [E, 2*I, {hidden}], got {tuple(gate_up.shape)}")
+    num_experts, two_inter, _ = gate_up.shape
+    if down.shape != (num_experts, hidden, two_inter // 2):
+        raise ValueError(f"down must be [{num_experts}, {hidden}, {two_inter // 2}], got {tuple(down.shape)}")
+    if gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        raise ValueError(f"expert weights ({gate_up.dtype}, {down.dtype}) must match x dtype {x.dtype}")
+
+
+def _require_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    if not rows_supported(x, gate_up, down):
+        raise ValueError(
+            f"rows MoE path unsupported for x {x.dtype} on {x.device}: needs Triton, CUDA (or "
+            "TRITON_INTERPRET=1 on CPU), fp16/bf16 operands with unit stride along hidden/intermediate"
+        )
+
+
 def moe_experts(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -79,15 +150,9 @@ def moe_experts(
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _FLOAT:
-        raise ValueError("x must be a floating rank-2 tensor [T, H]")
+    _check_expert_operands(x, gate_up, down)
     num_tokens, hidden = x.shape
-    if gate_up.dim() != 3 or gate_up.shape[2] != hidden or gate_up.shape[1] % 2 != 0:
-        raise ValueError(f"gate_up must be [E, 2*I, {hidden}], got {tuple(gate_up.shape)}")
-    num_experts, two_inter, _ = gate_up.shape
-    inter = two_inter // 2
-    if down.shape != (num_experts, hidden, inter):
-        raise ValueError(f"down must be [{num_experts}, {hidden}, {inter}], got {tuple(down.shape)}")
+    inter = down.shape[2]
     if topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens:
         raise ValueError(f"topk_ids must be [{num_tokens}, k], got {tuple(topk_ids.shape)}")
     if topk_ids.dtype not in (torch.int32, torch.int64):
@@ -97,27 +162,10 @@ def moe_experts(
             f"topk_weights must be floating with shape {tuple(topk_ids.shape)}, got "
             f"{tuple(topk_weights.shape)} {topk_weights.dtype}"
         )
-    if gate_up.dtype != x.dtype or down.dtype != x.dtype:
-        raise ValueError(f"expert weights ({gate_up.dtype}, {down.dtype}) must match x dtype {x.dtype}")
 
-    if impl == "auto":
-        impl = os.environ.get("HYPIC_MOE_IMPL", "auto")
-        if impl not in _IMPLS:
-            raise ValueError(f"HYPIC_MOE_IMPL must be one of {_IMPLS}, got {impl!r}")
-    if impl == "auto":
-        if x.is_cuda and rows_preferred(num_tokens * topk_ids.shape[1], num_experts) \
-                and rows_supported(x, gate_up, down):
-            impl = "rows"
-        elif x.is_cuda and grouped_mm_supported(x, gate_up, down):
-            impl = "grouped"
-        else:
-            impl = "reference"
+    impl = _resolve_impl(impl, x, gate_up, down, topk_ids.shape[1])
     if impl == "rows":
-        if not rows_supported(x, gate_up, down):
-            raise ValueError(
-                f"rows MoE path unsupported for x {x.dtype} on {x.device}: needs Triton, CUDA (or "
-                "TRITON_INTERPRET=1 on CPU), fp16/bf16 operands with unit stride along hidden/intermediate"
-            )
+        _require_rows(x, gate_up, down)
         return moe_experts_rows(x, gate_up, down, topk_weights, topk_ids)
     if impl == "grouped":
         if not grouped_mm_supported(x, gate_up, down):
