@@ -58,6 +58,7 @@ def load_model(
         init_dummy_weights(model, seed=seed)
     else:
         load_weights(model, _iter_checkpoint(model_dir))
+    _fuse(model)
     return spec, model
 
 
@@ -73,7 +74,23 @@ def build_dummy_model(
     spec = spec_from_config(config)
     model = build_empty_model(spec, dtype, device)
     init_dummy_weights(model, seed=seed)
+    _fuse(model)
     return spec, model
+
+
+FUSE_ENV = "HYPIC_FUSE_PROJECTIONS"
+
+
+def _fuse(model: nn.Module) -> None:
+    """Projections that share an input as one GEMM each, once the weights are in place
+    (``fuse_projections``, e.g. :meth:`hypic.models.qwen3_next.Qwen3NextForCausalLM.fuse_projections`);
+    ``HYPIC_FUSE_PROJECTIONS=0`` keeps them apart (A/B runs, one process per value)."""
+    value = os.environ.get(FUSE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FUSE_ENV} must be 0 or 1, got {value!r}")
+    fuse = getattr(model, "fuse_projections", None)
+    if fuse is not None and value == "1":
+        fuse()
 
 
 def _check_dtype(dtype: torch.dtype) -> None:

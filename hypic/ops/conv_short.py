@@ -22,7 +22,13 @@ from typing import Optional, Tuple
 
 import torch
 
-BLOCK_T, BLOCK_D, NUM_WARPS = 32, 128, 4
+# Tile (tokens x channels) and warps. At the all-hit 32k shape (64 seams of 8 tokens + a 64-token
+# question, 8192 channels, bf16, the runs' initial states read) on the H200, one eager call each
+# (benchmarks/moe_glue_h200.py, session 25 call 2; ~50 us of it is the launch, as a call without
+# states shows): 16 x 128 x 4 warps 0.061 ms, 32 x 128 (before) 0.095, 8 x 512 0.086, 16 x 256
+# 0.083; without states every 128-channel tile took 0.050-0.064. Taller tiles hold more of the
+# states' gathered addresses at once.
+BLOCK_T, BLOCK_D, NUM_WARPS = 16, 128, 4
 # Binary-search steps: one constant for up to 65,536 runs, so the kernel compiles once rather
 # than once per bit length of the run count (a few extra L1-resident loads per tile)
 _SEARCH_STEPS = 16

@@ -173,3 +173,18 @@ def test_full_size_shapes_on_meta_device(config, billions):
     model = build_empty_model(spec, torch.bfloat16, "meta")
     total = sum(p.numel() for p in model.parameters())
     assert abs(total / 1e9 - billions) < 0.6, total
+
+
+def test_fusing_the_projections_is_switchable(monkeypatch):
+    """HYPIC_FUSE_PROJECTIONS: 1 (default) fuses the projections that share an input, 0 keeps
+    them apart (same weights, same names), anything else is refused."""
+    fused = build_dummy_model(TINY, dtype=torch.float32, seed=3)[1]
+    monkeypatch.setenv("HYPIC_FUSE_PROJECTIONS", "0")
+    plain = build_dummy_model(TINY, dtype=torch.float32, seed=3)[1]
+    has_fused = lambda m: any(getattr(x, "fused_in_proj", None) is not None for x in m.modules())  # noqa: E731
+    assert has_fused(fused) and not has_fused(plain)
+    a, b = fused.state_dict(), plain.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    monkeypatch.setenv("HYPIC_FUSE_PROJECTIONS", "yes")
+    with pytest.raises(ValueError, match="HYPIC_FUSE_PROJECTIONS"):
+        build_dummy_model(TINY, dtype=torch.float32, seed=3)
