@@ -21,4 +21,8 @@ for f in sorted(glob.glob("/tmp/r_s25c3/allhit_ab_*.json")):
         for k in ks[:28]:
             print(f'{k["ms"]:8.3f} {k["calls"]:5d}  {k["name"][:100]}')
 PY
+# the fused walk at 16 warps (never in its autotune list), against today's pick (BV 32, 8 warps, 2 stages)
+(cd benchmarks && timeout $(left 585) python3 scan_ablation_h200.py --out $R --rounds 3 --bodies 64 --variants base \
+   --config-variants base --configs "32,8,2;32,16,1;32,16,2;64,16,1;16,8,1;64,16,2" > $R/scan_stdout.txt 2>&1; echo "scan rc=$?" >> $R/scan_stdout.txt)
+tail -4 $R/scan_stdout.txt | cut -c1-300; pack
 echo "call done after $(( $(date +%s) - T0 )) s"
