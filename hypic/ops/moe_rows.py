@@ -157,8 +157,8 @@ def _weight_descriptor(w: torch.Tensor, config: RowsConfig):
     it by value)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor(w, [w.shape[0] * w.shape[1], w.shape[2]], [w.stride(1), 1],
-                            [config.block_n, config.block_k])
+    rows = w.view(w.shape[0] * w.shape[1], w.shape[2])  # a view: tma_available checked the strides
+    return TensorDescriptor.from_tensor(rows, [config.block_n, config.block_k])
 
 
 def rows_gemm(a: torch.Tensor, a_row_of: Optional[torch.Tensor], w: torch.Tensor, out: torch.Tensor,
@@ -190,9 +190,11 @@ def rows_gemm(a: torch.Tensor, a_row_of: Optional[torch.Tensor], w: torch.Tensor
 
 
 def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, config: Optional[RowsConfig] = None) -> torch.Tensor:
+                     topk_ids: torch.Tensor, config: Optional[RowsConfig] = None,
+                     down_config: Optional[RowsConfig] = None) -> torch.Tensor:
     """``sum_j w[t, j] * SwiGLU_{e[t, j]}(x[t])`` through two row-block launches; no host sync.
-    Arguments as :func:`hypic.ops.moe.moe_experts` (validated there). Returns a fresh ``[T, H]``."""
+    Arguments as :func:`hypic.ops.moe.moe_experts` (validated there); ``config`` for the gate_up
+    GEMM and, without ``down_config``, also the down GEMM. Returns a fresh ``[T, H]``."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
     top_k = topk_ids.shape[1]
@@ -204,5 +206,6 @@ def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
     rows_gemm(x, order // top_k, gate_up, hidden_rows, ends, swiglu=True, config=config)
     rows_out = torch.empty(num_rows, hidden, device=x.device, dtype=x.dtype)
-    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=config)
+    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False,
+              config=config if down_config is None else down_config)
     return mix_sorted_rows(rows_out, order, topk_weights, x)

@@ -76,7 +76,8 @@ CASE = textwrap.dedent("""
     from hypic.ops import moe_rows
     from hypic.ops.moe_grouped import expert_ends
 
-    def case(dtype, device, tokens, experts, top_k, hidden, inter, block_m, used=None, seed=0, **variant):
+    def case(dtype, device, tokens, experts, top_k, hidden, inter, block_m, used=None, seed=0, variant=None,
+             down_variant=None):
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(tokens, hidden, generator=gen)
         gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
@@ -92,35 +93,39 @@ CASE = textwrap.dedent("""
         ref = moe_experts(*(t.double() for t in ops), ids, impl="reference")
         dev = [t.to(device) for t in ops]
         ids_d = ids.to(device)
-        # small tiles by default; a variant's fields (kernel, swap_ab, group_n, tma, tiles) override them
-        config = moe_rows.RowsConfig(**dict(dict(block_m=block_m, block_n=16, block_k=32), **variant))
+        # small tiles by default; a variant's fields (kernel, swap_ab, group_n, tma, tiles) override
+        # them, down_variant's for the second GEMM (default: the first's)
+        small = dict(block_m=block_m, block_n=16, block_k=32)
+        config = moe_rows.RowsConfig(**dict(small, **(variant or {})))
+        down_config = moe_rows.RowsConfig(**dict(small, **(down_variant or variant or {})))
         # the two launches alone, into NaN-poisoned rows: every sorted row is written
         sorted_ids, order = torch.sort(ids_d.reshape(-1), stable=True)
         ends = expert_ends(sorted_ids, experts)
 
-        def launches(config):
+        def launches(config, down_config):
             hidden_rows = torch.full((tokens * top_k, inter), float("nan"), device=device, dtype=dtype)
             moe_rows.rows_gemm(dev[0], order // top_k, dev[1], hidden_rows, ends, swiglu=True, config=config)
             rows_out = torch.full((tokens * top_k, hidden), float("nan"), device=device, dtype=dtype)
-            moe_rows.rows_gemm(hidden_rows, None, dev[2], rows_out, ends, swiglu=False, config=config)
+            moe_rows.rows_gemm(hidden_rows, None, dev[2], rows_out, ends, swiglu=False, config=down_config)
             assert not torch.isnan(hidden_rows).any() and not torch.isnan(rows_out).any()
             return hidden_rows, rows_out
 
-        got = launches(config)
+        got = launches(config, down_config)
         worst = 0.0
-        if variant:  # also the default kernel's rows, at the default kernel's small tiles
-            for mine, base in zip(got, launches(moe_rows.RowsConfig(block_m=block_m, block_n=16, block_k=32))):
-                worst = max(worst, float((mine.double() - base.double()).norm() / base.double().norm()))
-        out = moe_rows.moe_experts_rows(*dev, ids_d, config=config)
+        if variant or down_variant:  # also against the default kernel's rows (at its small tiles)
+            base = moe_rows.RowsConfig(**small)
+            for mine, theirs in zip(got, launches(base, base)):
+                worst = max(worst, float((mine.double() - theirs.double()).norm() / theirs.double().norm()))
+        out = moe_rows.moe_experts_rows(*dev, ids_d, config=config, down_config=down_config)
         assert out.dtype == dtype and out.shape == ref.shape and not torch.isnan(out).any()
         return max(worst, float((out.cpu().double() - ref).norm() / ref.norm()))
 
     def variant_cases(variant):
         # 8 experts, 4 of them empty (at both ends and inside), the others 20 rows each: two row
         # blocks of 16; partial column tiles (inter 24, hidden 48); a down contraction of two blocks
-        worst = case(torch.float16, "cpu", 40, 8, 2, 64, 32, 16, used=[1, 2, 4, 6], seed=1, **variant)
-        worst = max(worst, case(torch.float16, "cpu", 9, 6, 4, 48, 24, 32, seed=2, **variant))
-        return max(worst, case(torch.float32, "cpu", 12, 8, 2, 32, 64, 16, seed=3, **variant))
+        worst = case(torch.float16, "cpu", 40, 8, 2, 64, 32, 16, used=[1, 2, 4, 6], seed=1, variant=variant)
+        worst = max(worst, case(torch.float16, "cpu", 9, 6, 4, 48, 24, 32, seed=2, variant=variant))
+        return max(worst, case(torch.float32, "cpu", 12, 8, 2, 32, 64, 16, seed=3, variant=variant))
 """)
 
 
@@ -169,19 +174,28 @@ def test_rows_kernel_cuda_bf16(tokens, block_m):
     assert err < 1e-2, err
 
 
-# The variants at the H200's tiles (block_k 512: the down GEMM's whole contraction in one block).
-CUDA_VARIANTS = [dict(swap_ab=True, block_n=64, block_k=128),
-                 dict(kernel="stream", group_n=8, swap_ab=True, block_n=64, block_k=128, num_stages=4),
-                 dict(kernel="stream", group_n=8, swap_ab=True, tma=True, block_n=64, block_k=128, num_stages=4),
-                 dict(kernel="stream", group_n=4, swap_ab=True, tma=True, block_n=64, block_k=512, num_stages=2)]
+# The variants at the H200's tiles: (gate_up, down); block_k 512 is the down GEMM's whole
+# contraction in one block (too much shared memory for gate_up's two weight blocks a stage).
+CUDA_VARIANTS = [(dict(swap_ab=True, block_n=64, block_k=128), None),
+                 (dict(kernel="stream", group_n=8, swap_ab=True, block_n=64, block_k=128, num_stages=4), None),
+                 (dict(kernel="stream", group_n=8, swap_ab=True, tma=True, block_n=64, block_k=128, num_stages=4),
+                  dict(kernel="stream", group_n=4, swap_ab=True, tma=True, block_n=64, block_k=512, num_stages=2)),
+                 (dict(kernel="stream", group_n=4, block_n=64, block_k=128, num_stages=3),
+                  dict(kernel="stream", group_n=4, block_n=64, block_k=512, num_stages=2))]
+
+
+def variant_id(pair):
+    return "_".join("-".join(f"{k}={v[k]}" for k in sorted(v)) for v in pair if v)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
-@pytest.mark.parametrize("variant", CUDA_VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in sorted(v)))
-def test_rows_kernel_variants_cuda_bf16(variant):
+@pytest.mark.parametrize("pair", CUDA_VARIANTS, ids=variant_id)
+def test_rows_kernel_variants_cuda_bf16(pair):
     namespace = {}
     exec(CASE, namespace)
-    err = namespace["case"](torch.bfloat16, "cuda", 576, 64, 8, 2048, 512, 32, seed=5, **variant)
+    # 72 rows per expert: three row blocks of 32
+    err = namespace["case"](torch.bfloat16, "cuda", 576, 64, 8, 2048, 512, 32, seed=5, variant=pair[0],
+                            down_variant=pair[1])
     assert err < 1e-2, err
 
 
@@ -215,16 +229,13 @@ def compile_rows_sm90(config: RowsConfig, swiglu: bool, inter: int = 512, hidden
                           options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(swap_ab=True)] + CUDA_VARIANTS[1:],
-                         ids=lambda v: "-".join(f"{k}={v[k]}" for k in sorted(v)) or "default")
-def test_rows_kernel_variants_compile_for_sm90(variant):
+@pytest.mark.parametrize("pair", [(dict(), None)] + CUDA_VARIANTS, ids=lambda p: variant_id(p) or "default")
+def test_rows_kernel_variants_compile_for_sm90(pair):
     """Both GEMMs of each variant compile for the H200, pipelined (cp.async or TMA copies), with
     wgmma where the swapped tile's M is 64 rows of weights."""
     pytest.importorskip("triton")
-    for swiglu in (True, False):
+    for swiglu, variant in ((True, pair[0]), (False, pair[1] or pair[0])):
         config = RowsConfig(**dict(dict(block_m=32), **variant))
-        if config.block_k > (2048 if swiglu else 512):
-            continue
         ptx = compile_rows_sm90(config, swiglu).asm["ptx"]
         assert "cp.async" in ptx  # pipelined: cp.async (activations, pointer weights) or TMA bulk copies
         if config.tma:
