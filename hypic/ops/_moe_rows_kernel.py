@@ -34,6 +34,15 @@ def _store_rows(out, rows, m_rows, o_n, m_n, acc, acc_up, stride_out, SWIGLU: tl
 
 
 @triton.jit
+def _tile_dot(b_a, b_w, SWAP_AB: tl.constexpr):
+    """``b_a @ b_w.T`` ([BM, BN]), or with SWAP_AB its transpose ``b_w @ b_a.T`` ([BN, BM])."""
+    if SWAP_AB:
+        return tl.dot(b_w, tl.trans(b_a))
+    else:
+        return tl.dot(b_a, tl.trans(b_w))
+
+
+@triton.jit
 def moe_rows_gemm_kernel(
     a,              # [*, KD] activations (rows read through ``a_row_of`` with GATHER)
     a_row_of,       # [R] int64: row of ``a`` behind each sorted row (read only with GATHER)
@@ -85,17 +94,11 @@ def moe_rows_gemm_kernel(
             m_k = (k0 + o_k) < KD
             b_a = tl.load(a_rows + (k0 + o_k)[None, :], mask=m_rows[:, None] & m_k[None, :], other=0.0)
             b_w = tl.load(w_rows + (k0 + o_k)[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-            if SWAP_AB:
-                acc += tl.dot(b_w, tl.trans(b_a))
-            else:
-                acc += tl.dot(b_a, tl.trans(b_w))
+            acc += _tile_dot(b_a, b_w, SWAP_AB)
             if SWIGLU:
                 b_u = tl.load(w_rows + N * stride_wn + (k0 + o_k)[None, :], mask=m_n[:, None] & m_k[None, :],
                               other=0.0)
-                if SWAP_AB:
-                    acc_up += tl.dot(b_u, tl.trans(b_a))
-                else:
-                    acc_up += tl.dot(b_a, tl.trans(b_u))
+                acc_up += _tile_dot(b_a, b_u, SWAP_AB)
         _store_rows(out, rows, m_rows, o_n, m_n, acc, acc_up, stride_out, SWIGLU, SWAP_AB)
         r0 += BM
 
@@ -103,10 +106,10 @@ def moe_rows_gemm_kernel(
 @triton.jit
 def _weight_block(w, w_expert, row, n0, k0, o_bn, o_k, stride_wn, N: tl.constexpr, KD: tl.constexpr,
                   TMA: tl.constexpr):
-    """The [BN, BK] weight block at output column ``n0`` (the up half's: ``n0 + N``) and contraction
-    column ``k0``. TMA: row ``row`` of the descriptor's [E * rows, KD] view (rows and columns out
-    of range read as zeros; rows past N of a partial tile are read but never stored); else through
-    the pointers from ``w_expert`` (the expert's first row), with masks."""
+    """The [BN, BK] weight block of output columns ``n0 + arange(BN)`` at contraction column ``k0``.
+    TMA: from row ``row`` of the descriptor's [E * rows, KD] view (rows and columns past its end
+    read as zeros; a partial tile's rows past N read the next rows, whose columns are never
+    stored); else through pointers from ``w_expert`` (the expert's first gate or up row), masked."""
     if TMA:
         return w.load([row, k0])
     else:
@@ -180,28 +183,17 @@ def moe_rows_stream_kernel(
             if SWIGLU:
                 b_u = _weight_block(w, w_expert + N * stride_wn, row0 + N + n0, n0, k0, o_bn, o_k, stride_wn,
                                     N, KD, TMA)
-            if KT == 1:  # each block a whole tile: no accumulation across iterations
-                if SWAP_AB:
-                    acc = tl.dot(b_w, tl.trans(b_a))
-                    if SWIGLU:
-                        acc_up = tl.dot(b_u, tl.trans(b_a))
-                else:
-                    acc = tl.dot(b_a, tl.trans(b_w))
-                    if SWIGLU:
-                        acc_up = tl.dot(b_a, tl.trans(b_u))
-            else:
-                if SWAP_AB:
-                    acc += tl.dot(b_w, tl.trans(b_a))
-                    if SWIGLU:
-                        acc_up += tl.dot(b_u, tl.trans(b_a))
-                else:
-                    acc += tl.dot(b_a, tl.trans(b_w))
-                    if SWIGLU:
-                        acc_up += tl.dot(b_a, tl.trans(b_u))
+            part = _tile_dot(b_a, b_w, SWAP_AB)
+            part_up = part  # (unused without SWIGLU)
+            if SWIGLU:
+                part_up = _tile_dot(b_a, b_u, SWAP_AB)
             o_n = n0 + o_bn
-            if KT == 1:
-                _store_rows(out, rows, m_rows, o_n, o_n < N, acc, acc_up, stride_out, SWIGLU, SWAP_AB)
+            if KT == 1:  # each block a whole tile: nothing accumulates across iterations
+                _store_rows(out, rows, m_rows, o_n, o_n < N, part, part_up, stride_out, SWIGLU, SWAP_AB)
             else:
+                acc += part  # (the compiler folds the add into the MMA's accumulator)
+                if SWIGLU:
+                    acc_up += part_up
                 if (it % KT) == KT - 1:  # the tile's last block: its epilogue, then a fresh accumulator
                     _store_rows(out, rows, m_rows, o_n, o_n < N, acc, acc_up, stride_out, SWIGLU, SWAP_AB)
                     acc = tl.zeros_like(acc)

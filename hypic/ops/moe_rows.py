@@ -26,6 +26,15 @@ weights) and 0.16 ms (down, 3.3 TB/s) with the default tiles, the best of a swee
 (benchmarks/moe_rows_h200.py); in the all-hit 32k request's profile the 80 launches take
 17.9-18.1 ms of GPU time, where session 9's profile had 21.3 ms of grouped GEMMs. The request's
 TTFT A/B (one process per path) did not resolve the difference: runs of one path spread by 5 ms.
+
+Variants for that regime (session 25, chosen through :class:`RowsConfig`; the defaults stay
+session 11's kernel): ``swap_ab``, the transposed product, so that the weight tile is the MMA's M
+operand (Hopper's wgmma, where 16 or 32 token rows alone get mma.sync); ``kernel="stream"``, one
+pipelined loop over several column tiles per program (no drain and refill of the loads at each
+tile; for the down GEMM whole 1 KB weight rows per block, the token rows loaded once), with the
+weight blocks through host-side TMA descriptors (``tma``) or pointers. Compiled for sm_90 both
+kernels pipeline their loads (cp.async or TMA, ``--compile-only`` of the benchmark shows it);
+``benchmarks/moe_rows_h200.py --variants`` times each GEMM per variant.
 """
 
 from __future__ import annotations
