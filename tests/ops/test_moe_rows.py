@@ -121,8 +121,9 @@ CASE = textwrap.dedent("""
         return max(worst, float((out.cpu().double() - ref).norm() / ref.norm()))
 
     def variant_cases(variant):
-        # 8 experts, 4 of them empty (at both ends and inside), the others 20 rows each: two row
-        # blocks of 16; partial column tiles (inter 24, hidden 48); a down contraction of two blocks
+        # 8 experts, 4 of them empty (at both ends and inside), the others ~20 rows each: two row
+        # blocks of 16; partial column tiles (inter 24, hidden 48); fp32 with a down contraction
+        # (inter 64) of two blocks of 32
         worst = case(torch.float16, "cpu", 40, 8, 2, 64, 32, 16, used=[1, 2, 4, 6], seed=1, variant=variant)
         worst = max(worst, case(torch.float16, "cpu", 9, 6, 4, 48, 24, 32, seed=2, variant=variant))
         return max(worst, case(torch.float32, "cpu", 12, 8, 2, 32, 64, 16, seed=3, variant=variant))
@@ -157,9 +158,12 @@ VARIANTS = {
 def test_rows_kernel_variants_interpreted(family):
     """Every variant against the reference and against the default kernel's rows."""
     script = CASE + f"variants = {VARIANTS[family]!r}\n" + textwrap.dedent("""
-        if any(v.get("tma") for v in variants):
-            from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401 (else: ImportError, a failure)
-        print(max(variant_cases(v) for v in variants))
+        descriptors = []  # the TMA variants run through descriptors, not the pointer fallback
+        real_descriptor = moe_rows._weight_descriptor
+        moe_rows._weight_descriptor = lambda w, config: descriptors.append(1) or real_descriptor(w, config)
+        worst = max(variant_cases(v) for v in variants)
+        assert bool(descriptors) == any(v.get("tma") for v in variants)
+        print(worst)
     """)
     assert interpreted_error(script) < 2e-3
 
