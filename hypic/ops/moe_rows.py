@@ -26,10 +26,20 @@ weights) and 0.16 ms (down, 3.3 TB/s) with the default tiles, the best of a swee
 (benchmarks/moe_rows_h200.py); in the all-hit 32k request's profile the 80 launches take
 17.9-18.1 ms of GPU time, where session 9's profile had 21.3 ms of grouped GEMMs. The request's
 TTFT A/B (one process per path) did not resolve the difference: runs of one path spread by 5 ms.
+
+Variants for that regime (session 25, chosen through :class:`RowsConfig`; the defaults stay
+session 11's kernel): ``swap_ab``, the transposed product, so that the weight tile is the MMA's M
+operand (Hopper's wgmma, where 16 or 32 token rows alone get mma.sync); ``kernel="stream"``, one
+pipelined loop over several column tiles per program (no drain and refill of the loads at each
+tile; for the down GEMM whole 1 KB weight rows per block, the token rows loaded once), with the
+weight blocks through host-side TMA descriptors (``tma``) or pointers. Compiled for sm_90 both
+kernels pipeline their loads (cp.async or TMA, ``--compile-only`` of the benchmark shows it);
+``benchmarks/moe_rows_h200.py --variants`` times each GEMM per variant.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,15 +56,35 @@ MAX_ROWS_PER_EXPERT = 32
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
+_KERNELS = ("tiles", "stream")
+
+
 @dataclass(frozen=True)
 class RowsConfig:
-    """Tile sizes and launch shape of the two GEMMs."""
+    """Tile sizes, kernel variant and launch shape of the two GEMMs (the defaults: session 11's
+    kernel and tiles).
+
+    ``kernel="tiles"``: one program per (expert, ``block_n`` columns), a pipelined loop over the
+    contraction. ``kernel="stream"``: one program per (expert, ``group_n`` column tiles), one
+    pipelined loop over all their weight blocks, so the loads stay in flight across tile boundaries;
+    ``block_k`` may cover the whole contraction (the down GEMM's 512: each weight row one contiguous
+    block); ``tma`` reads the weight blocks through a host-side TMA descriptor where Triton and the
+    GPU have them (Hopper or newer; the interpreter), else through pointers as without it.
+    ``group_n`` is an upper bound: a program takes the largest power of two that divides the
+    expert's tile count. ``swap_ab`` (both kernels): the transposed product ``w_tile @ rows.T``, so
+    the weight tile is the MMA's M operand (Hopper's wgmma from ``block_n`` 64 on, ``num_warps`` a
+    multiple of 4) and the few token rows its N operand.
+    """
 
     block_m: int = 16
     block_n: int = 64
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
+    kernel: str = "tiles"
+    swap_ab: bool = False
+    group_n: int = 1
+    tma: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -65,6 +95,17 @@ class RowsConfig:
             raise ValueError(f"RowsConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"RowsConfig.num_stages must be in [1, 8], got {self.num_stages!r}")
+        if self.kernel not in _KERNELS:
+            raise ValueError(f"RowsConfig.kernel must be one of {_KERNELS}, got {self.kernel!r}")
+        for name in ("swap_ab", "tma"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RowsConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.group_n, int) or self.group_n < 1 or self.group_n & (self.group_n - 1):
+            raise ValueError(f"RowsConfig.group_n must be a power of two >= 1, got {self.group_n!r}")
+        if self.kernel != "stream" and (self.group_n != 1 or self.tma):
+            raise ValueError("RowsConfig.group_n and RowsConfig.tma need kernel='stream'")
+        if self.tma and self.block_n > 256:  # a TMA box has at most 256 rows
+            raise ValueError(f"RowsConfig.tma needs block_n <= 256, got {self.block_n}")
 
 
 def default_config(num_rows: int, num_experts: int) -> RowsConfig:
@@ -90,23 +131,51 @@ def rows_preferred(num_rows: int, num_experts: int) -> bool:
     return num_rows <= MAX_ROWS_PER_EXPERT * num_experts
 
 
-_KERNEL = None
+_KERNELS_JIT = {}
 
 
-def _kernel():
-    global _KERNEL
-    if _KERNEL is None:
-        from hypic.ops._moe_rows_kernel import moe_rows_gemm_kernel
+def _kernel(name: str = "tiles"):
+    if not _KERNELS_JIT:
+        from hypic.ops._moe_rows_kernel import moe_rows_gemm_kernel, moe_rows_stream_kernel
 
-        _KERNEL = moe_rows_gemm_kernel
-    return _KERNEL
+        _KERNELS_JIT.update(tiles=moe_rows_gemm_kernel, stream=moe_rows_stream_kernel)
+    return _KERNELS_JIT[name]
+
+
+def tma_available(w: torch.Tensor) -> bool:
+    """Whether Triton's host-side TMA descriptors can carry these weights: a Triton that has them,
+    a Hopper-or-newer GPU (or the interpreter), the [E, rows, KD] weights one uniformly strided
+    [E * rows, KD] matrix, 16-byte aligned rows. Host-only."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401  (Triton >= 3.4)
+    except ImportError:
+        return False
+    if w.is_cuda:
+        if torch.cuda.get_device_capability(w.device) < (9, 0):
+            return False
+    elif not _interpreting():
+        return False
+    row_bytes = w.stride(1) * w.element_size()
+    return (w.stride(2) == 1 and w.stride(0) == w.shape[1] * w.stride(1) and row_bytes % 16 == 0
+            and w.data_ptr() % 16 == 0)
+
+
+def _weight_descriptor(w: torch.Tensor, config: RowsConfig):
+    """A TMA descriptor over ``w`` as one [E * rows, KD] matrix, in [block_n, block_k] blocks
+    (built at each call: a launch encodes it into the kernel's arguments, so a CUDA graph captures
+    it by value)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows = w.view(w.shape[0] * w.shape[1], w.shape[2])  # a view: tma_available checked the strides
+    return TensorDescriptor.from_tensor(rows, [config.block_n, config.block_k])
 
 
 def rows_gemm(a: torch.Tensor, a_row_of: Optional[torch.Tensor], w: torch.Tensor, out: torch.Tensor,
               ends: torch.Tensor, *, swiglu: bool, config: RowsConfig) -> torch.Tensor:
     """One launch: ``out[r] = a[a_row_of[r]] @ w[e(r)].T`` (SwiGLU of the two halves of
     ``w[e]`` with ``swiglu``; ``a[r]`` without ``a_row_of``) for every sorted row r, expert e(r)
-    the one whose range ``[ends[e - 1], ends[e])`` holds r."""
+    the one whose range ``[ends[e - 1], ends[e])`` holds r. ``config.kernel`` picks the kernel;
+    every variant computes the same (fp32 accumulation, SwiGLU on the accumulators)."""
     import triton
 
     num_cols = w.shape[1] // 2 if swiglu else w.shape[1]
@@ -114,19 +183,27 @@ def rows_gemm(a: torch.Tensor, a_row_of: Optional[torch.Tensor], w: torch.Tensor
         raise ValueError(f"rows_gemm: a {tuple(a.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)}, "
                          f"ends {tuple(ends.shape)} do not match")
     gather = a_row_of is not None
-    grid = (w.shape[0], triton.cdiv(num_cols, config.block_n))
-    _kernel()[grid](
-        a, a_row_of if gather else ends, w, out, ends, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        N=num_cols, KD=w.shape[2], GATHER=gather, SWIGLU=swiglu, BM=config.block_m, BN=config.block_n,
-        BK=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    num_tiles = triton.cdiv(num_cols, config.block_n)
+    args = [a, a_row_of if gather else ends, w, out, ends, a.stride(0), w.stride(0), w.stride(1), out.stride(0)]
+    meta = dict(N=num_cols, KD=w.shape[2], GATHER=gather, SWIGLU=swiglu, BM=config.block_m, BN=config.block_n,
+                BK=config.block_k, SWAP_AB=config.swap_ab, num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.kernel == "tiles":
+        _kernel("tiles")[(w.shape[0], num_tiles)](*args, **meta)
+        return out
+    group = math.gcd(config.group_n, num_tiles)  # a power of two dividing the tile count
+    tma = config.tma and tma_available(w)
+    if tma:
+        args[2] = _weight_descriptor(w, config)
+    _kernel("stream")[(w.shape[0], num_tiles // group)](*args, **meta, GROUP=group, TMA=tma)
     return out
 
 
 def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, config: Optional[RowsConfig] = None) -> torch.Tensor:
+                     topk_ids: torch.Tensor, config: Optional[RowsConfig] = None,
+                     down_config: Optional[RowsConfig] = None) -> torch.Tensor:
     """``sum_j w[t, j] * SwiGLU_{e[t, j]}(x[t])`` through two row-block launches; no host sync.
-    Arguments as :func:`hypic.ops.moe.moe_experts` (validated there). Returns a fresh ``[T, H]``."""
+    Arguments as :func:`hypic.ops.moe.moe_experts` (validated there); ``config`` for the gate_up
+    GEMM and, without ``down_config``, also the down GEMM. Returns a fresh ``[T, H]``."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
     top_k = topk_ids.shape[1]
@@ -138,5 +215,6 @@ def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
     rows_gemm(x, order // top_k, gate_up, hidden_rows, ends, swiglu=True, config=config)
     rows_out = torch.empty(num_rows, hidden, device=x.device, dtype=x.dtype)
-    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=config)
+    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False,
+              config=config if down_config is None else down_config)
     return mix_sorted_rows(rows_out, order, topk_weights, x)
