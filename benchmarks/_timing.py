@@ -44,13 +44,17 @@ def timed(fn: Callable[[], T], device: str = "cuda") -> Tuple[T, float]:
 
 
 
-def event_times_ms(fn: Callable[[], object], repeats: int = 10) -> List[float]:
+def event_times_ms(fn: Callable[[], object], repeats: int = 10, lead_sleep_cycles: int = 0) -> List[float]:
     """GPU time of each of ``repeats`` calls of ``fn`` in milliseconds, between CUDA events, after
-    one untimed call (compiles, autotuning)."""
+    one untimed call (compiles, autotuning). ``lead_sleep_cycles``: a sleep kernel of that many
+    cycles before each call keeps the GPU busy while the host launches, so that the events time
+    the kernels alone rather than the launch latency of an eager call."""
     fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
+        if lead_sleep_cycles:
+            torch.cuda._sleep(lead_sleep_cycles)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -138,17 +138,7 @@ def gpu_times_ms(fn, repeats: int):
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
         return times
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        torch.cuda._sleep(1_000_000)  # ~0.5 ms at the H200's clock: longer than any launch
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return event_times_ms(fn, repeats, lead_sleep_cycles=1_000_000)  # ~0.5 ms: longer than any launch
 
 
 def sweep_variants(args, gate_up, down, case, res):
