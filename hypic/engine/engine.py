@@ -28,6 +28,7 @@ from hypic.engine.sampling import SamplingParams, sample
 from hypic.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hypic.engine.tokenizer import Tokenizer
 from hypic.engine.pic_runner import PicRunner
+from hypic.engine.segment_parallel import SegmentParallelConfig, start_segment_workers
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model
 from hypic.pic.keys import Keyer, KeyNamespace
@@ -88,6 +89,9 @@ class LLMEngine:
     max_model_len: prompt + output tokens per request (default: the model's
     max_position_embeddings). seed: seeds the per-request generators of requests that do not
     set their own seed (and dummy weights). load_format: "safetensors" or "dummy".
+    segment_parallel: spread cold standalone segments over that many processes, each with a
+    replica of the model on its own device (:mod:`hypic.engine.segment_parallel`); the engine
+    holds the process group until :meth:`shutdown`.
     """
 
     def __init__(
@@ -105,7 +109,11 @@ class LLMEngine:
         pic_all_prompts: bool = False,
         segment_cache_bytes: int | None = 8 << 30,
         host_cache_bytes: int = 0,
+        segment_parallel: SegmentParallelConfig | None = None,
     ) -> None:
+        if segment_parallel is not None and not isinstance(segment_parallel, SegmentParallelConfig):
+            raise ValueError(f"segment_parallel must be a SegmentParallelConfig or None, got "
+                             f"{type(segment_parallel).__name__}")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         self.model_path = resolve_model_path(model)
@@ -147,9 +155,22 @@ class LLMEngine:
         model_id = f"{self.model_path.resolve()}|{load_format}|{seed if load_format == 'dummy' else ''}"
         self.keyer = Keyer(KeyNamespace(model_id, str(self.dtype).replace("torch.", "")))
         self.pic_runner = PicRunner(self.model, self.spec, self.store, self.device, self.dtype)
+        self.segment_workers = None
+        if segment_parallel is not None:
+            self.segment_workers = start_segment_workers(
+                segment_parallel, self.spec, model_dir=str(self.model_path), dtype=self.dtype, device=self.device,
+                load_format=load_format, seed=seed)
+            self.pic_runner.segment_parallel = self.segment_workers
         # CUDA graphs of the layers' row-wise phases for every batch size the scheduler can form
         # (GPU only; HYPIC_CUDA_GRAPHS=0 skips this).
         self.pic_runner.capture_graphs(max_num_batched_tokens)
+
+    def shutdown(self) -> None:
+        """Stop the segment workers (if any) and leave their process group; idempotent."""
+        if self.segment_workers is not None:
+            self.pic_runner.segment_parallel = None
+            workers, self.segment_workers = self.segment_workers, None
+            workers.close()
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(

@@ -63,6 +63,9 @@ class PicRunner:
         self.graphs = make_token_graphs(self.device)  # None on CPU or with HYPIC_CUDA_GRAPHS=0
         self._replays: Optional[LayerReplays] = None  # the last forward's core graphs
         self.layout_graphs = LayoutGraphs()  # core graphs kept across forwards, by layout signature
+        # Set by the engine when cold standalone segments are spread over several workers
+        # (hypic.engine.segment_parallel); None: this runner prefills them all.
+        self.segment_parallel = None
 
     # ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -124,10 +127,21 @@ class PicRunner:
         if self.store is None:
             raise ValueError("the standalone cold policy needs a segment store")
         handles: Dict[object, SegmentHandle] = {}
-        try:
-            for group in self._standalone_groups(todo):
+
+        def run_here(share):
+            for group in self._standalone_groups(share):
                 for entry in self._standalone_entries(group):
                     handles[entry.key] = self.store.insert(entry, acquire=True, compact=False)
+
+        def received(entries):  # views of one received buffer: the store compacts each
+            for entry in entries:
+                handles[entry.key] = self.store.insert(entry, acquire=True)
+
+        try:
+            if self.segment_parallel is not None:
+                self.segment_parallel.prefill(todo, run_here, received)
+            else:
+                run_here(todo)
         except BaseException:
             for h in handles.values():
                 h.release()

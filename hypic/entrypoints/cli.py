@@ -102,6 +102,8 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cold-policy", default="inline", choices=list(COLD_POLICIES),
                         help="cold segments: inline (exact, context-bound entries), standalone (canonical "
                              "entries first, then all-HIT) or canonical (exact now, canonical entries after)")
+    parser.add_argument("--segment-workers", type=int, default=1,
+                        help="processes (one device each) that prefill standalone cold segments in parallel")
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -122,9 +124,15 @@ def _run_generate(args: argparse.Namespace) -> int:
     llm = LLM(
         model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
         max_model_len=args.max_model_len, load_format=args.load_format,
-        pic_mode=args.mode, seam=seam, cold_policy=args.cold_policy,
+        pic_mode=args.mode, seam=seam, cold_policy=args.cold_policy, segment_workers=args.segment_workers,
     )
-    load_s = time.perf_counter() - t0
+    try:
+        return _generate_and_print(llm, args, params, time.perf_counter() - t0)
+    finally:
+        llm.shutdown()
+
+
+def _generate_and_print(llm, args: argparse.Namespace, params, load_s: float) -> int:
     t1 = time.perf_counter()
     if args.chat:
         conversations = [[{"role": "user", "content": p}] for p in args.prompt]

@@ -10,6 +10,7 @@ import torch
 from hypic.engine.engine import LLMEngine
 from hypic.engine.outputs import RequestOutput
 from hypic.engine.sampling import SamplingParams
+from hypic.engine.segment_parallel import SegmentParallelConfig
 from hypic.pic.modes import PICConfig
 from hypic.pic.segments import PIC_SEP, build_segmented_prompt, split_chat_template
 
@@ -44,6 +45,7 @@ class LLM:
         cold_policy: str = "inline",
         segment_cache_bytes: int | None = 8 << 30,
         host_cache_bytes: int = 0,
+        segment_workers: int = 1,
     ) -> None:
         # pic_mode=None: segment caching only for prompts that carry segments (<<PIC_SEP>> text or
         # {"segments": [...]}), in mode "hypic"; a mode name applies to every prompt.
@@ -61,8 +63,14 @@ class LLM:
             pic_all_prompts=pic_mode is not None,
             segment_cache_bytes=segment_cache_bytes,
             host_cache_bytes=host_cache_bytes,
+            # segment_workers > 1: cold standalone segments are prefilled over that many processes
+            segment_parallel=SegmentParallelConfig(num_workers=segment_workers) if segment_workers != 1 else None,
         )
         self._request_counter = 0
+
+    def shutdown(self) -> None:
+        """Stop the engine's segment workers (``segment_workers > 1``); idempotent."""
+        self.llm_engine.shutdown()
 
     def segment_cache_stats(self):
         """Segment-store counters (hits, misses, bytes per tier, evictions, ...)."""

@@ -33,7 +33,7 @@ _MANIFEST = "hypic.pic.entries"
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def _encode_tree(obj: Any, tensors: Dict[str, torch.Tensor], prefix: str) -> Any:
+def _encode_tree(obj: Any, tensors: Dict[str, torch.Tensor], prefix: str, to_cpu: bool = True) -> Any:
     if obj is None:
         return {"t": "none"}
     if isinstance(obj, (bool, int, float, str)):
@@ -42,17 +42,18 @@ def _encode_tree(obj: Any, tensors: Dict[str, torch.Tensor], prefix: str) -> Any
         return {"t": "dtype", "v": str(obj).removeprefix("torch.")}
     if isinstance(obj, torch.Tensor):
         name = f"{prefix}.{len(tensors)}"
-        # A private contiguous CPU copy: safetensors refuses tensors that share storage.
-        tensors[name] = obj.detach().to("cpu", copy=True).contiguous()
+        # A private contiguous CPU copy: safetensors refuses tensors that share storage. Kept on
+        # its device (to_cpu=False) for a transfer between processes (hypic.engine.segment_parallel).
+        tensors[name] = obj.detach().to("cpu", copy=True).contiguous() if to_cpu else obj.detach().contiguous()
         return {"t": "tensor", "name": name}
     if isinstance(obj, (tuple, list)):
-        return {"t": type(obj).__name__, "items": [_encode_tree(o, tensors, prefix) for o in obj]}
+        return {"t": type(obj).__name__, "items": [_encode_tree(o, tensors, prefix, to_cpu) for o in obj]}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
         return {
             "t": "dataclass",
             "cls": f"{cls.__module__}:{cls.__qualname__}",
-            "fields": {f.name: _encode_tree(getattr(obj, f.name), tensors, prefix)
+            "fields": {f.name: _encode_tree(getattr(obj, f.name), tensors, prefix, to_cpu)
                        for f in dataclasses.fields(obj) if f.init},
         }
     raise ValueError(f"cannot persist a payload object of type {type(obj).__name__}")
@@ -117,8 +118,10 @@ def _decode_key(d: dict, keyer: Optional[Keyer]) -> StoreKey:
     return key
 
 
-def save_entries(entries: Iterable[SegmentEntry], path: PathLike) -> int:
-    """Write entries to ``path`` (safetensors). Returns how many were written."""
+def encode_entries(entries: Iterable[SegmentEntry], *, to_cpu: bool = True) -> tuple:
+    """``(manifest, tensors)``: a JSON-serialisable description of ``entries`` (keys, positions,
+    metadata, each payload tree with tensors by name) and the named tensors, contiguous, on the
+    CPU or (``to_cpu=False``) where they are."""
     tensors: Dict[str, torch.Tensor] = {}
     manifest: List[dict] = []
     for i, e in enumerate(entries):
@@ -132,9 +135,31 @@ def save_entries(entries: Iterable[SegmentEntry], path: PathLike) -> int:
             "key": _encode_key(e.key),
             "origin_position": e.origin_position,
             "metadata": metadata,
-            "linear": {str(k): _encode_tree(v, tensors, f"e{i}.l{k}") for k, v in e.linear.items()},
-            "attention": {str(k): _encode_tree(v, tensors, f"e{i}.a{k}") for k, v in e.attention.items()},
+            "linear": {str(k): _encode_tree(v, tensors, f"e{i}.l{k}", to_cpu) for k, v in e.linear.items()},
+            "attention": {str(k): _encode_tree(v, tensors, f"e{i}.a{k}", to_cpu) for k, v in e.attention.items()},
         })
+    return manifest, tensors
+
+
+def decode_entries(manifest: Sequence[dict], tensors: Dict[str, torch.Tensor], *, keyer: Optional[Keyer] = None,
+                   allowed_modules: Sequence[str] = ("hypic.",)) -> List[SegmentEntry]:
+    """The entries :func:`encode_entries` described (with a ``keyer``, every digest checked)."""
+    out = []
+    for d in manifest:
+        out.append(SegmentEntry(
+            key=_decode_key(d["key"], keyer),
+            linear={int(k): _decode_tree(v, tensors, allowed_modules) for k, v in d["linear"].items()},
+            attention={int(k): _decode_tree(v, tensors, allowed_modules)
+                       for k, v in d["attention"].items()},
+            origin_position=int(d["origin_position"]),
+            metadata=d["metadata"],
+        ))
+    return out
+
+
+def save_entries(entries: Iterable[SegmentEntry], path: PathLike) -> int:
+    """Write entries to ``path`` (safetensors). Returns how many were written."""
+    manifest, tensors = encode_entries(entries)
     header = json.dumps({"version": FORMAT_VERSION, "entries": manifest})
     save_file(tensors, os.fspath(path), metadata={_MANIFEST: header})
     return len(manifest)
@@ -158,14 +183,4 @@ def load_entries(
     if header.get("version") != FORMAT_VERSION:
         raise ValueError(f"unsupported entry file version {header.get('version')!r}")
     tensors = load_file(os.fspath(path), device=str(torch.device(device)))
-    out = []
-    for d in header["entries"]:
-        out.append(SegmentEntry(
-            key=_decode_key(d["key"], keyer),
-            linear={int(k): _decode_tree(v, tensors, allowed_modules) for k, v in d["linear"].items()},
-            attention={int(k): _decode_tree(v, tensors, allowed_modules)
-                       for k, v in d["attention"].items()},
-            origin_position=int(d["origin_position"]),
-            metadata=d["metadata"],
-        ))
-    return out
+    return decode_entries(header["entries"], tensors, keyer=keyer, allowed_modules=allowed_modules)

@@ -1,0 +1,141 @@
+"""Segment parallelism (hypic.engine.segment_parallel): the longest-processing-time split, the
+entries' wire format, and cold standalone segments prefilled by a second process (gloo on the
+CPU) through the engine, against the same engine without workers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hypic.engine.engine import LLMEngine
+from hypic.engine.pic_runner import PicRunner
+from hypic.engine.segment_parallel import (SegmentParallelConfig, SegmentWorkerError, lpt_assign, pack_tensors, segment_cost_fn,
+                                           unpack_tensors)
+from hypic.pic.keys import Keyer, KeyNamespace
+from hypic.pic.payload import payload_equal
+from hypic.pic.persist import decode_entries, encode_entries
+from hypic.pic.segments import PIC_SEP
+from tests.engine.pic_helpers import random_segment, tiny_model
+from tests.engine.test_engine_pic import GREEDY, _docs, _question, _run
+
+
+def test_lpt_balances_and_is_deterministic():
+    costs = [7, 3, 5, 5, 2, 8, 1, 4]
+    shares = lpt_assign(costs, 3)
+    assert sorted(i for s in shares for i in s) == list(range(len(costs)))
+    loads = [sum(costs[i] for i in s) for s in shares]
+    assert max(loads) - min(loads) <= max(costs)  # LPT's bound; here 12, 12, 11
+    assert max(loads) == 12
+    assert lpt_assign(costs, 3) == shares
+    assert lpt_assign([], 2) == [[], []]
+    assert lpt_assign([1.0, 1.0], 4) == [[0], [1], [], []]  # ties: lower index to lower rank
+    assert lpt_assign(costs, 1) == [sorted(range(len(costs)), key=lambda i: (-costs[i], i))]
+    # random cases: within 4/3 of the trivial lower bound max(mean load, largest item) + slack
+    rng = random.Random(0)
+    for _ in range(50):
+        c = [rng.randint(1, 100) for _ in range(rng.randint(1, 40))]
+        m = rng.randint(1, 8)
+        best = max(sum(c) / m, max(c))
+        assert max(sum(c[i] for i in s) for s in lpt_assign(c, m)) <= 4 / 3 * best + max(c) / 3 + 1e-9
+    with pytest.raises(ValueError, match="num_workers"):
+        lpt_assign([1], 0)
+    with pytest.raises(ValueError, match="costs"):
+        lpt_assign([1, -1], 2)
+
+
+def test_segment_cost_grows_faster_than_length():
+    spec, _ = tiny_model(seed=0)
+    cost = segment_cost_fn(spec)
+    assert 0 < cost(64) < cost(128) and cost(128) > 2 * cost(64)  # local attention is quadratic
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="num_workers"):
+        SegmentParallelConfig(num_workers=0)
+    with pytest.raises(ValueError, match="backend"):
+        SegmentParallelConfig(num_workers=2, backend="mpi")
+    with pytest.raises(ValueError, match="one device per worker"):
+        SegmentParallelConfig(num_workers=2, devices=("cpu",))
+    with pytest.raises(ValueError, match="timeout_s"):
+        SegmentParallelConfig(num_workers=2, timeout_s=0)
+    cfg = SegmentParallelConfig(num_workers=3)
+    assert cfg.rank_devices(torch.device("cuda", 1)) == tuple(torch.device("cuda", i) for i in (1, 2, 3))
+    assert cfg.rank_devices(torch.device("cpu")) == (torch.device("cpu"),) * 3
+    assert cfg.resolved_backend(torch.device("cpu")) == "gloo"
+    assert cfg.resolved_backend(torch.device("cuda")) == "nccl"
+    with pytest.raises(ValueError, match="segment_parallel"):
+        LLMEngine("tiny", segment_parallel=2)
+
+
+def test_pack_unpack_roundtrip():
+    tensors = {"a": torch.randn(3, 5), "b": torch.arange(7), "c": torch.randn(2, 3).bfloat16(),
+               "d": torch.zeros(0, 4), "e": torch.randn(4, 4).t()}  # a non-contiguous one too
+    buffer, specs = pack_tensors(tensors, torch.device("cpu"))
+    assert buffer.dtype == torch.uint8 and all(start % 16 == 0 for *_, start in specs)
+    out = unpack_tensors(buffer, specs)
+    assert out.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert out[name].dtype == t.dtype and torch.equal(out[name], t), name
+
+
+def test_entries_survive_the_wire():
+    """Real standalone entries (summaries, conv tails, K/V) encoded on the device, packed,
+    unpacked and decoded equal the originals."""
+    spec, model = tiny_model(seed=1)
+    runner = PicRunner(model, spec, None, torch.device("cpu"), torch.float32)
+    keyer = Keyer(KeyNamespace("wire-test", "float32"))
+    todo = {}
+    for i, n in enumerate((24, 40)):
+        tokens = tuple(random_segment(n, seed=i))
+        todo[keyer.segment_key(tokens, 4)] = (tokens, 4)
+    entries = runner._standalone_entries(todo)
+    manifest, tensors = encode_entries(entries, to_cpu=False)
+    buffer, specs = pack_tensors(tensors, torch.device("cpu"))
+    back = decode_entries(manifest, unpack_tensors(buffer, specs), keyer=keyer)
+    assert [e.key for e in back] == [e.key for e in entries]
+    for a, b in zip(entries, back):
+        assert a.origin_position == b.origin_position and a.nbytes == b.nbytes
+        for layer in a.linear:
+            assert payload_equal(a.linear[layer], b.linear[layer])
+        for layer in a.attention:
+            assert payload_equal(a.attention[layer], b.attention[layer])
+
+
+@pytest.mark.slow
+def test_cold_standalone_segments_over_two_processes():
+    """The standalone cold policy with a second process (gloo): every cold document is prefilled
+    by one of the two ranks (both get work), and the answers, the cache hits and the logits of
+    the next (reordered, cached) request match the engine without workers."""
+    docs = _docs(n=4)
+    prompts = [PIC_SEP.join(docs + [_question("job", 1)]), PIC_SEP.join(docs[::-1] + [_question("lives", 0)])]
+    base = LLMEngine("tiny", seed=0)
+    want = _run(base, prompts[:1], cold_policy="standalone") + _run(base, prompts[1:], cold_policy="standalone")
+    engine = LLMEngine("tiny", seed=0, segment_parallel=SegmentParallelConfig(num_workers=2, timeout_s=120))
+    try:
+        got = _run(engine, prompts[:1], cold_policy="standalone") + _run(engine, prompts[1:], cold_policy="standalone")
+        workers = engine.segment_workers
+        assert workers.num_batches == 1  # the second request found every document cached
+        assert workers.segments_by_rank[0] > 0 and workers.segments_by_rank[1] > 0
+        assert sum(workers.segments_by_rank) == len(docs)
+        assert len(engine.store) == len(docs)
+        # a share the worker cannot prefill (token ids past the vocabulary): its error reaches the
+        # router, which raises it once every worker has answered; the group keeps serving
+        keyer, vocab = engine.keyer, engine.spec.vocab_size
+        good, bad = (1, 2, 3, 4, 5, 6, 7, 8), (vocab + 5,) * 8
+        todo = {keyer.segment_key(good, 2): (good, 2), keyer.segment_key(bad, 2): (bad, 2)}  # rank 1 gets `bad`
+        ran, received = [], []
+        with pytest.raises(SegmentWorkerError, match="rank 1"):
+            workers.prefill(todo, ran.append, received.extend)
+        assert [list(s) for s in ran] == [[keyer.segment_key(good, 2)]] and received == []
+        (again,) = _run(engine, [PIC_SEP.join(_docs(n=6)[4:] + [_question("job", 4)])], cold_policy="standalone")
+        assert again.metrics.cached_tokens == 0 and workers.num_batches == 3
+    finally:
+        engine.shutdown()
+    assert engine.segment_workers is None
+    engine.shutdown()  # idempotent
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        assert g.metrics.cached_tokens == w.metrics.cached_tokens
+        assert g.metrics.live_tokens == w.metrics.live_tokens
