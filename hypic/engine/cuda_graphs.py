@@ -50,6 +50,20 @@ DEFAULT_BUCKETS: Tuple[int, ...] = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 
 ADOPT_ENV = "HYPIC_GRAPH_ADOPT"
 
 
+GROUP_ENV = "HYPIC_GRAPH_GROUP_OUTPUTS"
+
+
+def group_outputs_enabled() -> bool:
+    """``HYPIC_GRAPH_GROUP_OUTPUTS`` (default 1): outputs of a phase that are views of one tensor
+    (the column blocks of a fused projection's GEMM) are copied out of the graph as that tensor's
+    one span into one buffer, and returned as the same views of it (:func:`_output_groups`);
+    0 copies each output into a contiguous buffer of its own (read at capture time)."""
+    value = os.environ.get(GROUP_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{GROUP_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def adopt_enabled() -> bool:
     """``HYPIC_GRAPH_ADOPT`` (default 1): a phase captured over another phase's replay output
     reads that buffer in place (:meth:`TokenGraphs._adoptable`) instead of copying it into a
@@ -72,6 +86,90 @@ def pick_bucket(buckets: Sequence[int], num_tokens: int) -> Optional[int]:
     """The smallest bucket holding ``num_tokens`` rows (``buckets`` sorted), None when none does."""
     i = bisect.bisect_left(buckets, num_tokens)
     return buckets[i] if i < len(buckets) else None
+
+
+# A group's outputs must cover at least this share of the span copied for them, or each is copied
+# alone: a phase returning two narrow slices of a wide tensor must not copy all of it.
+MIN_GROUP_COVERAGE = 0.75
+
+
+def _span(t: torch.Tensor) -> Tuple[int, int]:
+    """``[lo, hi)``: the elements of ``t``'s storage that ``t`` can address."""
+    lo = t.storage_offset()
+    return lo, lo + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def _output_groups(outs: Sequence[torch.Tensor]) -> Tuple[Tuple[int, ...], ...]:
+    """Indices of outputs copied out together: two or more outputs of one dtype, views of one
+    storage with non-negative strides, not overlapping, that cover ``MIN_GROUP_COVERAGE`` of
+    their span (the fused input projections' ``[qkv | z | b | a]`` column blocks: four strided
+    copies per layer became one contiguous one). Every other output is a group of one."""
+    by_storage: Dict[Tuple[int, torch.dtype], list] = {}
+    for i, o in enumerate(outs):
+        if o.numel() and all(s >= 0 for s in o.stride()):
+            by_storage.setdefault((o.untyped_storage().data_ptr(), o.dtype), []).append(i)
+    grouped = []
+    for members in by_storage.values():
+        if len(members) < 2:
+            continue
+        spans = sorted(_span(outs[i]) for i in members)
+        lo, hi = spans[0][0], max(end for _, end in spans)
+        # element counts, not spans: strided views interleave, so spans overlap by design
+        covered = sum(outs[i].numel() for i in members)
+        if covered > hi - lo or covered < MIN_GROUP_COVERAGE * (hi - lo):
+            continue  # overlapping views, or a sparse cover
+        grouped.append(tuple(members))
+    alone = [(i,) for i in range(len(outs)) if not any(i in g for g in grouped)]
+    return tuple(sorted(grouped + alone))
+
+
+def _layout(outs: Sequence[torch.Tensor], groups) -> Tuple:
+    """What a replay's output buffers must match: each output's dtype, shape and, for grouped ones,
+    strides and offset in the group's span."""
+    layout = []
+    for g in groups:
+        lo = min(_span(outs[i])[0] for i in g)
+        layout.append(tuple((outs[i].dtype, tuple(outs[i].shape))
+                            + ((tuple(outs[i].stride()), outs[i].storage_offset() - lo) if len(g) > 1 else ())
+                            for i in g))
+    return tuple(layout)
+
+
+class _OutputBuffers:
+    """The static outputs of one phase function and layout: a contiguous buffer per lone output;
+    per group, one buffer holding the group's span, its outputs as views of it with the strides
+    they had in the phase."""
+
+    def __init__(self, warm: Sequence[torch.Tensor], groups) -> None:
+        self.groups = groups
+        self.spans = []  # per group: (lo, hi) in the warm-up storage, or None for a lone output
+        self.buffers = []  # per group: the buffer copied into
+        outputs: list = [None] * len(warm)
+        for g in groups:
+            if len(g) == 1:
+                o = warm[g[0]]
+                buf = torch.empty_like(o, memory_format=torch.contiguous_format)
+                outputs[g[0]] = buf
+                self.spans.append(None)
+            else:
+                lo = min(_span(warm[i])[0] for i in g)
+                hi = max(_span(warm[i])[1] for i in g)
+                buf = torch.empty(hi - lo, dtype=warm[g[0]].dtype, device=warm[g[0]].device)
+                for i in g:
+                    outputs[i] = buf.as_strided(warm[i].shape, warm[i].stride(), warm[i].storage_offset() - lo)
+                self.spans.append((lo, hi))
+            self.buffers.append(buf)
+        self.outputs = tuple(outputs)
+
+    def copy_from(self, result: Sequence[torch.Tensor]) -> None:
+        """Inside the capture: the phase's results into the buffers (one copy per group)."""
+        for g, span, buf in zip(self.groups, self.spans, self.buffers):
+            if span is None:
+                buf.copy_(result[g[0]])
+            else:
+                first = result[g[0]]
+                lo = min(_span(result[i])[0] for i in g)
+                buf.copy_(first.as_strided((span[1] - span[0],), (1,), lo))
 
 
 class _Graph:
@@ -123,7 +221,7 @@ class TokenGraphs:
         # Static inputs shared by every graph of one phase function and shape (the same phase of
         # every layer): inputs are copied in right before each replay, and replays never overlap.
         self._inputs: Dict[Hashable, Tuple[torch.Tensor, ...]] = {}
-        self._outputs: Dict[Hashable, Tuple[torch.Tensor, ...]] = {}  # per phase function and shapes
+        self._outputs: Dict[Hashable, _OutputBuffers] = {}  # per phase function, shapes and layout
         self._output_at: Dict[int, torch.Tensor] = {}  # every output buffer, by address (adoption)
         self._failed: Dict[Hashable, str] = {}  # phase -> why its capture failed
         self.num_captures = 0
@@ -190,23 +288,32 @@ class TokenGraphs:
             if not all(isinstance(o, torch.Tensor) and o.dim() > 0 and o.shape[0] == size for o in warm):
                 self._fail(fn, fn_key, "outputs are not tensors with one row per token")
                 return None
-            out_key = (in_key, tuple((o.dtype, tuple(o.shape)) for o in warm))
-            outputs = self._outputs.get(out_key)
-            if outputs is None:
-                outputs = self._outputs[out_key] = tuple(torch.empty_like(o, memory_format=torch.contiguous_format)
-                                                         for o in warm)
-                self._output_at.update((o.data_ptr(), o) for o in outputs)
+            groups = _output_groups(warm) if group_outputs_enabled() else tuple((i,) for i in range(len(warm)))
+            layout = _layout(warm, groups)
+            out_key = (in_key, groups, layout)
+            buffers = self._outputs.get(out_key)
+            if buffers is None:
+                buffers = self._outputs[out_key] = _OutputBuffers(warm, groups)
+                self._output_at.update((o.data_ptr(), o) for o in buffers.outputs)
+            outputs = buffers.outputs
             del warm
             graph = torch.cuda.CUDAGraph()
             with recording_graph(), torch.cuda.graph(graph, pool=self.pool):
                 result = fn(*inputs)
                 result = (result,) if isinstance(result, torch.Tensor) else tuple(result)
-                for out, r in zip(outputs, result):
-                    out.copy_(r)
+                # checked, not raised, inside the capture: a capture that raises can leave the
+                # pool unusable (hypic.engine.layer_graphs)
+                moved = _layout(result, groups) != layout or any(
+                    len({result[i].untyped_storage().data_ptr() for i in g}) > 1 for g in groups)
+                if not moved:
+                    buffers.copy_from(result)
                 del result
         except Exception as err:  # noqa: BLE001 - any capture failure means "run eagerly"
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._fail(fn, fn_key, f"{type(err).__name__}: {err}")
+            return None
+        if moved:
+            self._fail(fn, fn_key, "the captured call's outputs are laid out unlike the warm-up's")
             return None
         self.num_captures += 1
         self._watch(fn)

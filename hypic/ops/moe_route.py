@@ -33,7 +33,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from hypic.ops.moe_rows import RowsConfig, default_config, rows_gemm
+from hypic.ops.moe_rows import RowsConfig, default_configs, rows_gemm
 
 ROUTE_ENV = "HYPIC_MOE_ROUTE"
 ROUTE_IMPLS = ("fused", "torch")
@@ -126,11 +126,11 @@ def routed_experts_rows(x: torch.Tensor, router_logits: torch.Tensor, gate_up: t
     if num_tokens == 0:
         return out
     num_rows = num_tokens * top_k
-    config = default_config(num_rows, num_experts) if config is None else config
+    config, down_config = default_configs(num_rows, num_experts) if config is None else (config, config)
     weights, ids = route_topk(router_logits, top_k, renormalize)
     ends, row_token, inverse = bucket_rows(ids, num_experts)
     hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
     rows_gemm(x, row_token, gate_up, hidden_rows, ends, swiglu=True, config=config)
     rows_out = torch.empty(num_rows, hidden, device=x.device, dtype=x.dtype)
-    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=config)
+    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=down_config)
     return mix_rows(rows_out, inverse, weights, out)

@@ -39,9 +39,11 @@ kernels pipeline their loads (cp.async or TMA, ``--compile-only`` of the benchma
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
-from typing import Optional
+import os
+from dataclasses import dataclass, fields
+from typing import Optional, Tuple
 
 import torch
 
@@ -114,6 +116,55 @@ def default_config(num_rows: int, num_experts: int) -> RowsConfig:
     per_expert = num_rows / max(num_experts, 1)
     block_m = 16 if per_expert <= 6 else (32 if per_expert <= 24 else 64)
     return RowsConfig(block_m=block_m)
+
+
+CONFIG_ENV = "HYPIC_MOE_ROWS"
+
+
+def parse_config(spec: str, block_m: int) -> RowsConfig:
+    """A :class:`RowsConfig` from ``"field=value,..."`` (e.g. ``kernel=stream,swap_ab=1,group_n=8,
+    tma=1,num_stages=4``); ``block_m`` unless the spec gives one. Unknown fields and bad values
+    raise ``ValueError``."""
+    kinds = {f.name: f.type for f in fields(RowsConfig)}
+    values = {"block_m": block_m}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, raw = item.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or name not in kinds:
+            raise ValueError(f"{CONFIG_ENV}: {item!r} is not field=value with a field of RowsConfig "
+                             f"({', '.join(kinds)})")
+        if name == "kernel":
+            values[name] = raw
+        elif name in ("swap_ab", "tma"):
+            if raw not in ("0", "1"):
+                raise ValueError(f"{CONFIG_ENV}: {name} must be 0 or 1, got {raw!r}")
+            values[name] = raw == "1"
+        else:
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise ValueError(f"{CONFIG_ENV}: {name} must be an integer, got {raw!r}") from None
+    return RowsConfig(**values)
+
+
+@functools.lru_cache(maxsize=64)
+def _env_configs(spec: str, block_m: int) -> Tuple[RowsConfig, RowsConfig]:
+    gate_up, sep, down = spec.partition("|")
+    if not sep:
+        raise ValueError(f"{CONFIG_ENV} must be 'GATE_UP_SPEC|DOWN_SPEC' (either may be empty), got {spec!r}")
+    return parse_config(gate_up, block_m), parse_config(down, block_m)
+
+
+def default_configs(num_rows: int, num_experts: int) -> Tuple[RowsConfig, RowsConfig]:
+    """``(gate_up, down)`` configs: :func:`default_config` for both, or what ``HYPIC_MOE_ROWS``
+    (``"GATE_UP_SPEC|DOWN_SPEC"``, each as :func:`parse_config`, with :func:`default_config`'s
+    ``block_m`` unless given) says, to A/B a variant in a whole forward. The engine runs the MoE
+    inside CUDA graphs, so this is read when a phase is captured."""
+    base = default_config(num_rows, num_experts)
+    spec = os.environ.get(CONFIG_ENV, "")
+    if not spec:
+        return base, base
+    return _env_configs(spec, base.block_m)
 
 
 def rows_supported(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
@@ -210,7 +261,9 @@ def moe_experts_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
     num_rows = num_tokens * top_k
-    config = default_config(num_rows, num_experts) if config is None else config
+    if config is None:
+        config, env_down = default_configs(num_rows, num_experts)
+        down_config = env_down if down_config is None else down_config
     order, ends = sort_rows_by_expert(topk_ids, num_experts)
     hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
     rows_gemm(x, order // top_k, gate_up, hidden_rows, ends, swiglu=True, config=config)

@@ -256,3 +256,93 @@ def test_a_phase_reads_an_earlier_phases_output_in_place(adopt, monkeypatch):
     adopted = [s.data_ptr() == o.data_ptr() for s, o in zip(entry_b.inputs[:2], entry_a.output)]
     assert adopted == ([True, True] if adopt == "1" else [False, False])
     assert entry_b.inputs[2].data_ptr() not in {o.data_ptr() for o in entry_a.output}  # x: its own copy
+
+
+def test_group_outputs_switch(monkeypatch):
+    from hypic.engine.cuda_graphs import GROUP_ENV, group_outputs_enabled
+
+    monkeypatch.delenv(GROUP_ENV, raising=False)
+    assert group_outputs_enabled()
+    monkeypatch.setenv(GROUP_ENV, "0")
+    assert not group_outputs_enabled()
+    monkeypatch.setenv(GROUP_ENV, "on")
+    with pytest.raises(ValueError, match=GROUP_ENV):
+        group_outputs_enabled()
+
+
+def test_column_blocks_of_one_tensor_are_copied_as_one_span():
+    """The fused projections' column blocks (views of one GEMM output) form one group, copied out
+    as one span and returned as the same views; narrow slices of a wide tensor, overlapping views,
+    other dtypes and fresh tensors are copied alone (CPU: the buffers and copies, no graph)."""
+    from hypic.engine.cuda_graphs import _layout, _output_groups, _OutputBuffers
+
+    y = torch.randn(6, 20)
+    mixed, z, b, a, _pad = y.split([8, 6, 2, 2, 2], dim=-1)
+    z = z.view(6, 3, 2)
+    fresh = torch.randn(6, 4)
+    outs = (fresh, mixed, z, b, a)
+    groups = _output_groups(outs)
+    assert groups == ((0,), (1, 2, 3, 4))
+    buffers = _OutputBuffers(outs, groups)
+    assert len(buffers.buffers) == 2 and buffers.buffers[1].numel() == 6 * 20 - 2  # the span, not the tail
+    assert buffers.outputs[0].is_contiguous()
+    for got, want in zip(buffers.outputs[1:], outs[1:]):
+        assert got.stride() == want.stride() and got.shape == want.shape
+    # a second result of the same layout (as the capture's) lands in the same views
+    y2 = torch.randn(6, 20)
+    m2, z2, b2, a2, _ = y2.split([8, 6, 2, 2, 2], dim=-1)
+    result = (torch.randn(6, 4), m2, z2.view(6, 3, 2), b2, a2)
+    assert _layout(result, groups) == _layout(outs, groups)
+    for o in buffers.outputs:
+        o.fill_(float("nan"))
+    buffers.copy_from(result)
+    for got, want in zip(buffers.outputs, result):
+        assert torch.equal(got, want)
+    # rows of the views are the replay's rows (what _rows slices)
+    assert torch.equal(buffers.outputs[2][:4], z2.view(6, 3, 2)[:4])
+    # sparse: two narrow slices of a wide tensor; overlapping views; mixed dtypes
+    wide = torch.randn(6, 100)
+    assert _output_groups((wide[:, :2], wide[:, 50:52])) == ((0,), (1,))
+    assert _output_groups((y[:, :10], y[:, 5:15])) == ((0,), (1,))
+    assert _output_groups((y[:, :10], y.view(torch.int32)[:, 10:])) == ((0,), (1,))
+    assert _output_groups((y, y.t())) == ((0,), (1,))
+
+
+@needs_cuda
+@torch.inference_mode()
+@pytest.mark.parametrize("group", ["1", "0"])
+def test_fused_projection_phase_replays_equal_eager(group, monkeypatch):
+    """A phase returning a fused GEMM's column blocks (as the GDN input projections do) replays
+    equal to eager, grouped (one copy per replay) or not, and a later phase adopts a grouped view."""
+    from hypic.engine.cuda_graphs import GROUP_ENV
+
+    monkeypatch.setenv(GROUP_ENV, group)
+
+    class Project(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(24, 8, device="cuda"))
+
+        def forward(self, x):
+            mixed, z, b, _pad = torch.nn.functional.linear(x, self.weight).split([12, 8, 2, 2], dim=-1)
+            return mixed, z.view(x.shape[0], 2, 4), b
+
+    class Use(torch.nn.Module):
+        def forward(self, z, b):
+            return z.sum(-1) * b
+
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
+    p, u = Project(), Use()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for n in (16, 7, 11):
+        x = torch.randn(n, 8, device="cuda", generator=gen)
+        mixed, z, b = graphs.run(p, x)
+        want = p(x)
+        for got, exp in zip((mixed, z, b), want):
+            torch.testing.assert_close(got, exp, rtol=0, atol=0)
+        torch.testing.assert_close(graphs.run(u, z, b), u(want[1], want[2]), rtol=0, atol=0)
+    entry = next(e for k, e in graphs._graphs.items() if k[0] == id(p))
+    same_base = len({o.untyped_storage().data_ptr() for o in entry.output}) == 1
+    assert same_base == (group == "1")
+    entry_u = next(e for k, e in graphs._graphs.items() if k[0] == id(u))
+    assert entry_u.inputs[0].data_ptr() == entry.output[1].data_ptr()  # z read in place

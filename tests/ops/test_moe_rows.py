@@ -59,6 +59,35 @@ def test_config_checks_and_defaults():
     assert not rows_preferred(2048 * 8, 256) and not rows_preferred(32768 * 8, 256)
 
 
+def test_env_configs_for_ab_runs(monkeypatch):
+    from hypic.ops import moe_rows
+    from hypic.ops.moe_rows import CONFIG_ENV, default_configs, parse_config
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    base = default_config(576 * 8, 256)
+    assert default_configs(576 * 8, 256) == (base, base)
+    monkeypatch.setenv(CONFIG_ENV, "kernel=stream,swap_ab=1,group_n=8,tma=1,num_stages=4|swap_ab=1")
+    up, down = default_configs(576 * 8, 256)
+    assert up == RowsConfig(block_m=32, kernel="stream", swap_ab=True, group_n=8, tma=True, num_stages=4)
+    assert down == RowsConfig(block_m=32, swap_ab=True)
+    monkeypatch.setenv(CONFIG_ENV, "block_m=64|")
+    assert default_configs(192 * 8, 256) == (RowsConfig(block_m=64), RowsConfig(block_m=16))
+    for bad, match in (("swap_ab=1", "GATE_UP_SPEC"), ("colour=red|", "field=value"), ("swap_ab|", "field=value"),
+                       ("tma=yes|", "tma must be 0 or 1"), ("block_n=big|", "integer"), ("block_n=24|", "block_n")):
+        monkeypatch.setenv(CONFIG_ENV, bad)
+        with pytest.raises(ValueError, match=match):
+            default_configs(576 * 8, 256)
+    assert parse_config("", 16) == RowsConfig()
+    # the routed path takes the pair: gate_up's config for the first GEMM, down's for the second
+    seen = []
+    monkeypatch.setattr(moe_rows, "rows_gemm", lambda *a, config, **k: seen.append(config))
+    monkeypatch.setattr(moe_rows, "mix_sorted_rows", lambda *a: None)
+    monkeypatch.setenv(CONFIG_ENV, "swap_ab=1|num_stages=4")
+    moe_rows.moe_experts_rows(torch.zeros(4, 8), torch.zeros(3, 6, 8), torch.zeros(3, 8, 3), torch.ones(4, 2),
+                              torch.zeros(4, 2, dtype=torch.long))
+    assert seen == [RowsConfig(swap_ab=True), RowsConfig(num_stages=4)]
+
+
 def test_rows_path_refused_on_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     x = torch.randn(4, 16, dtype=torch.bfloat16)
