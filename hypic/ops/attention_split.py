@@ -21,6 +21,7 @@ cached per layout key (the attention layers of one forward share it).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import weakref
@@ -63,6 +64,31 @@ def rows_per_program() -> int:
     if value not in tuple(str(c) for c in ROWS_CHOICES):
         raise ValueError(f"{ROWS_ENV} must be one of {ROWS_CHOICES}, got {value!r}")
     return int(value)
+
+
+CONFIG_ENV = "HYPIC_SPLIT_CONFIG"
+
+
+@functools.lru_cache(maxsize=8)
+def _env_config(spec: str) -> Tuple[dict, Optional[int]]:
+    """``HYPIC_SPLIT_CONFIG="BLOCK_N,warps,stages[,min_split]"``: one fixed launch configuration in
+    place of the autotuned ones (and keys per split at least ``min_split``), for A/B runs of a
+    whole forward (``benchmarks/attention_split_h200.py`` sweeps them one launch at a time)."""
+    parts = spec.split(",")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (3, 4):
+        raise ValueError(f"{CONFIG_ENV} must be 'BLOCK_N,warps,stages[,min_split]' (integers), got {spec!r}")
+    block_n, warps, stages = values[:3]
+    min_split = values[3] if len(values) == 4 else None  # None: MIN_SPLIT at the call
+    if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 8:
+        raise ValueError(f"{CONFIG_ENV}: BLOCK_N a power of two >= 16, warps 1-16 (a power of two), stages 1-8; "
+                         f"got {spec!r}")
+    if min_split is not None and (min_split < BLOCK_N or min_split % BLOCK_N):
+        raise ValueError(f"{CONFIG_ENV}: min_split must be a positive multiple of {BLOCK_N}, got {min_split}")
+    return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, WHILE_LOOP=_interpreting()), min_split
 
 
 def _build_kernel():
@@ -114,7 +140,8 @@ def split_blocks_host(cu_q_host: Sequence[int], cu_k_host: Sequence[int], block_
 _plan_cache: Optional[Tuple[weakref.ref, tuple, tuple]] = None
 
 
-def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key, partial_bytes_per_split: int):
+def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key, partial_bytes_per_split: int,
+          min_split: int):
     global _plan_cache
     if layout_key is not None and _plan_cache is not None:
         key_ref, held, plan = _plan_cache
@@ -123,7 +150,7 @@ def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key, par
     blocks = split_blocks_host(cu_q_host, cu_k_host, block_q)
     max_keys = int(blocks[:, 3].max()) if blocks.size else 0
     by_memory = max(1, MAX_PARTIAL_BYTES // max(1, partial_bytes_per_split))
-    num_splits = max(1, min(MAX_SPLITS, by_memory, math.ceil(max_keys / MIN_SPLIT)))
+    num_splits = max(1, min(MAX_SPLITS, by_memory, math.ceil(max_keys / min_split)))
     split = max(BLOCK_N, math.ceil(max(max_keys, 1) / num_splits / BLOCK_N) * BLOCK_N)
     table = torch.from_numpy(blocks)
     if device.type == "cuda":
@@ -159,12 +186,19 @@ def split_prefix_attention(
         return out
     group = num_heads // num_kv_heads
     block_q = max(1, rows_per_program() // group)
-    shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group, block_q)
+    spec = os.environ.get(CONFIG_ENV, "")
+    if spec:
+        from hypic.ops._attention_split_kernel import split_kv_prefix_attention_kernel as kernel
+
+        fixed, min_split = _env_config(spec)
+        min_split = MIN_SPLIT if min_split is None else min_split
+    else:
+        if _KERNEL is None:
+            _KERNEL = _build_kernel()
+        (kernel, fixed), min_split = _KERNEL, MIN_SPLIT
+    shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group, block_q, min_split)
     blocks, num_splits, split = _plan(cu_seqlens_q_host, cu_seqlens_k_host, block_q, q.device, layout_key, shape_key,
-                                      num_q * num_heads * (value_dim + 1) * 4)
-    if _KERNEL is None:
-        _KERNEL = _build_kernel()
-    kernel, fixed = _KERNEL
+                                      num_q * num_heads * (value_dim + 1) * 4, min_split)
     o_part = torch.empty(num_splits, num_q, num_heads, value_dim, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(num_splits, num_q, num_heads, device=q.device, dtype=torch.float32)
     grid = (blocks.shape[0], num_kv_heads, num_splits)

@@ -68,13 +68,30 @@ def test_split_count_bounded_by_keys_and_partial_memory():
     attention_split._plan_cache = None
     keys = [0, 32768]
     _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None,
-                                              576 * 16 * 257 * 4)
+                                              576 * 16 * 257 * 4, attention_split.MIN_SPLIT)
     assert (splits, length) == (16, 2048)  # 32k keys in 2048-key splits
     _, splits, length = attention_split._plan([0, 30000], keys, 8, torch.device("cpu"), None, None,
-                                              30000 * 16 * 257 * 4)
+                                              30000 * 16 * 257 * 4, attention_split.MIN_SPLIT)
     assert splits == 1 and length == 32768  # 30k queries: one split, 0.5 GB of partials at most
-    _, splits, _ = attention_split._plan([0, 8], [0, 100], 8, torch.device("cpu"), None, None, 8 * 16 * 257 * 4)
+    _, splits, _ = attention_split._plan([0, 8], [0, 100], 8, torch.device("cpu"), None, None, 8 * 16 * 257 * 4,
+                                         attention_split.MIN_SPLIT)
     assert splits == 1
+    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None,
+                                              576 * 16 * 257 * 4, 1024)
+    assert (splits, length) == (16, 2048)  # at most MAX_SPLITS
+    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None,
+                                              576 * 16 * 257 * 4, 4096)
+    assert (splits, length) == (8, 4096)
+
+
+def test_fixed_config_switch(monkeypatch):
+    attention_split._env_config.cache_clear()
+    fixed, min_split = attention_split._env_config("128,8,3")
+    assert (fixed["BLOCK_N"], fixed["num_warps"], fixed["num_stages"], min_split) == (128, 8, 3, None)
+    assert attention_split._env_config("64,4,2,1024")[1] == 1024
+    for bad in ("64,4", "a,b,c", "48,4,2", "64,3,2", "64,4,0", "64,4,2,1000", "64,4,2,0", "1,2,3,4,5"):
+        with pytest.raises(ValueError, match=attention_split.CONFIG_ENV):
+            attention_split._env_config(bad)
 
 
 def test_dispatch_rules_on_cpu():
@@ -116,6 +133,15 @@ def test_rows_per_program_switch(monkeypatch):
     monkeypatch.setenv(attention_split.ROWS_ENV, "96")
     with pytest.raises(ValueError, match="HYPIC_SPLIT_ROWS must be one of"):
         attention_split.rows_per_program()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+@pytest.mark.parametrize("config", ["128,8,2,1024", "32,4,3"])
+def test_fixed_config_matches_reference_on_cuda(config, monkeypatch):
+    monkeypatch.setenv(attention_split.CONFIG_ENV, config)
+    namespace: dict = {}
+    exec(CASE, namespace)  # noqa: S102 - the same case as the interpreter test
+    assert namespace["case"](torch.bfloat16, "cuda", 16, 2, 256) < 2e-2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
