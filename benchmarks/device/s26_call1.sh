@@ -5,9 +5,10 @@
 # GEMM variants at 576 tokens; the all-hit 32k request with its kernel table (grouped outputs on).
 set -u
 source benchmarks/device/_setup.sh s26c1
-timeout 130 python3 -m pytest -q -p no:warnings tests/engine/test_cuda_graphs.py tests/ops/test_attention_split.py \
-  tests/engine/test_pic_runner_cuda.py -k "cuda or replay or graph or fused or cached_request or fixed_config" \
+timeout 80 python3 -m pytest -q -p no:warnings tests/engine/test_cuda_graphs.py tests/ops/test_attention_split.py \
   > $R/pytest_cuda.txt 2>&1; echo "pytest rc=$? after $(( $(date +%s) - T0 )) s" >> $R/pytest_cuda.txt
+timeout 60 python3 -m pytest -q -p no:warnings tests/engine/test_pic_runner_cuda.py -k cached_request_on_cuda \
+  >> $R/pytest_cuda.txt 2>&1; echo "pytest runner rc=$? after $(( $(date +%s) - T0 )) s" >> $R/pytest_cuda.txt
 grep -E "passed|failed|rc=|Error|assert" $R/pytest_cuda.txt | cut -c1-600 | tail -12; pack
 (cd benchmarks && timeout 125 python3 attention_split_h200.py --out $R --rows 128,64 --min-splits 2048,1024 \
    --block-n 64,128,32 --warps 8,4 --stages 2,3 --budget-s 85 > $R/attn_stdout.txt 2>&1; echo "attn rc=$? after $(( $(date +%s) - T0 )) s" >> $R/attn_stdout.txt)
