@@ -33,7 +33,7 @@ from hypic.engine.layer_graphs import LayerReplays
 from hypic.engine.pic_layout import PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
-from hypic.ops.conv import causal_conv1d, gather_rows_of_cat
+from hypic.ops.conv import causal_conv1d, conv_tails
 from hypic.ops.kv_gather import gather_kv
 from hypic.ops.linear.gated_delta import (
     gated_delta_chain_forward,
@@ -129,15 +129,12 @@ class PicContext(ForwardContext):
         """The conv over the layout's runs and the tails recorded (a function of its inputs and
         the layout alone, so a graph of it serves every linear layer of the forward)."""
         lay = self.layout
-        width = weight.shape[1]
         y, _ = causal_conv1d(x, weight, bias, cu_seqlens=lay.cu_runs, initial_state=init, activation="silu",
                              cu_seqlens_cpu=lay.cu_runs_cpu, output_final_state=False)
-        # Tails: the last W-1 conv inputs before each recorded end (writes, then each request's end).
-        init_rows = init.transpose(1, 2).reshape(-1, x.shape[1])
-        tails = gather_rows_of_cat(x, init_rows, lay.tail_index).view(-1, width - 1, x.shape[1]).transpose(1, 2)
-        # contiguous: each write's tail is then a dense view, which the batched copy of the
-        # store writes takes on its fast path
-        return y, tails.to(_state_dtype(x)).contiguous()
+        # Tails: the last W-1 conv inputs before each recorded end (writes, then each request's
+        # end), [N, D, W-1] contiguous: each write's tail is then a dense view, which the batched
+        # copy of the store writes takes on its fast path.
+        return y, conv_tails(x, init, lay.tail_index, _state_dtype(x))
 
     # -- linear attention -----------------------------------------------------------------------
     def _body_summaries(self, layer_idx: int, device: torch.device, dtype: torch.dtype):

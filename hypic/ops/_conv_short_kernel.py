@@ -61,3 +61,43 @@ def short_conv_kernel(
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     tl.store(y + t.to(tl.int64)[:, None] * stride_y + d[None, :], acc.to(y.dtype.element_ty), mask=m_td)
+
+
+# Run counts change with every request: not specialised.
+@triton.jit(do_not_specialize=["num_tokens", "num_groups"])
+def conv_tails_kernel(
+    x,            # [T, D] the layer's conv inputs (any row stride, unit channel stride)
+    init,         # [N0, D, G] the runs' initial states (any strides)
+    index,        # [num_groups * G] int64: row of cat(x, init's rows in (n, j) order) of each tail row
+    out,          # [num_groups, D, G] out, contiguous, its own dtype
+    num_tokens,
+    num_groups,
+    stride_xt,
+    stride_in,
+    stride_id,
+    stride_ij,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    GP: tl.constexpr,   # G rounded up to a power of two
+    BD: tl.constexpr,
+):
+    """Group ``program_id(0)``'s G tail rows, channels ``[BD]`` of block ``program_id(1)``: each row
+    read from x or from a run's initial state (its row ``n * G + j``, read as ``init[n, :, j]``)
+    and stored transposed, in out's dtype: the gather, transpose and cast of the tails in one
+    launch, with no concatenation of x and the states."""
+    grp = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    j = tl.arange(0, GP)
+    m_j = j < G
+    m_d = d < D
+    row = tl.load(index + grp * G + j, mask=m_j, other=0)
+    in_x = row < num_tokens
+    e = tl.where(in_x, 0, row - num_tokens)
+    m_x = (m_j & in_x)[:, None] & m_d[None, :]
+    m_e = (m_j & (in_x == 0))[:, None] & m_d[None, :]
+    from_x = tl.load(x + row[:, None] * stride_xt + d[None, :], mask=m_x, other=0.0)
+    from_e = tl.load(init + (e // G)[:, None] * stride_in + d[None, :] * stride_id + (e % G)[:, None] * stride_ij,
+                     mask=m_e, other=0.0)
+    val = tl.where(m_x, from_x.to(tl.float32), from_e.to(tl.float32))
+    tl.store(out + grp * D * G + d[None, :] * G + j[:, None], val.to(out.dtype.element_ty),
+             mask=m_j[:, None] & m_d[None, :])

@@ -11,6 +11,7 @@ Maths per channel d: ``y_t = act(bias_d + sum_{w < W} weight[d, w] * x_{t - (W -
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -127,6 +128,39 @@ def gather_rows_of_cat(x: torch.Tensor, extra: torch.Tensor, index: torch.Tensor
     from_x = x.index_select(0, index.clamp(max=num_x - 1))
     from_extra = extra.index_select(0, (index - num_x).clamp(min=0))
     return torch.where(in_x, from_x, from_extra)
+
+
+TAILS_ENV = "HYPIC_CONV_TAILS"
+
+
+def conv_tails(x: torch.Tensor, init: torch.Tensor, index: torch.Tensor, dtype: torch.dtype,
+               impl: Optional[str] = None) -> torch.Tensor:
+    """The conv tails a layer records: ``out[n, :, j]`` is row ``index[n * G + j]`` of
+    ``cat(x, init's rows)``, init's row ``m * G + j`` being ``init[m, :, j]``; ``[N, D, G]``
+    contiguous in ``dtype``. x ``[T, D]`` (a strided column block is fine), init ``[N0, D, G]``,
+    index int64 on x's device with ``N * G`` entries in range (not checked on the device).
+
+    ``impl``: ``"torch"`` (the reference: the states' rows, a concatenation, a select, a
+    transpose and a cast), ``"triton"`` (one launch, :func:`hypic.ops.conv_short.conv_tails`:
+    at a cached request's shape the concatenation of a strided x alone took 17.6 us a layer on
+    the H200, session 26 call 1) or None: ``HYPIC_CONV_TAILS`` (``auto`` by default: Triton on
+    CUDA, the reference elsewhere)."""
+    impl = impl or os.environ.get(TAILS_ENV, "auto")
+    if impl not in ("auto", "torch", "triton"):
+        raise ValueError(f"conv_tails impl must be auto, torch or triton, got {impl!r}")
+    if x.dim() != 2 or init.dim() != 3 or init.shape[1] != x.shape[1] or init.shape[2] < 1:
+        raise ValueError(f"x must be [T, D] and init [N, D, G >= 1], got {tuple(x.shape)} and {tuple(init.shape)}")
+    if index.dim() != 1 or index.numel() % init.shape[2] or index.device != x.device or init.device != x.device:
+        raise ValueError("index must be 1-D, a multiple of G long, on x's device (as init)")
+    if impl == "auto":
+        impl = "triton" if x.is_cuda else "torch"
+    if impl == "triton":
+        from hypic.ops.conv_short import conv_tails as conv_tails_triton
+
+        return conv_tails_triton(x, init, index.long(), dtype)
+    width_1 = init.shape[2]
+    rows = gather_rows_of_cat(x, init.transpose(1, 2).reshape(-1, x.shape[1]), index)
+    return rows.view(-1, width_1, x.shape[1]).transpose(1, 2).to(dtype).contiguous()
 
 
 def conv_final_state(x: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: torch.Tensor,

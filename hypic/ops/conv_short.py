@@ -32,6 +32,7 @@ BLOCK_T, BLOCK_D, NUM_WARPS = 16, 128, 4
 # Binary-search steps: one constant for up to 65,536 runs, so the kernel compiles once rather
 # than once per bit length of the run count (a few extra L1-resident loads per tile)
 _SEARCH_STEPS = 16
+TAILS_BLOCK_D = 512
 _KERNEL = None
 
 
@@ -69,3 +70,21 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         )
     final = conv_final_state(x, initial_state, cu_seqlens, width - 1) if output_final_state else None
     return y, final
+
+
+def conv_tails(x: torch.Tensor, init: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`hypic.ops.conv.conv_tails` in one Triton launch (operands checked by the caller)."""
+    import triton
+
+    from hypic.ops._conv_short_kernel import conv_tails_kernel
+
+    dim, width_1 = init.shape[1], init.shape[2]
+    num_groups = index.numel() // width_1
+    out = torch.empty(num_groups, dim, width_1, device=x.device, dtype=dtype)
+    if num_groups:
+        x = x if x.stride(1) == 1 else x.contiguous()
+        conv_tails_kernel[(num_groups, triton.cdiv(dim, TAILS_BLOCK_D))](
+            x, init, index, out, x.shape[0], num_groups, x.stride(0), init.stride(0), init.stride(1), init.stride(2),
+            D=dim, G=width_1, GP=1 << max(0, (width_1 - 1).bit_length()), BD=TAILS_BLOCK_D, num_warps=4,
+        )
+    return out

@@ -75,3 +75,64 @@ def test_short_conv_cuda_bf16(lengths):
     exec(CASE, namespace)
     err = namespace["case"](torch.bfloat16, "cuda", lengths, 8192, seed=len(lengths))
     assert err < 1e-2, err
+
+
+TAILS_CASE = textwrap.dedent("""
+    import torch
+    from hypic.ops.conv import conv_tails
+
+    def tails_case(device, in_dtype, out_dtype, seed=0, groups=7, dim=40, width_1=3, tokens=11, runs=4):
+        gen = torch.Generator().manual_seed(seed)
+        # x: a strided column block of a wider tensor (the fused projections' output); init: a
+        # transposed view (not contiguous); rows from both sources, repeated, in any order
+        wide = torch.randn(tokens, dim + 9, generator=gen).to(in_dtype)
+        x = wide[:, 3:3 + dim]
+        init = torch.randn(runs, width_1, dim, generator=gen).to(out_dtype).transpose(1, 2)
+        index = torch.randint(0, tokens + runs * width_1, (groups * width_1,), generator=gen)
+        index[:width_1] = torch.arange(tokens, tokens + width_1)  # a whole run's state
+        want = torch.empty(groups, dim, width_1, dtype=torch.float64)
+        rows = torch.cat([x.double(), init.transpose(1, 2).reshape(-1, dim).double()])
+        for n in range(groups):
+            for j in range(width_1):
+                want[n, :, j] = rows[index[n * width_1 + j]]
+        dev = lambda t: t.to(device)  # noqa: E731
+        ref = conv_tails(dev(x), dev(init), dev(index), out_dtype, impl="torch")
+        got = conv_tails(dev(x), dev(init), dev(index), out_dtype, impl="triton")
+        assert got.dtype == out_dtype and got.is_contiguous() and got.shape == (groups, dim, width_1)
+        assert torch.equal(got.cpu(), ref.cpu()), (got, ref)
+        return float((ref.cpu().double() - want.to(out_dtype).double()).abs().max())
+""")
+
+
+def test_conv_tails_reference_and_checks():
+    namespace: dict = {}
+    exec(TAILS_CASE.replace('impl="triton"', 'impl="torch"'), namespace)  # noqa: S102 - reference only
+    assert namespace["tails_case"]("cpu", torch.float32, torch.float32) == 0.0
+    assert namespace["tails_case"]("cpu", torch.bfloat16, torch.float32, seed=1) == 0.0
+    from hypic.ops.conv import conv_tails
+
+    x, init = torch.zeros(4, 8), torch.zeros(2, 8, 3)
+    with pytest.raises(ValueError, match="impl"):
+        conv_tails(x, init, torch.zeros(3, dtype=torch.long), torch.float32, impl="cuda")
+    with pytest.raises(ValueError, match=r"\[N, D, G >= 1\]"):
+        conv_tails(x, torch.zeros(2, 7, 3), torch.zeros(3, dtype=torch.long), torch.float32)
+    with pytest.raises(ValueError, match="multiple of G"):
+        conv_tails(x, init, torch.zeros(4, dtype=torch.long), torch.float32)
+
+
+def test_conv_tails_interpreted():
+    script = TAILS_CASE + textwrap.dedent("""
+        worst = tails_case("cpu", torch.float32, torch.float32)
+        worst = max(worst, tails_case("cpu", torch.float16, torch.float32, seed=1, width_1=1, dim=600))
+        worst = max(worst, tails_case("cpu", torch.float32, torch.float32, seed=2, width_1=5, groups=1))
+        print(worst)
+    """)
+    assert interpreted_error(script) == 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+def test_conv_tails_cuda():
+    namespace: dict = {}
+    exec(TAILS_CASE, namespace)  # noqa: S102
+    assert namespace["tails_case"]("cuda", torch.bfloat16, torch.float32, groups=195, dim=8192) == 0.0
+    assert namespace["tails_case"]("cuda", torch.float32, torch.float32, seed=3, width_1=1) == 0.0
