@@ -11,12 +11,14 @@ async assert, ``order // k``, the inverse permutation's scatter over an ``arange
 dozen kernels, and the compiled combine 19.5 us: ~3 ms of the request. Here:
 
 1. :func:`route_topk` - softmax and top-k of a block of tokens per program, by K rounds of
-   arg-max (largest first, as ``torch.topk``; the lowest expert among equal probabilities);
+   arg-max on the probabilities' bits as integers (largest first, as ``torch.topk``; the lowest
+   expert among equal probabilities);
 2. :func:`bucket_rows` - the stable sort of the ``T*K`` assignments by expert without a sort:
    one program per expert counts the assignments to smaller experts (its rows' start) and
-   numbers its own in assignment order; it writes the experts' ends, each sorted row's token
-   (what the first GEMM gathers) and each assignment's sorted row (what the mix reads). Ids come
-   from :func:`route_topk`, so they are in range by construction: no check, no assert;
+   numbers its own in assignment order (a scan over the tokens: a token's K experts are
+   distinct); it writes the experts' ends, each sorted row's token (what the first GEMM
+   gathers) and each assignment's sorted row (what the mix reads). Ids come from
+   :func:`route_topk`, so they are in range and distinct by construction: no check, no assert;
 3. the two row-block GEMMs, unchanged;
 4. :func:`mix_rows` - one program per token and column block sums its K rows, weighted, in fp32.
 
@@ -37,9 +39,28 @@ from hypic.ops.moe_rows import RowsConfig, default_configs, rows_gemm
 
 ROUTE_ENV = "HYPIC_MOE_ROUTE"
 ROUTE_IMPLS = ("fused", "torch")
-ROUTE_BLOCK_TOKENS = 16
-BUCKET_BLOCK_ROWS = 1024
+# Launch defaults; each call's keyword arguments override them (benchmarks/moe_glue_h200.py
+# --route-configs / --bucket-configs time the alternatives). Session 25's kernel table had
+# route 16 us and bucket 17 us a layer on the H200 at 576 tokens, for a few us of work each.
+# Routing: one warp a program, so that every reduction over a token's experts stays within the
+# warp whatever layout Triton gives the [tokens, experts] tile (with more warps a row wider
+# than one warp's vector loads, such as 512 experts, fp32 logits or unvectorised loads, is
+# spread over the warps: shared memory and a barrier per reduction), and two tokens a warp
+# (576 tokens: 288 programs, whose two chains of reductions interleave).
+ROUTE_BLOCK_TOKENS = 2
+ROUTE_NUM_WARPS = 1
+# Bucketing: up to 1,024 tokens (8,192 ids at top-8, the row-block path's whole range at 256
+# experts) in one tile of 8 warps: each expert's program loads the ids once, counts them with
+# one reduction and numbers its tokens with one scan over the tokens (where the former kernel
+# read tiles of 1,024 ids ten times, one after another, with a scan over each). More tokens
+# take the tiled loop: a second compiled variant, the only other one (the token count is not
+# specialised, so CUDA graphs of any token count reuse the binaries compiled at warm-up).
+BUCKET_BLOCK_TOKENS = 1024
+BUCKET_NUM_WARPS = 8
 MIX_BLOCK_COLS = 1024
+MAX_ROUTE_BLOCK_TOKENS = 64    # a [64, 256] tile already holds 512 fp32 a thread at one warp
+MAX_BUCKET_BLOCK_TOKENS = 4096  # [4096, 8] ids: 128 a thread at 8 warps (and < 2**15: the count packing)
+MAX_NUM_WARPS = 16
 _KERNELS = None
 
 
@@ -64,10 +85,44 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def _power_of_two(name: str, value, low: int, high: int) -> int:
+    """``value`` if it is an int power of two in ``[low, high]``; a ValueError naming it if not."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or value > high \
+            or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two in [{low}, {high}], got {value!r}")
+    return value
+
+
+def route_launch(block_tokens: Optional[int] = None, num_warps: Optional[int] = None) -> Tuple[int, int]:
+    """``(block_tokens, num_warps)`` of :func:`route_topk`, None taking the module defaults
+    (read at each call), validated."""
+    return (_power_of_two("block_tokens", ROUTE_BLOCK_TOKENS if block_tokens is None else block_tokens, 1,
+                          MAX_ROUTE_BLOCK_TOKENS),
+            _power_of_two("num_warps", ROUTE_NUM_WARPS if num_warps is None else num_warps, 1, MAX_NUM_WARPS))
+
+
+def bucket_launch(block_tokens: Optional[int] = None, num_warps: Optional[int] = None) -> Tuple[int, int]:
+    """``(block_tokens, num_warps)`` of :func:`bucket_rows`, None taking the module defaults
+    (read at each call), validated. ``block_tokens`` is the tile: up to that many tokens run in
+    one."""
+    return (_power_of_two("block_tokens", BUCKET_BLOCK_TOKENS if block_tokens is None else block_tokens, 1,
+                          MAX_BUCKET_BLOCK_TOKENS),
+            _power_of_two("num_warps", BUCKET_NUM_WARPS if num_warps is None else num_warps, 1, MAX_NUM_WARPS))
+
+
+def _stride_align(stride: int) -> int:
+    """The largest power of two up to 16 dividing ``stride`` (1 for 0: a single row)."""
+    return min(stride & -stride, 16) if stride > 0 else 1
+
+
+def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool, *, block_tokens: Optional[int] = None,
+               num_warps: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, K] fp32, ids [T, K] int32)``: the top ``top_k`` of the fp32 softmax of
     ``router_logits [T, E]``, largest first, renormalised to sum 1 if asked (the contract of
-    :func:`hypic.ops.moe.route_topk_softmax`, with int32 ids). Inputs are checked by the caller."""
+    :func:`hypic.ops.moe.route_topk_softmax`, with int32 ids). Inputs are checked by the caller.
+    ``block_tokens`` tokens a program of ``num_warps`` warps (:func:`route_launch`); the ids do
+    not depend on them, nor do the weights but for the softmax sum's rounding."""
+    block_tokens, num_warps = route_launch(block_tokens, num_warps)  # before Triton: errors on any machine
     import triton
 
     num_tokens, num_experts = router_logits.shape
@@ -75,18 +130,24 @@ def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> Tu
     ids = torch.empty(num_tokens, top_k, device=router_logits.device, dtype=torch.int32)
     if num_tokens:
         logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
-        _kernels().route_topk_kernel[(triton.cdiv(num_tokens, ROUTE_BLOCK_TOKENS),)](
+        _kernels().route_topk_kernel[(triton.cdiv(num_tokens, block_tokens),)](
             logits, weights, ids, num_tokens, logits.stride(0), E=num_experts, EP=_pow2(num_experts), K=top_k,
-            KP=_pow2(top_k), BT=ROUTE_BLOCK_TOKENS, RENORM=renormalize, num_warps=4,
+            KP=_pow2(top_k), BT=block_tokens, RENORM=renormalize, STRIDE_ALIGN=_stride_align(logits.stride(0)),
+            num_warps=num_warps,
         )
     return weights, ids
 
 
-def bucket_rows(ids: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def bucket_rows(ids: torch.Tensor, num_experts: int, *, block_tokens: Optional[int] = None,
+                num_warps: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ends [E], row_token [T*K], inverse [T*K])``, int64, for ``ids [T, K]`` (int32, every id
-    in ``[0, E)``, which :func:`route_topk` guarantees): the assignments stably sorted by expert
-    (as :func:`hypic.ops.moe_grouped.sort_rows_by_expert`), sorted row r holding token
-    ``row_token[r]``, assignment ``t * K + j`` at sorted row ``inverse[t * K + j]``."""
+    in ``[0, E)`` and a token's K ids distinct, which :func:`route_topk` guarantees): the
+    assignments stably sorted by expert (as :func:`hypic.ops.moe_grouped.sort_rows_by_expert`),
+    sorted row r holding token ``row_token[r]``, assignment ``t * K + j`` at sorted row
+    ``inverse[t * K + j]``. One program of ``num_warps`` warps an expert, over tiles of
+    ``block_tokens`` tokens (:func:`bucket_launch`): up to that many tokens in one tile (the ids
+    read once), more in a loop over tiles (read twice); the results do not depend on them."""
+    block_tokens, num_warps = bucket_launch(block_tokens, num_warps)
     num_tokens, top_k = ids.shape
     num_rows = num_tokens * top_k
     device = ids.device
@@ -94,7 +155,8 @@ def bucket_rows(ids: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, torc
     row_token = torch.empty(num_rows, device=device, dtype=torch.int64)
     inverse = torch.empty(num_rows, device=device, dtype=torch.int64)
     _kernels().bucket_rows_kernel[(num_experts,)](
-        ids.contiguous(), ends, row_token, inverse, num_rows, K=top_k, BR=BUCKET_BLOCK_ROWS, num_warps=4,
+        ids.contiguous(), ends, row_token, inverse, num_tokens, K=top_k, KP=_pow2(top_k), BT=block_tokens,
+        SINGLE_TILE=num_tokens <= block_tokens, num_warps=num_warps,
     )
     return ends, row_token, inverse
 
