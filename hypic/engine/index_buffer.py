@@ -34,6 +34,8 @@ class IndexBuffer:
         self._ranges: List[Tuple[str, List[int], List[int], int]] = []
         self._custom: List[Tuple[str, int, Callable[[np.ndarray], None]]] = []
         self.device_tensor: Optional[torch.Tensor] = None  # after finish(): what every device view is of
+        self.host_tensor: Optional[torch.Tensor] = None  # after finish(): the host buffer it was filled in
+        self.layout: Optional["BufferLayout"] = None  # after finish(): where each table lies
 
     def values(self, name: str, values: List[int]) -> None:
         """A table holding ``values`` (Python ints)."""
@@ -81,18 +83,11 @@ class IndexBuffer:
         of an earlier buffer with this one's :meth:`signature` now hold this one's tables."""
         device = torch.device(device)
         names, sizes = self._names_sizes()
-        pads = [-size % ALIGN_INT64 for size in sizes]
-        numel = sum(sizes) + sum(pads)
-        if out is not None and (out.dtype != torch.long or out.dim() != 1 or out.numel() != numel
-                                or out.device.type != device.type or not out.is_contiguous()
-                                or (device.index is not None and out.device.index != device.index)):
-            raise ValueError(f"out must be a contiguous 1-D int64 tensor of {numel} elements on {device}, got "
-                             f"{out.dtype} {tuple(out.shape)} on {out.device}")
-        host = torch.empty(numel, dtype=torch.long, pin_memory=device.type == "cuda")
+        layout = BufferLayout(names, sizes)
+        check_out(out, layout.numel, device)
+        host = new_host_buffer(layout.numel, device)
         buf = host.numpy()
-        offsets = [0]
-        for size, pad in zip(sizes, pads):
-            offsets.append(offsets[-1] + size + pad)
+        offsets, pads = layout.offsets, layout.pads
         num_values, num_ranges = len(self._values), len(self._ranges)
         flat: List[int] = []  # every list, each followed by its zero padding
         for (_, values), pad in zip(self._values, pads):
@@ -115,26 +110,73 @@ class IndexBuffer:
             if size:
                 fill(buf[offsets[i]:offsets[i] + size])
             buf[offsets[i] + size:offsets[i + 1]] = 0
+        self.layout, self.host_tensor = layout, host
+        host_views, device_views, self.device_tensor = layout.move(host, device, host_names, out)
+        return host_views, device_views
+
+
+class BufferLayout:
+    """Where each table of an :class:`IndexBuffer` lies (every one 16-byte aligned, zeros after
+    it up to the next), and how one split makes every table's view: what a buffer filled on the
+    host without an :class:`IndexBuffer` (a layout template's copy, hypic/engine/layout_template.py)
+    needs to be moved and viewed the same way."""
+
+    __slots__ = ("names", "sizes", "pads", "offsets", "numel", "_parts", "_pieces")
+
+    def __init__(self, names: Sequence[str], sizes: Sequence[int]) -> None:
+        self.names, self.sizes = tuple(names), tuple(sizes)
+        self.pads = tuple(-size % ALIGN_INT64 for size in self.sizes)
+        offsets = [0]
+        parts: List[int] = []  # each table, and after it its padding where it has any
+        pieces: List[int] = []  # index of each table among the parts
+        for size, pad in zip(self.sizes, self.pads):
+            offsets.append(offsets[-1] + size + pad)
+            pieces.append(len(parts))
+            parts.append(size)
+            if pad:  # a zero-size piece would cost a tensor too
+                parts.append(pad)
+        self.offsets = tuple(offsets)  # offsets[i]: first element of table i; offsets[-1] = numel
+        self.numel = offsets[-1]
+        self._parts, self._pieces = parts, pieces
+
+    def offset(self, name: str) -> int:
+        """First element of table ``name``."""
+        return self.offsets[self.names.index(name)]
+
+    def move(self, host: torch.Tensor, device: torch.device, host_names: Sequence[str] = (),
+             out: Optional[torch.Tensor] = None) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor], torch.Tensor]:
+        """``(host views, device views, device tensor)`` of a filled host buffer: moved to
+        ``device`` (into ``out`` when given, already checked by :func:`check_out`), one split
+        giving every device view (a slice per table cost a dispatch each)."""
         if out is not None:
             moved = out.copy_(host, non_blocking=device.type == "cuda")
         else:
             moved = host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-        # one split gives every device view (a slice per table cost a dispatch each): each table,
-        # and after it its padding where it has any (a zero-size piece would cost a tensor too)
-        parts: List[int] = []
-        table_pieces: List[int] = []
-        for size, pad in zip(sizes, pads):
-            table_pieces.append(len(parts))
-            parts.append(size)
-            if pad:
-                parts.append(pad)
-        self.device_tensor = moved
-        pieces = moved.split(parts)
-        device_views = {name: pieces[i] for name, i in zip(names, table_pieces)}
+        pieces = moved.split(self._parts)
+        device_views = {name: pieces[i] for name, i in zip(self.names, self._pieces)}
         if moved is host:  # the device is the host: its views are the host views
-            return {name: device_views[name] for name in host_names}, device_views
-        start, size_of = dict(zip(names, offsets)), dict(zip(names, sizes))
-        return {name: host[start[name]:start[name] + size_of[name]] for name in host_names}, device_views
+            return {name: device_views[name] for name in host_names}, device_views, moved
+        host_views = {}
+        for name in host_names:
+            i = self.names.index(name)
+            host_views[name] = host[self.offsets[i]:self.offsets[i] + self.sizes[i]]
+        return host_views, device_views, moved
+
+
+def new_host_buffer(numel: int, device: torch.device) -> torch.Tensor:
+    """An uninitialised int64 host buffer for tables bound to ``device`` (pinned for CUDA, so that
+    its one copy is asynchronous)."""
+    return torch.empty(numel, dtype=torch.long, pin_memory=device.type == "cuda")
+
+
+def check_out(out: Optional[torch.Tensor], numel: int, device: torch.device) -> None:
+    """Raise unless ``out`` is None or a contiguous 1-D int64 tensor of ``numel`` elements on
+    ``device`` (what a buffer's copy may go into)."""
+    if out is not None and (out.dtype != torch.long or out.dim() != 1 or out.numel() != numel
+                            or out.device.type != device.type or not out.is_contiguous()
+                            or (device.index is not None and out.device.index != device.index)):
+        raise ValueError(f"out must be a contiguous 1-D int64 tensor of {numel} elements on {device}, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
 
 
 def fill_ranges(out: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:

@@ -185,11 +185,33 @@ class PackedLayout:
 HOST_TABLES = ("cu_live_per_request", "cu_spans", "cu_runs")
 
 
+# the tables whose values depend on more than the batch's geometry (its element kinds, starts
+# and lengths, writes' kinds, prefix lengths, modes): every other table is the same for every
+# batch of one geometry (what a layout template reuses, hypic/engine/layout_template.py)
+REQUEST_TABLES = ("input_ids", "cached_shift", "body_addresses", "kv_addresses")
+
+BufferFor = Callable[[tuple], Optional[torch.Tensor]]
+
+
 def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: torch.device,
-                 buffer_for: Optional[Callable[[tuple], Optional[torch.Tensor]]] = None) -> PackedLayout:
+                 buffer_for: Optional[BufferFor] = None, templates=None) -> PackedLayout:
     """The packed layout of ``requests``. ``buffer_for(signature)``: a device tensor of an earlier
     layout with that :attr:`PackedLayout.index_signature` to copy this one's tables into (so
-    that graphs captured over the earlier one read this one's), or None for a new tensor."""
+    that graphs captured over the earlier one read this one's), or None for a new tensor.
+    ``templates``: a :class:`~hypic.engine.layout_template.LayoutTemplates` that builds the
+    layout from a template of the batch's geometry when it holds one (the same layout, for less
+    host time), or None."""
+    if not requests:
+        raise ValueError("a PIC forward needs at least one request")
+    if templates is not None:
+        return templates.build(requests, conv_width, device, buffer_for)
+    return build_fresh(requests, conv_width, device, buffer_for)[0]
+
+
+def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torch.device,
+                buffer_for: Optional[BufferFor] = None) -> Tuple[PackedLayout, IndexBuffer]:
+    """:func:`build_layout` without a template: the layout, and the finished buffer of its tables
+    (what a template is made from)."""
     if not requests:
         raise ValueError("a PIC forward needs at least one request")
     w1 = conv_width - 1
@@ -412,7 +434,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
         index_device=buffer.device_tensor,
         index_signature=signature,
     )
-    return layout
+    return layout, buffer
 
 
 class _EntryTables:

@@ -24,6 +24,7 @@ from hypic.engine.cuda_graphs import make_token_graphs
 from hypic.engine.entry_writer import entry_in_place, entry_writer
 from hypic.engine.layer_graphs import (FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs,
                                        fresh_graphs_mode, layer_graphs_enabled, write_graphs_enabled)
+from hypic.engine.layout_template import LayoutTemplates
 from hypic.engine.pic_context import PicContext
 from hypic.engine.pic_layout import (
     WRITE_CHECKPOINT,
@@ -63,6 +64,7 @@ class PicRunner:
         self.graphs = make_token_graphs(self.device)  # None on CPU or with HYPIC_CUDA_GRAPHS=0
         self._replays: Optional[LayerReplays] = None  # the last forward's core graphs
         self.layout_graphs = LayoutGraphs()  # core graphs kept across forwards, by layout signature
+        self.layout_templates = LayoutTemplates()  # layouts' index tables by batch geometry
         # Set by the engine when cold standalone segments are spread over several workers
         # (hypic.engine.segment_parallel); None: this runner prefills them all.
         self.segment_parallel = None
@@ -259,7 +261,8 @@ class PicRunner:
     def _forward(self, layouts: Sequence[RequestLayout], want_caches: bool = True):
         width = self.spec.conv_kernel_size
         layout = build_layout(layouts, width, self.device,
-                              buffer_for=self.layout_graphs.buffer_for if self._core_graphs_on() else None)
+                              buffer_for=self.layout_graphs.buffer_for if self._core_graphs_on() else None,
+                              templates=self.layout_templates)
         ctx = PicContext(self.spec, layout)
         ctx.graphs = self.graphs
         ctx.replays = self._layer_replays(layout)

@@ -1,0 +1,329 @@
+"""Templates of a PIC forward's packed layout, one per batch *geometry*, so that a batch whose
+geometry was seen before builds its layout without :func:`~hypic.engine.pic_layout.build_fresh`'s
+Python pass over every element.
+
+Why: a cached request's host time before its first layer is pure GPU idle, and adds one for one
+to TTFT. On the H200 host an all-hit 32k request (64 segments of 512 tokens and a query) had its
+layout built 1.22 ms after planning, 0.7 ms of it in ``build_layout`` (one pass over 129
+elements, then ~20 tables expanded into the index buffer). Yet the all-hit requests of one pool
+share almost all of it: a new order of the same segments and a new query of the same length
+change only the live tokens, which entry sits where (its K/V and summary addresses, its RoPE
+shift), never a span bound, a position, a key row or a chain.
+
+A batch's *geometry* is, per request, each element's class, start and token count, which live
+elements write and what kind, the prefix checkpoints' lengths and the modes (``use_transition``,
+``rerotate_keys``, ``need_logits``), plus the conv width and the device: everything
+:func:`~hypic.engine.pic_layout.build_fresh` reads but the token ids, the entries and the
+writes' objects. Every index table but :data:`~hypic.engine.pic_layout.REQUEST_TABLES` is a
+function of it, and so is every host field of :class:`~hypic.engine.pic_layout.PackedLayout` but
+the entries, bodies, writes and what is read off the entries (their address tables, RoPE shifts
+and K/V format). A template is a fresh build's host buffer and those fields; a build from it
+copies the buffer, writes the request tables into the copy and moves it like a fresh one, so the
+layout is the same, tensor for tensor (tests/engine/test_layout_template.py builds both).
+
+A template whose entries read differently (an address table present in one and not the other,
+another layer count: per entry, not geometry) is not used for that batch: it is built fresh.
+Templates are made from a geometry's second fresh build (among the last :data:`SEEN_GEOMETRIES`
+seen), as :class:`~hypic.engine.layer_graphs.LayoutGraphs` keeps graphs: a RAG trace's requests
+rarely repeat one, and copying each one's buffer would cost them host time for nothing.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_, sub
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from hypic.engine.index_buffer import BufferLayout, check_out, new_host_buffer
+from hypic.engine.pic_layout import (
+    HOST_TABLES,
+    BodyElement,
+    BufferFor,
+    LiveElement,
+    PackedLayout,
+    RequestLayout,
+    _entry_tables,
+    _kv_pointers,
+    _summary_pointers,
+    build_fresh,
+)
+
+MAX_TEMPLATES = 8  # geometries whose templates a LayoutTemplates keeps (least recently used dropped)
+SEEN_GEOMETRIES = 32  # geometries it remembers having built once, to make a template at the second
+
+# C-level attribute reads: a batch's scan maps them over its elements instead of a Python loop
+_START = attrgetter("start")
+_NUM_TOKENS = attrgetter("num_tokens")
+_TOKEN_IDS = attrgetter("token_ids")
+_WRITE = attrgetter("write")
+_ENTRY = attrgetter("entry")
+_SEGMENT_START = attrgetter("segment_start")
+_ORIGIN = attrgetter("origin_position")
+_BODY_TOKENS = attrgetter("num_body_tokens")
+
+
+def request_geometry(req: RequestLayout) -> Optional[Tuple[tuple, List[LiveElement]]]:
+    """``(geometry key of the request, its live elements)``, or None when an element is of no
+    known kind (the fresh build says what is wrong). The key holds each element's class, start
+    and token count (starts and counts: a template only exists for a geometry a fresh build
+    accepted, so a request matching one is valid as well), the kinds of the writes and which
+    live elements make them, the prefix's lengths and the modes."""
+    els = req.elements
+    try:
+        types = tuple(map(type, els))
+        starts = tuple(map(_START, els))
+        lengths = tuple(map(_NUM_TOKENS, els))
+        live = list(compress(els, map(is_, types, repeat(LiveElement))))
+        writes = list(map(_WRITE, live))
+        if writes.count(None) == len(writes):
+            kinds: tuple = ()
+        else:
+            kinds = tuple((i, w.kind) for i, w in enumerate(writes) if w is not None)
+        prefix = tuple(map(_NUM_TOKENS, req.prefix))
+    except AttributeError:
+        return None
+    key = (types, starts, lengths, kinds, prefix, req.use_transition, req.rerotate_keys, req.need_logits)
+    return key, live
+
+
+class _RequestPart:
+    """What a template knows of one request of its batch: which elements are live and which are
+    bodies, each body's token count, and (index among the live elements, live span index) of
+    each write."""
+
+    __slots__ = ("body_mask", "body_lengths", "num_prefix", "writes")
+
+    def __init__(self, req: RequestLayout, b: int, first_span: int, layout: PackedLayout) -> None:
+        types = [type(e) for e in req.elements]
+        self.body_mask = tuple(t is BodyElement for t in types)
+        self.body_lengths = [e.num_tokens for e in req.elements if type(e) is BodyElement]
+        self.num_prefix = len(req.prefix)
+        self.writes = []
+        live_index = {}  # live span index -> index among this request's live elements
+        span = first_span
+        for e in req.elements:
+            if type(e) is LiveElement:
+                live_index[span] = len(live_index)
+                span += 1
+        for wb, s, _ in layout.writes:
+            if wb == b:
+                self.writes.append((live_index[s], s))
+
+
+class LayoutTemplate:
+    """One geometry's layout, less what depends on the batch's tokens and entries."""
+
+    def __init__(self, requests: Sequence[RequestLayout], layout: PackedLayout, buffer) -> None:
+        self.buffer_layout: BufferLayout = buffer.layout
+        # the fresh build's host buffer: its request tables are rewritten in every copy
+        self.image = buffer.host_tensor.numpy().copy()
+        self.signature = buffer.signature(HOST_TABLES)
+        self.parts = []
+        first_span = 0
+        for b, req in enumerate(requests):
+            self.parts.append(_RequestPart(req, b, first_span, layout))
+            first_span += sum(type(e) is LiveElement for e in req.elements)
+        self.num_live = layout.cu_live_host[-1]
+        self.num_pieces = len(layout.cached_pieces)
+        self.any_drop_transition = any(layout.body_drop_transition_host)
+        # index of each body among the cached pieces (None: the pieces are the bodies, in order)
+        pieces, bodies = [], []
+        for part in self.parts:
+            pieces.extend([False] * part.num_prefix)
+            bodies.extend(range(len(pieces), len(pieces) + len(part.body_lengths)))
+            pieces.extend([True] * len(part.body_lengths))
+        self.body_pieces = None if bodies == list(range(len(pieces))) else bodies
+        offset = self.buffer_layout.offset
+        self.input_ids_at = offset("input_ids")
+        self.cached_shift_at = offset("cached_shift")
+        self.body_shape = None if layout.body_addresses is None else tuple(layout.body_addresses.shape)
+        self.kv_shape = None if layout.kv_addresses is None else tuple(layout.kv_addresses.shape)
+        self.body_addresses_at = None if self.body_shape is None else offset("body_addresses")
+        self.kv_addresses_at = None if self.kv_shape is None else offset("kv_addresses")
+        self.geometry = {name: getattr(layout, name) for name in _GEOMETRY_FIELDS}
+
+    def build(self, requests: Sequence[RequestLayout], lives: Sequence[List[LiveElement]],
+              device: torch.device, buffer_for: Optional[BufferFor]) -> Optional[PackedLayout]:
+        """The layout of ``requests`` (of this template's geometry; ``lives``: each one's live
+        elements), or None when their entries do not fit it (another address table)."""
+        device = torch.device(device)
+        pieces: list = []
+        shifts: List[int] = []
+        bodies: list = []
+        body_entries: list = []
+        tokens: list = []
+        writes: list = []
+        for b, (req, live, part) in enumerate(zip(requests, lives, self.parts)):
+            body_els = list(compress(req.elements, part.body_mask))
+            entries = list(map(_ENTRY, body_els))
+            if list(map(_BODY_TOKENS, entries)) != part.body_lengths:
+                return None  # the fresh build says which body does not fit its entry
+            if part.num_prefix:
+                pieces += req.prefix
+                shifts += [0] * part.num_prefix
+            pieces += entries
+            body_entries += entries
+            if req.rerotate_keys:
+                shifts += map(sub, map(_SEGMENT_START, body_els), map(_ORIGIN, entries))
+            else:
+                shifts += [0] * len(entries)
+            bodies += zip(repeat(b), body_els)
+            tokens += map(_TOKEN_IDS, live)
+            for i, s in part.writes:
+                writes.append((b, s, live[i].write))
+        piece_tables = _entry_tables(pieces, device)
+        if self.body_pieces is None:
+            body_tables = piece_tables
+        else:
+            body_tables = [piece_tables[i] for i in self.body_pieces]
+        body_addresses = None if self.any_drop_transition else _summary_pointers(body_entries, body_tables)
+        kv_addresses, kv_format = _kv_pointers(pieces, piece_tables)
+        if not (_fits(body_addresses, self.body_shape) and _fits(kv_addresses, self.kv_shape)):
+            return None
+
+        host = new_host_buffer(self.buffer_layout.numel, device)
+        buf = host.numpy()
+        np.copyto(buf, self.image)
+        flat = list(chain.from_iterable(tokens))
+        struct.pack_into(f"{len(flat)}q", buf, 8 * self.input_ids_at, *flat)
+        if shifts:
+            struct.pack_into(f"{len(shifts)}q", buf, 8 * self.cached_shift_at, *shifts)
+        if body_addresses is not None:
+            _fill_stacked(buf, self.body_addresses_at, self.body_shape, body_addresses)
+        if kv_addresses is not None:
+            _fill_stacked(buf, self.kv_addresses_at, self.kv_shape, kv_addresses)
+        signature = self.signature
+        out = None if buffer_for is None else buffer_for(signature)
+        check_out(out, self.buffer_layout.numel, device)
+        cpu, dev, moved = self.buffer_layout.move(host, device, HOST_TABLES, out)
+        g = self.geometry
+        return PackedLayout(
+            requests=list(requests),
+            input_ids=dev["input_ids"],
+            positions=dev["positions"],
+            cu_live_per_request=dev["cu_live_per_request"],
+            cu_live_per_request_cpu=cpu["cu_live_per_request"],
+            cu_live_host=list(g["cu_live_host"]),
+            linear_one_run_per_request=g["linear_one_run_per_request"],
+            cu_spans=dev["cu_spans"],
+            cu_spans_cpu=cpu["cu_spans"],
+            cu_chains=dev["cu_chains"],
+            chain_source=dev["chain_source"],
+            bodies=bodies,
+            body_drop_transition_host=list(g["body_drop_transition_host"]),
+            body_addresses=None if body_addresses is None else dev["body_addresses"].view(self.body_shape),
+            chain_has_prefix=list(g["chain_has_prefix"]),
+            cu_runs=dev["cu_runs"],
+            cu_runs_cpu=cpu["cu_runs"],
+            run_init=list(g["run_init"]),
+            tail_index=dev["tail_index"],
+            writes=writes,
+            write_spans=dev["write_spans"],
+            write_span_range=g["write_span_range"],
+            write_spans_host=g["write_spans_host"],
+            any_segment_write=g["any_segment_write"],
+            checkpoint_record_rows=dev["checkpoint_record_rows"],
+            num_checkpoint_records=g["num_checkpoint_records"],
+            write_after_checkpoint_rows=list(g["write_after_checkpoint_rows"]),
+            key_index=dev["key_index"],
+            positions_k=dev["positions_k"],
+            cu_keys=dev["cu_keys"],
+            cu_keys_host=list(g["cu_keys_host"]),
+            index_causal=g["index_causal"],
+            keys_by_position=g["keys_by_position"],
+            max_live_per_request=g["max_live_per_request"],
+            max_keys_per_request=g["max_keys_per_request"],
+            cached_pieces=pieces,
+            cu_cached=dev["cu_cached"],
+            cached_shift=dev["cached_shift"],
+            any_rerotate=any(shifts),
+            kv_addresses=None if kv_addresses is None else dev["kv_addresses"].view(self.kv_shape),
+            kv_format=kv_format,
+            logits_rows=dev["logits_rows"],
+            write_key_rows=list(g["write_key_rows"]),
+            final_tail_slots=list(g["final_tail_slots"]),
+            index_device=moved,
+            index_signature=None if buffer_for is None else signature,
+        )
+
+
+# the host fields of a PackedLayout that are functions of its geometry (copied into each build:
+# lists are copied, so that a caller changing one cannot change the template)
+_GEOMETRY_FIELDS = (
+    "cu_live_host", "linear_one_run_per_request", "body_drop_transition_host", "chain_has_prefix",
+    "run_init", "write_span_range", "write_spans_host", "any_segment_write", "num_checkpoint_records",
+    "write_after_checkpoint_rows", "cu_keys_host", "index_causal", "keys_by_position",
+    "max_live_per_request", "max_keys_per_request", "write_key_rows", "final_tail_slots",
+)
+
+
+def _fits(tables: Optional[List[np.ndarray]], shape: Optional[Tuple[int, int, int]]) -> bool:
+    """Whether per-piece pointer tables (or None) make the template's ``[L, 2, N']`` table (or
+    none): the same presence and layer count (the piece count is the geometry's)."""
+    if tables is None or shape is None:
+        return tables is None and shape is None
+    return tables[0].size == shape[0] * 2
+
+
+def _fill_stacked(buf: np.ndarray, at: int, shape: Tuple[int, int, int], tables: List[np.ndarray]) -> None:
+    """Write the ``[L, 2, N']`` stack of N flat ``[L * 2]`` pointer tables at ``buf[at:]``, as
+    :func:`~hypic.engine.pic_layout._add_stacked` lays it (its padding columns are zeros in the
+    template's buffer already)."""
+    rows, padded = shape[0] * shape[1], shape[2]
+    num = len(tables)
+    grid = buf[at:at + rows * padded].reshape(rows, padded)
+    grid[:, :num] = np.concatenate(tables).reshape(num, rows).T
+
+
+class LayoutTemplates:
+    """The templates of the last :data:`MAX_TEMPLATES` geometries built twice (a runner keeps
+    one): :meth:`build` is :func:`~hypic.engine.pic_layout.build_layout` through them."""
+
+    def __init__(self, max_templates: int = MAX_TEMPLATES, seen_geometries: int = SEEN_GEOMETRIES) -> None:
+        if max_templates < 0 or seen_geometries < 0:
+            raise ValueError("max_templates and seen_geometries must be >= 0")
+        self.max_templates, self.seen_geometries = max_templates, seen_geometries
+        self._templates: "OrderedDict[tuple, LayoutTemplate]" = OrderedDict()
+        self._seen: "OrderedDict[tuple, None]" = OrderedDict()  # built once, newest last
+        self.num_reused = 0  # builds from a template
+
+    def __len__(self) -> int:
+        return len(self._templates)
+
+    def build(self, requests: Sequence[RequestLayout], conv_width: int, device: torch.device,
+              buffer_for: Optional[BufferFor] = None) -> PackedLayout:
+        scanned = [request_geometry(r) for r in requests]
+        if not requests or any(s is None for s in scanned) or self.max_templates == 0:
+            return build_fresh(requests, conv_width, device, buffer_for)[0]
+        key = (conv_width, torch.device(device), tuple(k for k, _ in scanned))
+        template = self._templates.get(key)
+        if template is not None:
+            self._templates.move_to_end(key)
+            layout = template.build(requests, [live for _, live in scanned], device, buffer_for)
+            if layout is not None:
+                self.num_reused += 1
+                return layout
+            return build_fresh(requests, conv_width, device, buffer_for)[0]
+        layout, buffer = build_fresh(requests, conv_width, device, buffer_for)
+        if key in self._seen and _templatable(requests):
+            del self._seen[key]
+            self._templates[key] = LayoutTemplate(requests, layout, buffer)
+            if len(self._templates) > self.max_templates:
+                self._templates.popitem(last=False)
+        else:
+            self._seen[key] = None
+            self._seen.move_to_end(key)
+            if len(self._seen) > self.seen_geometries:
+                self._seen.popitem(last=False)
+        return layout
+
+
+def _templatable(requests: Sequence[RequestLayout]) -> bool:
+    """Whether every element is exactly a LiveElement or a BodyElement (a subclass would be read
+    by the fresh build as its base class, and by a template as neither)."""
+    return all(type(e) is LiveElement or type(e) is BodyElement for r in requests for e in r.elements)
