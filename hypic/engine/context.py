@@ -52,6 +52,13 @@ class ForwardContext(abc.ABC):
     def select_logits_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """Rows of ``hidden [T, H]`` whose logits are needed."""
 
+    def rope_cos_sin(self, rotary, positions: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """RoPE ``cos, sin [T, rotary_dim]`` in ``dtype`` of the live tokens at ``positions``
+        (``rotary.cos_sin``): what the model rotates q and k by. A runner may return the values
+        an earlier forward computed for the same positions (they are only read)."""
+        cos, sin = rotary.cos_sin(positions)
+        return cos.to(dtype), sin.to(dtype)
+
     # Set by the runner that owns the forward: replays of token-wise phases (CUDA graphs).
     graphs: Optional["TokenGraphs"] = None
 

@@ -146,6 +146,7 @@ class LayoutTemplate:
         self.body_addresses_at = None if self.body_shape is None else offset("body_addresses")
         self.kv_addresses_at = None if self.kv_shape is None else offset("kv_addresses")
         self.geometry = {name: getattr(layout, name) for name in _GEOMETRY_FIELDS}
+        self.cache: dict = {}  # every build's PackedLayout.geometry_cache
 
     def build(self, requests: Sequence[RequestLayout], lives: Sequence[List[LiveElement]],
               device: torch.device, buffer_for: Optional[BufferFor]) -> Optional[PackedLayout]:
@@ -249,6 +250,7 @@ class LayoutTemplate:
             final_tail_slots=list(g["final_tail_slots"]),
             index_device=moved,
             index_signature=None if buffer_for is None else signature,
+            geometry_cache=self.cache,
         )
 
 

@@ -172,6 +172,10 @@ class PackedLayout:
     # layout of the same signature copied into this buffer.
     index_device: Optional[torch.Tensor] = None
     index_signature: Optional[tuple] = None
+    # Values computed from the geometry's tables alone (the RoPE tables at ``positions``,
+    # PicContext.rope_cos_sin), shared by every layout built from one template
+    # (hypic/engine/layout_template.py) and kept with it; None for a layout built fresh.
+    geometry_cache: Optional[dict] = None
 
     def piece_table(self, layer_idx: int) -> Optional[PieceTable]:
         """The cached pieces of attention layer ``layer_idx`` as the K/V gather reads them in

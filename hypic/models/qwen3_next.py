@@ -387,8 +387,7 @@ class Qwen3NextModel(nn.Module):
             )
         x = self.embed_tokens(input_ids)
         rotary = self.rotary(x.device)
-        cos, sin = rotary.cos_sin(positions)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        cos, sin = ctx.rope_cos_sin(rotary, positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, rotary, ctx)
         return x

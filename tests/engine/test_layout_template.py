@@ -75,6 +75,8 @@ def hit_request(order, query, *, prefix=(), seam=SEAM, use_transition=True, rero
 
 def assert_same_layout(got: PackedLayout, want: PackedLayout) -> None:
     for f in dataclasses.fields(PackedLayout):
+        if f.name == "geometry_cache":  # a template's, None for a fresh build
+            continue
         a, b = getattr(got, f.name), getattr(want, f.name)
         if isinstance(b, torch.Tensor):
             assert isinstance(a, torch.Tensor), f.name
@@ -274,3 +276,32 @@ def test_buffer_for_gets_the_signature_and_is_copied_into():
     assert torch.equal(first.input_ids, want.input_ids)  # whose views now hold this batch's tables
     got.index_device = want.index_device = None
     assert_same_layout(got, want)
+
+
+def test_rope_tables_are_kept_per_template():
+    from hypic.engine.pic_context import PicContext
+    from hypic.models.config import spec_from_config
+    from hypic.ops.rope import RotaryEmbedding
+    from tests.engine.pic_helpers import TINY_CONFIG
+
+    spec = spec_from_config(TINY_CONFIG)
+    rotary = RotaryEmbedding(16, 8, 10000.0)
+    templates = LayoutTemplates()
+    first = build_twice_then(templates, [hit_request([0, 1, 2], [5, 6])])
+    second = build_layout([hit_request([2, 0, 1], [7, 8])], 4, CPU, templates=templates)
+    fresh = build_layout([hit_request([2, 0, 1], [7, 8])], 4, CPU)
+    assert fresh.geometry_cache is None and first.geometry_cache is second.geometry_cache
+    cos, sin = PicContext(spec, first).rope_cos_sin(rotary, first.positions, torch.float16)
+    again = PicContext(spec, second).rope_cos_sin(rotary, second.positions, torch.float16)
+    assert again[0] is cos and again[1] is sin  # kept, not recomputed
+    want = rotary.cos_sin(fresh.positions)
+    assert cos.dtype == torch.float16 and torch.equal(cos, want[0].half()) and torch.equal(sin, want[1].half())
+    # another dtype, another rotary, positions that are not the layout's: computed
+    assert PicContext(spec, second).rope_cos_sin(rotary, second.positions, torch.float32)[0] is not cos
+    assert PicContext(spec, second).rope_cos_sin(RotaryEmbedding(16, 8, 500.0), second.positions,
+                                                 torch.float16)[0] is not cos
+    assert PicContext(spec, second).rope_cos_sin(rotary, second.positions.clone(), torch.float16)[0] is not cos
+    # a fresh layout keeps nothing
+    ctx = PicContext(spec, fresh)
+    assert ctx.rope_cos_sin(rotary, fresh.positions, torch.float16)[0] is not ctx.rope_cos_sin(
+        rotary, fresh.positions, torch.float16)[0]
