@@ -34,6 +34,7 @@ from hypic.engine.index_buffer import ALIGN_INT64, IndexBuffer
 from hypic.ops.kv_gather import PieceFormat, PieceTable, piece_format
 from hypic.ops.linear._checks import concrete_device
 from hypic.ops.linear.summary import summary_addresses
+from hypic.pic.frozen import frozen_constructor
 from hypic.pic.keys import StoreKey
 from hypic.pic.payload import SegmentEntry
 
@@ -69,6 +70,12 @@ class BodyElement:
     start: int  # absolute position of the body's first token in this request
     num_tokens: int
     segment_start: int  # absolute position of the segment's first token in this request
+
+
+# LiveElement(...) / BodyElement(...) with every field given, ~0.2 us less each (hypic.pic.frozen):
+# an all-hit 64-segment request makes 129 elements
+make_live = frozen_constructor(LiveElement)
+make_body = frozen_constructor(BodyElement)
 
 
 @dataclass(frozen=True)

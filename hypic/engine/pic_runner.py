@@ -34,6 +34,8 @@ from hypic.engine.pic_layout import (
     RequestLayout,
     Write,
     build_layout,
+    make_body,
+    make_live,
 )
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.pic.modes import COLD_CANONICAL
@@ -220,18 +222,22 @@ class PicRunner:
         ``canonical`` (key -> tokens, body start) for the standalone pass after the forward."""
         prompt = plan.prompt
         mode = plan.policy.mode
+        segments, handles = prompt.segments, plan.handles
         elems: List[object] = []
         prefix: List[SegmentEntry] = []
         for s in plan.spans:
-            tokens = prompt.query if s.kind is SpanKind.QUERY else prompt.segments[s.segment_index]
-            if s.kind is SpanKind.PREFIX:
-                prefix.append(plan.handles[s.entry_index].entry)
-            elif s.kind is SpanKind.HIT:
+            kind = s.kind
+            if kind is SpanKind.HIT:  # most spans of a cached request: its own short path
+                start = s.start
                 if s.live_end > 0:
-                    elems.append(LiveElement(tuple(tokens[: s.live_end]), s.start))
-                handle = standalone[s.key] if s.entry_source == ENTRY_FROM_STANDALONE else plan.handles[s.entry_index]
-                elems.append(BodyElement(handle.entry, s.start + s.body_start, s.num_tokens - s.body_start, s.start))
-            elif s.kind is SpanKind.MISS and s.writes_entry and self._take_budget(budget, s, mode):
+                    elems.append(make_live(tuple(segments[s.segment_index][: s.live_end]), start, None))
+                handle = standalone[s.key] if s.entry_source == ENTRY_FROM_STANDALONE else handles[s.entry_index]
+                elems.append(make_body(handle.entry, start + s.body_start, s.num_tokens - s.body_start, start))
+                continue
+            tokens = prompt.query if kind is SpanKind.QUERY else segments[s.segment_index]
+            if kind is SpanKind.PREFIX:
+                prefix.append(handles[s.entry_index].entry)
+            elif kind is SpanKind.MISS and s.writes_entry and self._take_budget(budget, s, mode):
                 kind = WRITE_CHECKPOINT if mode.uses_prefix_checkpoints else WRITE_SEGMENT
                 if kind == WRITE_SEGMENT and plan.policy.cold_policy == COLD_CANONICAL:
                     canonical[s.key] = (tuple(tokens), s.body_start)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, List, Optional, Sequence, Tuple
 
+from hypic.pic.frozen import frozen_constructor
 from hypic.pic.keys import Keyer, StoreKey
 from hypic.pic.modes import COLD_CANONICAL, COLD_STANDALONE, RequestPolicy
 from hypic.pic.segments import SegmentedPrompt
@@ -80,6 +81,9 @@ class Span:
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
+
+
+_make_span = frozen_constructor(Span)  # Span(...) with every field given, ~0.7 us less (hypic.pic.frozen)
 
 
 @dataclass(eq=False)
@@ -259,43 +263,47 @@ def _segment_keys(prompt, windows, keyer, tenant_salt) -> Tuple[Optional[StoreKe
 
 
 # Besides an index into the plan's handles (a store hit), what a key's first occurrence in a
-# request found: a miss whose segment is prefilled standalone, or one that runs live (inline).
+# request found: a miss whose segment is prefilled standalone, or one that runs live (inline) and
+# writes the entry, then (its later occurrences) one that runs live unwritten.
 _PENDING = -1
-_MISSED = -2
+_COLD = -2
+_MISSED = -3
 
 
 def _plan_segments(prompt, policy, windows, starts, store, keys, handles) -> List[Span]:
     standalone = policy.cold_policy == COLD_STANDALONE
-    # key -> handle index | _PENDING | _MISSED: one look-up per segment (a StoreKey's hash is a
-    # Python call)
+    segments = prompt.segments
+    # Every distinct key with a body, acquired in order of first occurrence by one store call
+    # (as one acquire per key would, in the same order); then key -> handle index | _PENDING |
+    # _COLD | _MISSED, one look-up per segment (a StoreKey's hash is a Python call).
+    distinct = dict.fromkeys(key for key, w, seg in zip(keys, windows, segments) if w != len(seg))
     found = {}
+    for key, handle in zip(distinct, store.acquire_many(list(distinct))):
+        if handle is not None:
+            found[key] = len(handles)
+            handles.append(handle)
+        else:
+            found[key] = _PENDING if standalone else _COLD
+    make = _make_span
+    hit, miss = SpanKind.HIT, SpanKind.MISS
     spans: List[Span] = []
-    for i, seg in enumerate(prompt.segments):
+    for i, seg in enumerate(segments):
         num = len(seg)
         w = windows[i]
-        key = keys[i]
         if w == num:  # the seam covers the segment: no body, nothing to reuse or store
-            spans.append(Span(SpanKind.MISS, i, starts[i], num, num, num))
+            spans.append(make(miss, i, starts[i], num, num, num, None, -1, None, False))
             continue
-        outcome = found.get(key)
-        if outcome is None:
-            handle = store.acquire(key)
-            if handle is not None:
-                outcome = len(handles)
-                handles.append(handle)
-            elif standalone:
-                outcome = _PENDING
-            else:
-                found[key] = _MISSED
-                spans.append(Span(SpanKind.MISS, i, starts[i], num, num, w, key, writes_entry=True))
-                continue
-            found[key] = outcome
+        key = keys[i]
+        outcome = found[key]
         if outcome >= 0:
-            spans.append(Span(SpanKind.HIT, i, starts[i], num, w, w, key, outcome, ENTRY_FROM_STORE))
+            spans.append(make(hit, i, starts[i], num, w, w, key, outcome, ENTRY_FROM_STORE, False))
         elif outcome == _PENDING:
-            spans.append(Span(SpanKind.HIT, i, starts[i], num, w, w, key, -1, ENTRY_FROM_STANDALONE))
+            spans.append(make(hit, i, starts[i], num, w, w, key, -1, ENTRY_FROM_STANDALONE, False))
+        elif outcome == _COLD:  # the first occurrence of a cold segment (inline): live, written
+            found[key] = _MISSED
+            spans.append(make(miss, i, starts[i], num, num, w, key, -1, None, True))
         else:  # a repeated cold segment under the inline policy: live again, not written again
-            spans.append(Span(SpanKind.MISS, i, starts[i], num, num, w, key))
+            spans.append(make(miss, i, starts[i], num, num, w, key, -1, None, False))
     return spans
 
 

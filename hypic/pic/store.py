@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Dict, Optional, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -246,6 +246,40 @@ class SegmentStore:
             handle = self._hold(slot)
             self._enforce_device_budget()  # a promotion may have pushed the device over budget
             return handle
+
+    def acquire_many(self, keys: Sequence[StoreKey]) -> List[Optional[SegmentHandle]]:
+        """``[self.acquire(key) for key in keys]`` (the same holds, counts, promotions and budget
+        passes, in that order), under one hold of the lock: a 64-segment request's planning
+        acquired each key alone, ~0.3 us of lock, checks and call per key. Keys are checked
+        before anything is acquired; if an acquisition fails, those made are released."""
+        for key in keys:
+            if not isinstance(key, StoreKey):
+                raise ValueError(f"key: expected StoreKey, got {type(key).__name__}")
+        out: List[Optional[SegmentHandle]] = []
+        device, counts = self._device, self._counts
+        with self._lock:
+            try:
+                for key in keys:
+                    slot = device.get(key)
+                    if slot is None:
+                        slot = self._host.get(key)
+                        if slot is not None:
+                            self._promote(slot)
+                    if slot is None:
+                        counts["misses"] += 1
+                        if self._digests[key.digest] > 0:
+                            counts["collisions"] += 1
+                        out.append(None)
+                        continue
+                    counts["hits"] += 1
+                    out.append(self._hold(slot))
+                    self._enforce_device_budget()  # a promotion may have pushed the device over budget
+            except BaseException:
+                for h in out:
+                    if h is not None:
+                        h.release()
+                raise
+        return out
 
     def insert(self, entry: SegmentEntry, *, acquire: bool = False, compact: bool = True) -> Optional[SegmentHandle]:
         """Store ``entry`` (moved to the device, compacted). Returns a handle if ``acquire``.

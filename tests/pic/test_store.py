@@ -403,3 +403,55 @@ def test_cuda_pinned_spill_and_async_promote_are_bit_identical():
         assert payload_equal(stored, reference.attention[1])
         assert payload_equal(h.entry.linear[0], reference.linear[0])
     store.check_consistency()
+
+
+def _state(store):
+    s = store.stats()
+    return (s, store.device_lru_order(), store.host_lru_order(),
+            [store._device[k].refcount for k in store.device_lru_order()])
+
+
+def test_acquire_many_is_acquire_of_each_key_in_turn():
+    # a budget of 3 entries on the device and a host tier: some keys hit on the device, some are
+    # promoted from the host (evicting unheld ones), some miss, one repeats
+    def filled():
+        store = SegmentStore(device_budget_bytes=3 * E, host_budget_bytes=10 * E)
+        for i in range(6):
+            store.insert(make_entry(key(i)))
+        return store
+
+    for keys in ([key(5), key(0), key(9), key(1), key(5), key(4)], [key(7)], [], [key(i) for i in range(6)]):
+        one, many = filled(), filled()
+        singles = [one.acquire(k) for k in keys]
+        batch = many.acquire_many(keys)
+        assert [h is None for h in singles] == [h is None for h in batch]
+        assert [h.key for h in singles if h] == [h.key for h in batch if h]
+        assert _state(one) == _state(many)
+        for h in batch:
+            if h is not None:
+                h.release()
+        many.check_consistency()
+        assert many.stats().held_entries == 0
+
+
+def test_acquire_many_acquires_nothing_on_a_bad_key_or_a_failure(monkeypatch):
+    store = SegmentStore(device_budget_bytes=None, host_budget_bytes=10 * E)
+    for i in range(3):
+        store.insert(make_entry(key(i)))
+    with pytest.raises(ValueError, match="expected StoreKey"):
+        store.acquire_many([key(0), "nope"])
+    assert store.stats().held_entries == 0 and store.stats().hits == 0
+
+    real_hold, calls = store._hold, []
+
+    def hold_twice(slot):  # the third acquisition fails
+        calls.append(slot)
+        if len(calls) == 3:
+            raise RuntimeError("hold failed")
+        return real_hold(slot)
+
+    monkeypatch.setattr(store, "_hold", hold_twice)
+    with pytest.raises(RuntimeError, match="hold failed"):
+        store.acquire_many([key(0), key(1), key(2)])
+    assert all(store._device[k].refcount == 0 for k in store.device_lru_order())
+    store.check_consistency()
