@@ -39,6 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from hypic.engine.entry_tables import entry_tables, kv_pointers, summary_pointers
 from hypic.engine.index_buffer import BufferLayout, check_out, new_host_buffer
 from hypic.engine.pic_layout import (
     HOST_TABLES,
@@ -47,9 +48,6 @@ from hypic.engine.pic_layout import (
     LiveElement,
     PackedLayout,
     RequestLayout,
-    _entry_tables,
-    _kv_pointers,
-    _summary_pointers,
     build_fresh,
 )
 
@@ -177,13 +175,13 @@ class LayoutTemplate:
             tokens += map(_TOKEN_IDS, live)
             for i, s in part.writes:
                 writes.append((b, s, live[i].write))
-        piece_tables = _entry_tables(pieces, device)
+        piece_tables = entry_tables(pieces, device)
         if self.body_pieces is None:
             body_tables = piece_tables
         else:
             body_tables = [piece_tables[i] for i in self.body_pieces]
-        body_addresses = None if self.any_drop_transition else _summary_pointers(body_entries, body_tables)
-        kv_addresses, kv_format = _kv_pointers(pieces, piece_tables)
+        body_addresses = None if self.any_drop_transition else summary_pointers(body_entries, body_tables)
+        kv_addresses, kv_format = kv_pointers(pieces, piece_tables)
         if not (_fits(body_addresses, self.body_shape) and _fits(kv_addresses, self.kv_shape)):
             return None
 

@@ -21,9 +21,7 @@ loop over the pieces to concatenate them.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -31,9 +29,8 @@ import numpy as np
 import torch
 
 from hypic.engine.index_buffer import ALIGN_INT64, IndexBuffer
-from hypic.ops.kv_gather import PieceFormat, PieceTable, piece_format
-from hypic.ops.linear._checks import concrete_device
-from hypic.ops.linear.summary import summary_addresses
+from hypic.engine.entry_tables import entry_tables, kv_pointers, summary_pointers
+from hypic.ops.kv_gather import PieceFormat, PieceTable
 from hypic.pic.frozen import frozen_constructor
 from hypic.pic.keys import StoreKey
 from hypic.pic.payload import SegmentEntry
@@ -370,10 +367,10 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
                 checkpoint_rows[chain_pos + 1] = num_checkpoint_rows
                 num_checkpoint_rows += 1
             write_after_checkpoint_rows.append(checkpoint_rows[chain_pos + 1])
-    piece_tables = _entry_tables(cached_pieces, device)
+    piece_tables = entry_tables(cached_pieces, device)
     body_tables = [piece_tables[i] for i in body_pieces]
-    body_addresses = None if any(drop_t) else _summary_pointers([e.entry for _, e in bodies], body_tables)
-    kv_addresses, kv_format = _kv_pointers(cached_pieces, piece_tables)
+    body_addresses = None if any(drop_t) else summary_pointers([e.entry for _, e in bodies], body_tables)
+    kv_addresses, kv_format = kv_pointers(cached_pieces, piece_tables)
     write_span_ids = [span for _, span, _ in writes]
 
     buffer = IndexBuffer()
@@ -448,107 +445,6 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     return layout, buffer
 
 
-class _EntryTables:
-    """What the GPU kernels need to read one store entry in place on ``device``, each part
-    computed on its first use: entries are immutable and own their tensors, so this is once per
-    entry and device instead of per request and layer. ``summaries``: the flat ``[L * 2]`` (T, S)
-    data pointers of its linear layers' summaries (zeros where a layer has none), or None when
-    some summary cannot be read in place; ``kv``: the same of its attention layers' K and V, with
-    ``kv_format`` the format they share."""
-
-    __slots__ = ("device", "summaries", "kv", "kv_format")
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.summaries: object = _UNSET
-        self.kv: object = _UNSET
-        self.kv_format: Optional[PieceFormat] = None
-
-
-_UNSET = object()
-_ENTRY_TABLES: "weakref.WeakKeyDictionary[SegmentEntry, _EntryTables]" = weakref.WeakKeyDictionary()
-# Every PieceFormat an entry's table has, once: equal formats are then one object, and a batch's
-# common format is found by identity instead of comparing (or hashing) dataclasses, ~0.5 us each.
-_FORMATS: Dict[PieceFormat, PieceFormat] = {}
-
-
-def _entry_tables(entries: Sequence[SegmentEntry], device: torch.device) -> List[_EntryTables]:
-    """The :class:`_EntryTables` of each entry on ``device`` (one weak-dictionary look-up each)."""
-    if not entries:
-        return []
-    device = concrete_device(device)
-    out = []
-    for entry in entries:
-        tables = _ENTRY_TABLES.get(entry)
-        if tables is None or tables.device != device:
-            tables = _ENTRY_TABLES[entry] = _EntryTables(device)
-        out.append(tables)
-    return out
-
-
-def _entry_summary_pointers(entry: SegmentEntry, device: torch.device) -> Optional[np.ndarray]:
-    """The entry's :attr:`_EntryTables.summaries`."""
-    if not entry.linear:
-        return None
-    table = np.zeros((max(entry.linear) + 1, 2), dtype=np.int64)
-    for layer, payload in entry.linear.items():
-        pair = summary_addresses(payload.summary, device) if hasattr(payload, "summary") else None
-        if pair is None:
-            return None
-        table[layer] = pair
-    return table.reshape(-1)
-
-
-def _entry_kv_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
-    """The entry's :attr:`_EntryTables.kv` and ``kv_format``; ``(None, None)`` when some layer's
-    K/V cannot be read in place."""
-    if not entry.attention:
-        return None, None
-    table = np.zeros((max(entry.attention) + 1, 2), dtype=np.int64)
-    formats = []
-    for layer, payload in entry.attention.items():
-        formats.append(piece_format(getattr(payload, "key", None), getattr(payload, "value", None), device))
-        if formats[-1] is None:
-            return None, None
-        table[layer] = (payload.key.data_ptr(), payload.value.data_ptr())
-    fmt = _common_format(formats)
-    return (None, None) if fmt is None else (table.reshape(-1), _FORMATS.setdefault(fmt, fmt))
-
-
-def _summary_pointers(entries: Sequence[SegmentEntry], tables: Sequence[_EntryTables]
-                      ) -> Optional[List[np.ndarray]]:
-    """Every body's flat summary pointer table (``tables[i]`` is ``entries[i]``'s), or None (no
-    body, or one whose summaries must be copied before a scan can read them, or tables of
-    different layer counts)."""
-    if not tables:
-        return None
-    for entry, t in zip(entries, tables):
-        if t.summaries is _UNSET:
-            t.summaries = _entry_summary_pointers(entry, t.device)
-    return _same_sized([t.summaries for t in tables])
-
-
-def _kv_pointers(entries: Sequence[SegmentEntry], tables: Sequence[_EntryTables]
-                 ) -> Tuple[Optional[List[np.ndarray]], Optional[PieceFormat]]:
-    """``(every piece's flat K/V pointer table, their common format)``, or ``(None, None)`` (no
-    piece, or one the K/V gather cannot read in place)."""
-    if not tables:
-        return None, None
-    for entry, t in zip(entries, tables):
-        if t.kv is _UNSET:
-            t.kv, t.kv_format = _entry_kv_pointers(entry, t.device)
-    fmt = _common_format([t.kv_format for t in tables])
-    pointers = None if fmt is None else _same_sized([t.kv for t in tables])
-    return (None, None) if pointers is None else (pointers, fmt)
-
-
-def _same_sized(tables: List[Optional[np.ndarray]]) -> Optional[List[np.ndarray]]:
-    """``tables`` when none is None and all have one size (one layer count), else None."""
-    if any(t is None for t in tables) or len({t.size for t in tables}) != 1:
-        return None
-    return tables
-
-
 def _add_stacked(buffer: IndexBuffer, name: str, tables: Sequence[np.ndarray]) -> Tuple[int, int, int]:
     """Declare ``name`` in ``buffer``: the ``[L, 2, N']`` stack of N flat ``[L * 2]`` pointer
     tables, N' = N rounded up to an even count (zeros after) so that each layer's ``[2, N']``
@@ -564,21 +460,6 @@ def _add_stacked(buffer: IndexBuffer, name: str, tables: Sequence[np.ndarray]) -
 
     buffer.add(name, rows * padded, fill)
     return rows // 2, 2, padded
-
-
-def _common_format(formats: Sequence[Optional[PieceFormat]]) -> Optional[PieceFormat]:
-    """The format all of ``formats`` share, with the least alignment among them; None when one
-    is None or they differ otherwise."""
-    if not formats or formats[0] is None:
-        return None
-    if formats.count(formats[0]) == len(formats):  # one per store entry, mostly one object (_FORMATS)
-        return formats[0]
-    if any(f is None for f in formats):
-        return None
-    formats = set(formats)  # each distinct one replaced once
-    align = min(f.align_bytes for f in formats)
-    common = {dataclasses.replace(f, align_bytes=align) for f in formats}
-    return common.pop() if len(common) == 1 else None
 
 
 def _tail_index(tail_ends: Sequence[Tuple[int, int]], runs: Sequence[Sequence[int]], w1: int,

@@ -20,7 +20,7 @@ import hashlib
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -204,6 +204,40 @@ class Keyer:
         _remember(self._memo, memo_key, key)
         _remember(self._probe, probe, (memo_key, key))
         return key
+
+    def segment_keys(self, segments: Sequence[Sequence[int]], body_starts: Sequence[int], *,
+                     tenant_salt: Optional[str] = None) -> Tuple[Optional[StoreKey], ...]:
+        """``segment_key(seg, body_start)`` of each segment, None where ``body_start`` is its
+        length (no body): a prompt's keys in one call. The probe hit (a segment keyed before,
+        the common case) is inlined, the same look-ups and LRU moves as :meth:`segment_key`'s,
+        without its call and checks per segment (~0.3 us each, 64 per 32k-token prompt);
+        everything else goes through :meth:`segment_key`."""
+        probes, memo = self._probe, self._memo
+        fast = tenant_salt is None or type(tenant_salt) is str
+        keys: List[Optional[StoreKey]] = []
+        for seg, body_start in zip(segments, body_starts):
+            num = len(seg)
+            if body_start == num:
+                keys.append(None)
+                continue
+            if fast and type(seg) is tuple and type(body_start) is int and num:
+                step = max(1, num // PROBE_SAMPLE_TOKENS)
+                try:
+                    probe = (num, hash(seg[::step] + seg[-1:]), body_start, tenant_salt)
+                except TypeError:
+                    probe = None
+                held = None if probe is None else probes.get(probe)
+                if held is not None and (held[1].material is seg or held[1].material == seg):
+                    memo_key, key = held
+                    probes.move_to_end(probe)
+                    if memo.get(memo_key) is key:
+                        memo.move_to_end(memo_key)
+                    else:  # dropped from the memo, or its slot taken over there
+                        _remember(memo, memo_key, key)
+                    keys.append(key)
+                    continue
+            keys.append(self.segment_key(seg, body_start, tenant_salt=tenant_salt))
+        return tuple(keys)
 
     def _segment_key(self, token_ids: Sequence[int], body_start: int, tenant_salt: Optional[str]) -> StoreKey:
         tokens = _int_tuple(token_ids)

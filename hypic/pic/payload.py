@@ -186,6 +186,13 @@ class SegmentEntry:
     segment started at when its payload was computed (0 for standalone prefill), which tells the
     runner how far cached K must be re-rotated. Immutable: the store swaps whole entries when it
     moves them between tiers.
+
+    ``engine_tables`` (not a field: not compared or shown): device -> what the engine derives
+    from the payload's tensors to read them in place (their data pointers,
+    hypic/engine/entry_tables.py), made on first use. The tensors are immutable and the entry's
+    own, so it stays valid for the entry's life; an entry made from this one (``map_payload``,
+    a tier move) starts with an empty one. (Entries cannot be deep-copied or pickled: their
+    layer maps are read-only proxies.)
     """
 
     key: StoreKey
@@ -214,6 +221,7 @@ class SegmentEntry:
         # The key is immutable too: its token counts, read per body per forward, are taken once.
         object.__setattr__(self, "_num_tokens", self.key.num_tokens)
         object.__setattr__(self, "_num_body_tokens", self._num_tokens - self.key.body_start)
+        object.__setattr__(self, "engine_tables", {})
 
     @property
     def token_ids(self):

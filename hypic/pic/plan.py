@@ -256,10 +256,7 @@ def _seam_windows(prompt: SegmentedPrompt, policy: RequestPolicy) -> List[int]:
 
 
 def _segment_keys(prompt, windows, keyer, tenant_salt) -> Tuple[Optional[StoreKey], ...]:
-    keys = []
-    for seg, w in zip(prompt.segments, windows):
-        keys.append(None if w == len(seg) else keyer.segment_key(seg, w, tenant_salt=tenant_salt))
-    return tuple(keys)
+    return keyer.segment_keys(prompt.segments, windows, tenant_salt=tenant_salt)
 
 
 # Besides an index into the plan's handles (a store hit), what a key's first occurrence in a

@@ -202,8 +202,11 @@ def test_each_segment_is_keyed_once_per_request(monkeypatch):
     engine = LLMEngine("tiny", seed=0)
     prompt = PIC_SEP.join(_docs(n=3) + [_question("job", 1)])
     _run(engine, [prompt])  # caches the three documents
-    keyed = []
-    real = Keyer.segment_key
+    keyed, passes = [], []
+    real, real_many = Keyer.segment_key, Keyer.segment_keys
     monkeypatch.setattr(Keyer, "segment_key", lambda self, *a, **k: keyed.append(a[0]) or real(self, *a, **k))
+    monkeypatch.setattr(Keyer, "segment_keys",
+                        lambda self, *a, **k: passes.append(len(a[0])) or real_many(self, *a, **k))
     (out,) = _run(engine, [prompt])
-    assert len(keyed) == 3 and out.metrics.cached_tokens > 0
+    # one pass over the three segments, each a remembered key (no key made alone)
+    assert passes == [3] and keyed == [] and out.metrics.cached_tokens > 0

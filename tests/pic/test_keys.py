@@ -125,3 +125,22 @@ def test_tuples_sharing_the_probe_sample_keep_their_own_keys(monkeypatch):
     small.segment_key((3, 4), 0)  # evicts (1, 2) from both
     assert len(small._memo) == len(small._probe) == 2
     assert small.segment_key(a, 8) is first and small.segment_key((1, 2), 0) is not second
+
+
+def test_segment_keys_is_segment_key_of_each(monkeypatch):
+    import hypic.pic.keys as keys
+
+    monkeypatch.setattr(keys, "MEMO_SEGMENT_KEYS", 6)
+    base = list(range(1000, 1512))
+    a, b = tuple(base), tuple(base[:-3] + [7, 7] + base[-1:])  # one probe sample
+    segments = [a, (1, 2, 3), b, [4, 5, 6], (9,), tuple(a), (1, 2, 3), (8, 8)]
+    starts = [8, 1, 8, 1, 1, 8, 3, 0]  # (1, 2, 3) with body start 3: no body, no key
+    for salt in (None, "t"):
+        one, many = keyer(), keyer()
+        for _ in range(2):  # cold, then every key remembered
+            want = [None if s == len(seg) else one.segment_key(seg, s, tenant_salt=salt)
+                    for seg, s in zip(segments, starts)]
+            got = many.segment_keys(segments, starts, tenant_salt=salt)
+            assert type(got) is tuple and list(got) == want and got[6] is None
+            assert list(one._memo) == list(many._memo) and list(one._probe) == list(many._probe)
+        assert many.segment_keys([tuple(a)], [8], tenant_salt=salt)[0] is got[0]
