@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -123,6 +124,8 @@ class PicRunner:
         """Prefill every distinct standalone segment alone at position 0 (one varlen forward)."""
         todo: Dict[object, Tuple[Tuple[int, ...], int]] = {}
         for plan in plans:
+            if ENTRY_FROM_STANDALONE not in map(_ENTRY_SOURCE, plan.spans):  # one C-level pass
+                continue
             for s in plan.spans:
                 if s.kind is SpanKind.HIT and s.entry_source == ENTRY_FROM_STANDALONE and s.key not in todo:
                     todo[s.key] = (plan.prompt.segments[s.segment_index], s.body_start)
@@ -349,6 +352,9 @@ class PicRunner:
             for e in entries:
                 self.store.insert(e, compact=False)  # fresh exact-size copies, already on the device
         return entries
+
+
+_ENTRY_SOURCE = attrgetter("entry_source")
 
 
 class _WriteBudget:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 from typing import Any, List, Optional, Sequence, Tuple
 
 from hypic.pic.frozen import frozen_constructor
@@ -268,40 +269,58 @@ _MISSED = -3
 
 
 def _plan_segments(prompt, policy, windows, starts, store, keys, handles) -> List[Span]:
-    standalone = policy.cold_policy == COLD_STANDALONE
     segments = prompt.segments
-    # Every distinct key with a body, acquired in order of first occurrence by one store call
-    # (as one acquire per key would, in the same order); then key -> handle index | _PENDING |
-    # _COLD | _MISSED, one look-up per segment (a StoreKey's hash is a Python call).
-    distinct = dict.fromkeys(key for key, w, seg in zip(keys, windows, segments) if w != len(seg))
-    found = {}
-    for key, handle in zip(distinct, store.acquire_many(list(distinct))):
+    outcomes = _segment_outcomes(segments, windows, store, keys, handles, policy.cold_policy == COLD_STANDALONE)
+    make = _make_span
+    hit, miss = SpanKind.HIT, SpanKind.MISS
+    spans: List[Span] = []
+    for i, (seg, w, start, key, outcome) in enumerate(zip(segments, windows, starts, keys, outcomes)):
+        num = len(seg)
+        if w == num:  # the seam covers the segment: no body, nothing to reuse or store
+            spans.append(make(miss, i, start, num, num, num, None, -1, None, False))
+        elif outcome >= 0:
+            spans.append(make(hit, i, start, num, w, w, key, outcome, ENTRY_FROM_STORE, False))
+        elif outcome == _PENDING:
+            spans.append(make(hit, i, start, num, w, w, key, -1, ENTRY_FROM_STANDALONE, False))
+        elif outcome == _COLD:  # the first occurrence of a cold segment (inline): live, written
+            spans.append(make(miss, i, start, num, num, w, key, -1, None, True))
+        else:  # a repeated cold segment under the inline policy: live again, not written again
+            spans.append(make(miss, i, start, num, num, w, key, -1, None, False))
+    return spans
+
+
+_DIGEST = attrgetter("digest")
+
+
+def _segment_outcomes(segments, windows, store, keys, handles, standalone: bool) -> list:
+    """Per segment, what its key found (None where the seam covers it): a handle index (appended
+    to ``handles``), _PENDING, _COLD (its first occurrence) or _MISSED (a later one). Every
+    distinct key with a body is acquired in order of first occurrence by one store call (as one
+    acquire per key would, in the same order)."""
+    body = [i for i, (w, seg) in enumerate(zip(windows, segments)) if w != len(seg)]
+    body_keys = [keys[i] for i in body]
+    outcomes: list = [None] * len(segments)
+    if len(set(map(_DIGEST, body_keys))) == len(body_keys):
+        # no key twice (equal keys have one digest): no look-up by key (its hash is a Python call)
+        for i, handle in zip(body, store.acquire_many(body_keys)):
+            if handle is not None:
+                outcomes[i] = len(handles)
+                handles.append(handle)
+            else:
+                outcomes[i] = _PENDING if standalone else _COLD
+        return outcomes
+    found = dict.fromkeys(body_keys)  # key -> outcome of its next occurrence
+    for key, handle in zip(list(found), store.acquire_many(list(found))):
         if handle is not None:
             found[key] = len(handles)
             handles.append(handle)
         else:
             found[key] = _PENDING if standalone else _COLD
-    make = _make_span
-    hit, miss = SpanKind.HIT, SpanKind.MISS
-    spans: List[Span] = []
-    for i, seg in enumerate(segments):
-        num = len(seg)
-        w = windows[i]
-        if w == num:  # the seam covers the segment: no body, nothing to reuse or store
-            spans.append(make(miss, i, starts[i], num, num, num, None, -1, None, False))
-            continue
-        key = keys[i]
-        outcome = found[key]
-        if outcome >= 0:
-            spans.append(make(hit, i, starts[i], num, w, w, key, outcome, ENTRY_FROM_STORE, False))
-        elif outcome == _PENDING:
-            spans.append(make(hit, i, starts[i], num, w, w, key, -1, ENTRY_FROM_STANDALONE, False))
-        elif outcome == _COLD:  # the first occurrence of a cold segment (inline): live, written
+    for i, key in zip(body, body_keys):
+        outcomes[i] = outcome = found[key]
+        if outcome == _COLD:
             found[key] = _MISSED
-            spans.append(make(miss, i, starts[i], num, num, w, key, -1, None, True))
-        else:  # a repeated cold segment under the inline policy: live again, not written again
-            spans.append(make(miss, i, starts[i], num, num, w, key, -1, None, False))
-    return spans
+    return outcomes
 
 
 def _plan_prefix(prompt, store, keyer, tenant_salt, handles):

@@ -256,7 +256,7 @@ class SegmentStore:
             if not isinstance(key, StoreKey):
                 raise ValueError(f"key: expected StoreKey, got {type(key).__name__}")
         out: List[Optional[SegmentHandle]] = []
-        device, counts = self._device, self._counts
+        device, counts, budget = self._device, self._counts, self.device_budget_bytes
         with self._lock:
             try:
                 for key in keys:
@@ -272,8 +272,15 @@ class SegmentStore:
                         out.append(None)
                         continue
                     counts["hits"] += 1
-                    out.append(self._hold(slot))
-                    self._enforce_device_budget()  # a promotion may have pushed the device over budget
+                    # _hold and _enforce_device_budget inlined: a device hit within the budget is
+                    # then a refcount, an LRU move and a handle
+                    assert slot.tier == TIER_DEVICE
+                    handle = SegmentHandle(self, slot)  # before the hold: a failure leaves none
+                    slot.refcount += 1
+                    out.append(handle)
+                    device.move_to_end(key)
+                    if budget is not None and self._device_bytes > budget:  # a promotion may have pushed it over
+                        self._enforce_device_budget()
             except BaseException:
                 for h in out:
                     if h is not None:

@@ -442,16 +442,22 @@ def test_acquire_many_acquires_nothing_on_a_bad_key_or_a_failure(monkeypatch):
         store.acquire_many([key(0), "nope"])
     assert store.stats().held_entries == 0 and store.stats().hits == 0
 
-    real_hold, calls = store._hold, []
+    import hypic.pic.store as store_module
 
-    def hold_twice(slot):  # the third acquisition fails
-        calls.append(slot)
-        if len(calls) == 3:
-            raise RuntimeError("hold failed")
-        return real_hold(slot)
+    made = []
 
-    monkeypatch.setattr(store, "_hold", hold_twice)
+    class FailingHandle(store_module.SegmentHandle):  # the third acquisition fails
+        __slots__ = ()
+
+        def __init__(self, *args):
+            made.append(self)
+            if len(made) == 3:
+                raise RuntimeError("hold failed")
+            super().__init__(*args)
+
+    monkeypatch.setattr(store_module, "SegmentHandle", FailingHandle)
     with pytest.raises(RuntimeError, match="hold failed"):
         store.acquire_many([key(0), key(1), key(2)])
-    assert all(store._device[k].refcount == 0 for k in store.device_lru_order())
+    assert len(made) == 3
+    assert [store._device[key(i)].refcount for i in range(3)] == [0, 0, 0]
     store.check_consistency()
