@@ -6,6 +6,12 @@ Entries are immutable and own their tensors, so each entry's tables are made onc
 kept on the entry (:attr:`~hypic.pic.payload.SegmentEntry.engine_tables`): a forward finds its
 pieces' tables by one C-level look-up each, instead of a Python call per entry (a weak
 dictionary's ``get`` was ~0.3 us, 64 per all-hit 32k request).
+
+Each table is a row of a :class:`PointerPool` (one per table width, i.e. layer count), not an
+array of its own: a forward's ``[L, 2, N]`` address table is then one gather from one array
+instead of a concatenation of N small arrays, each its own object in memory (before a cached
+request's first layer the host's caches are cold from the previous forward, and every object
+touched is a cache miss). A row is freed when its entry's tables die with the entry.
 """
 
 from __future__ import annotations
@@ -24,20 +30,91 @@ from hypic.ops.linear.summary import summary_addresses
 from hypic.pic.payload import SegmentEntry
 
 
+class PointerPool:
+    """Flat int64 pointer tables of one width, one row each; rows are handed out by :meth:`put`
+    and given back by :meth:`free` (when the entry whose table it is dies)."""
+
+    __slots__ = ("width", "rows", "_free", "__weakref__")
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.rows = np.zeros((0, width), dtype=np.int64)
+        self._free: List[int] = []
+
+    def put(self, table: np.ndarray) -> int:
+        """A row holding ``table`` (``width`` values)."""
+        if not self._free:  # grow by doubling: rows already handed out keep their index
+            old = self.rows.shape[0]
+            grown = np.zeros((max(16, 2 * old), self.width), dtype=np.int64)
+            grown[:old] = self.rows
+            self.rows = grown
+            self._free = list(range(grown.shape[0] - 1, old - 1, -1))
+        row = self._free.pop()
+        self.rows[row] = table
+        return row
+
+    def free(self, row: int) -> None:
+        self.rows[row] = 0
+        self._free.append(row)
+
+    @property
+    def num_used(self) -> int:
+        return self.rows.shape[0] - len(self._free)
+
+
+_POOLS: Dict[int, PointerPool] = {}  # by width: a pointer is an int whatever its device
+
+
+def _pool(width: int) -> PointerPool:
+    pool = _POOLS.get(width)
+    if pool is None:
+        pool = _POOLS[width] = PointerPool(width)
+    return pool
+
+
+class PointerRows:
+    """Some rows of one pool, in order: the flat tables of a forward's pieces."""
+
+    __slots__ = ("pool", "rows")
+
+    def __init__(self, pool: PointerPool, rows: List[int]) -> None:
+        self.pool, self.rows = pool, rows
+
+    @property
+    def width(self) -> int:
+        return self.pool.width
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def stacked(self) -> np.ndarray:
+        """``[len, width]``: one table per row."""
+        return self.pool.rows.take(self.rows, axis=0)
+
+
 class EntryTables:
     """What the GPU kernels need to read one store entry in place on ``device``, each part
-    computed on its first use. ``summaries``: the flat ``[L * 2]`` (T, S) data pointers of its
-    linear layers' summaries (zeros where a layer has none), or None when some summary cannot be
-    read in place; ``kv``: the same of its attention layers' K and V, with ``kv_format`` the
-    format they share."""
+    computed on its first use: ``summary_row``, the row of its pool holding the flat ``[L * 2]``
+    (T, S) data pointers of its linear layers' summaries (zeros where a layer has none), or None
+    when some summary cannot be read in place; ``kv_row``, the same of its attention layers' K and
+    V, with ``kv_format`` the format they share. Its rows are freed when it dies (with its entry)."""
 
-    __slots__ = ("device", "summaries", "kv", "kv_format")
+    __slots__ = ("device", "summary_pool", "summary_row", "kv_pool", "kv_row", "kv_format")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.summaries: object = _UNSET
-        self.kv: object = _UNSET
+        self.summary_pool: object = _UNSET
+        self.summary_row: Optional[int] = None
+        self.kv_pool: object = _UNSET
+        self.kv_row: Optional[int] = None
         self.kv_format: Optional[PieceFormat] = None
+
+    def __del__(self) -> None:
+        # (a row is set only with its pool; no module global is read: this may run at shutdown)
+        if self.summary_row is not None:
+            self.summary_pool.free(self.summary_row)
+        if self.kv_row is not None:
+            self.kv_pool.free(self.kv_row)
 
 
 _UNSET = object()
@@ -46,10 +123,11 @@ _UNSET = object()
 _FORMATS: Dict[PieceFormat, PieceFormat] = {}
 
 _ENGINE_TABLES = attrgetter("engine_tables")
-_SUMMARIES = attrgetter("summaries")
-_KV = attrgetter("kv")
+_SUMMARY_POOL = attrgetter("summary_pool")
+_SUMMARY_ROW = attrgetter("summary_row")
+_KV_POOL = attrgetter("kv_pool")
+_KV_ROW = attrgetter("kv_row")
 _KV_FORMAT = attrgetter("kv_format")
-_SIZE = attrgetter("size")
 
 
 def entry_tables(entries: Sequence[SegmentEntry], device: torch.device) -> List[EntryTables]:
@@ -66,7 +144,7 @@ def entry_tables(entries: Sequence[SegmentEntry], device: torch.device) -> List[
 
 
 def _entry_summary_pointers(entry: SegmentEntry, device: torch.device) -> Optional[np.ndarray]:
-    """The entry's :attr:`EntryTables.summaries`."""
+    """The entry's flat summary pointer table (what its :attr:`EntryTables.summary_row` holds)."""
     if not entry.linear:
         return None
     table = np.zeros((max(entry.linear) + 1, 2), dtype=np.int64)
@@ -79,8 +157,8 @@ def _entry_summary_pointers(entry: SegmentEntry, device: torch.device) -> Option
 
 
 def _entry_kv_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
-    """The entry's :attr:`EntryTables.kv` and ``kv_format``; ``(None, None)`` when some layer's
-    K/V cannot be read in place."""
+    """The entry's flat K/V pointer table (what its :attr:`EntryTables.kv_row` holds) and
+    ``kv_format``; ``(None, None)`` when some layer's K/V cannot be read in place."""
     if not entry.attention:
         return None, None
     table = np.zeros((max(entry.attention) + 1, 2), dtype=np.int64)
@@ -94,43 +172,45 @@ def _entry_kv_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[Optio
     return (None, None) if fmt is None else (table.reshape(-1), _FORMATS.setdefault(fmt, fmt))
 
 
-def summary_pointers(entries: Sequence[SegmentEntry], tables: Sequence[EntryTables]
-                     ) -> Optional[List[np.ndarray]]:
+def summary_pointers(entries: Sequence[SegmentEntry], tables: Sequence[EntryTables]) -> Optional[PointerRows]:
     """Every body's flat summary pointer table (``tables[i]`` is ``entries[i]``'s), or None (no
     body, or one whose summaries must be copied before a scan can read them, or tables of
     different layer counts)."""
     if not tables:
         return None
-    pointers = list(map(_SUMMARIES, tables))
-    if any(map(is_, pointers, repeat(_UNSET))):
-        for i, (entry, t) in enumerate(zip(entries, tables)):
-            if t.summaries is _UNSET:
-                t.summaries = pointers[i] = _entry_summary_pointers(entry, t.device)
-    return _same_sized(pointers)
+    if any(map(is_, map(_SUMMARY_POOL, tables), repeat(_UNSET))):
+        for entry, t in zip(entries, tables):
+            if t.summary_pool is _UNSET:
+                table = _entry_summary_pointers(entry, t.device)
+                t.summary_pool = None if table is None else _pool(table.size)
+                t.summary_row = None if table is None else t.summary_pool.put(table)
+    return _one_pool(list(map(_SUMMARY_POOL, tables)), tables, _SUMMARY_ROW)
 
 
 def kv_pointers(entries: Sequence[SegmentEntry], tables: Sequence[EntryTables]
-                ) -> Tuple[Optional[List[np.ndarray]], Optional[PieceFormat]]:
+                ) -> Tuple[Optional[PointerRows], Optional[PieceFormat]]:
     """``(every piece's flat K/V pointer table, their common format)``, or ``(None, None)`` (no
     piece, or one the K/V gather cannot read in place)."""
     if not tables:
         return None, None
-    pointers = list(map(_KV, tables))
-    if any(map(is_, pointers, repeat(_UNSET))):
-        for i, (entry, t) in enumerate(zip(entries, tables)):
-            if t.kv is _UNSET:
-                t.kv, t.kv_format = _entry_kv_pointers(entry, t.device)
-                pointers[i] = t.kv
+    if any(map(is_, map(_KV_POOL, tables), repeat(_UNSET))):
+        for entry, t in zip(entries, tables):
+            if t.kv_pool is _UNSET:
+                table, t.kv_format = _entry_kv_pointers(entry, t.device)
+                t.kv_pool = None if table is None else _pool(table.size)
+                t.kv_row = None if table is None else t.kv_pool.put(table)
     fmt = common_format(list(map(_KV_FORMAT, tables)))
-    pointers = None if fmt is None else _same_sized(pointers)
+    pointers = None if fmt is None else _one_pool(list(map(_KV_POOL, tables)), tables, _KV_ROW)
     return (None, None) if pointers is None else (pointers, fmt)
 
 
-def _same_sized(tables: List[Optional[np.ndarray]]) -> Optional[List[np.ndarray]]:
-    """``tables`` when none is None and all have one size (one layer count), else None."""
-    if any(map(is_, tables, repeat(None))) or len(set(map(_SIZE, tables))) != 1:
+def _one_pool(pools: List[Optional[PointerPool]], tables: Sequence[EntryTables], row) -> Optional[PointerRows]:
+    """The tables' rows when every one has a table and all are of one pool (one width: one layer
+    count), else None."""
+    first = pools[0]
+    if first is None or pools.count(first) != len(pools):  # count: by identity first, then ==
         return None
-    return tables
+    return PointerRows(first, list(map(row, tables)))
 
 
 def common_format(formats: Sequence[Optional[PieceFormat]]) -> Optional[PieceFormat]:

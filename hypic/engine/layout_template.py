@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from hypic.engine.entry_tables import entry_tables, kv_pointers, summary_pointers
+from hypic.engine.entry_tables import PointerRows, entry_tables, kv_pointers, summary_pointers
 from hypic.engine.index_buffer import BufferLayout, check_out, new_host_buffer
 from hypic.engine.pic_layout import (
     HOST_TABLES,
@@ -262,22 +262,21 @@ _GEOMETRY_FIELDS = (
 )
 
 
-def _fits(tables: Optional[List[np.ndarray]], shape: Optional[Tuple[int, int, int]]) -> bool:
+def _fits(tables: Optional[PointerRows], shape: Optional[Tuple[int, int, int]]) -> bool:
     """Whether per-piece pointer tables (or None) make the template's ``[L, 2, N']`` table (or
     none): the same presence and layer count (the piece count is the geometry's)."""
     if tables is None or shape is None:
         return tables is None and shape is None
-    return tables[0].size == shape[0] * 2
+    return tables.width == shape[0] * 2
 
 
-def _fill_stacked(buf: np.ndarray, at: int, shape: Tuple[int, int, int], tables: List[np.ndarray]) -> None:
+def _fill_stacked(buf: np.ndarray, at: int, shape: Tuple[int, int, int], tables: PointerRows) -> None:
     """Write the ``[L, 2, N']`` stack of N flat ``[L * 2]`` pointer tables at ``buf[at:]``, as
     :func:`~hypic.engine.pic_layout._add_stacked` lays it (its padding columns are zeros in the
     template's buffer already)."""
     rows, padded = shape[0] * shape[1], shape[2]
-    num = len(tables)
     grid = buf[at:at + rows * padded].reshape(rows, padded)
-    grid[:, :num] = np.concatenate(tables).reshape(num, rows).T
+    grid[:, :len(tables)] = tables.stacked().T
 
 
 class LayoutTemplates:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hypic.engine.index_buffer import ALIGN_INT64, IndexBuffer
-from hypic.engine.entry_tables import entry_tables, kv_pointers, summary_pointers
+from hypic.engine.entry_tables import PointerRows, entry_tables, kv_pointers, summary_pointers
 from hypic.ops.kv_gather import PieceFormat, PieceTable
 from hypic.pic.frozen import frozen_constructor
 from hypic.pic.keys import StoreKey
@@ -445,17 +445,17 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     return layout, buffer
 
 
-def _add_stacked(buffer: IndexBuffer, name: str, tables: Sequence[np.ndarray]) -> Tuple[int, int, int]:
+def _add_stacked(buffer: IndexBuffer, name: str, tables: PointerRows) -> Tuple[int, int, int]:
     """Declare ``name`` in ``buffer``: the ``[L, 2, N']`` stack of N flat ``[L * 2]`` pointer
     tables, N' = N rounded up to an even count (zeros after) so that each layer's ``[2, N']``
     starts 16-byte aligned as the buffer's tables do. Returns that shape."""
     num = len(tables)
-    rows = tables[0].size  # L * 2
+    rows = tables.width  # L * 2
     padded = num + num % ALIGN_INT64
 
     def fill(out: np.ndarray) -> None:
         grid = out.reshape(rows, padded)
-        grid[:, :num] = np.concatenate(tables).reshape(num, rows).T  # np.stack cost ~3x this
+        grid[:, :num] = tables.stacked().T
         grid[:, num:] = 0
 
     buffer.add(name, rows * padded, fill)
