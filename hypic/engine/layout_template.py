@@ -90,9 +90,9 @@ def request_geometry(req: RequestLayout) -> Optional[Tuple[tuple, List[LiveEleme
 
 
 class _RequestPart:
-    """What a template knows of one request of its batch: which elements are live and which are
-    bodies, each body's token count, and (index among the live elements, live span index) of
-    each write."""
+    """What a template knows of one request of its batch: which elements are bodies, each body's
+    token count, its prefix's length, and (index among its live elements, live span index) of
+    each of its writes."""
 
     __slots__ = ("body_mask", "body_lengths", "num_prefix", "writes")
 
@@ -126,16 +126,16 @@ class LayoutTemplate:
         for b, req in enumerate(requests):
             self.parts.append(_RequestPart(req, b, first_span, layout))
             first_span += sum(type(e) is LiveElement for e in req.elements)
-        self.num_live = layout.cu_live_host[-1]
-        self.num_pieces = len(layout.cached_pieces)
         self.any_drop_transition = any(layout.body_drop_transition_host)
-        # index of each body among the cached pieces (None: the pieces are the bodies, in order)
-        pieces, bodies = [], []
+        # index of each body among the cached pieces (each request's prefix, then its bodies);
+        # None: the pieces are the bodies, in order
+        bodies: List[int] = []
+        num_pieces = 0
         for part in self.parts:
-            pieces.extend([False] * part.num_prefix)
-            bodies.extend(range(len(pieces), len(pieces) + len(part.body_lengths)))
-            pieces.extend([True] * len(part.body_lengths))
-        self.body_pieces = None if bodies == list(range(len(pieces))) else bodies
+            num_pieces += part.num_prefix
+            bodies.extend(range(num_pieces, num_pieces + len(part.body_lengths)))
+            num_pieces += len(part.body_lengths)
+        self.body_pieces = None if bodies == list(range(num_pieces)) else bodies
         offset = self.buffer_layout.offset
         self.input_ids_at = offset("input_ids")
         self.cached_shift_at = offset("cached_shift")
