@@ -31,6 +31,7 @@ rarely repeat one, and copying each one's buffer would cost them host time for n
 from __future__ import annotations
 
 import struct
+from array import array
 from collections import OrderedDict
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, sub
@@ -74,8 +75,9 @@ def request_geometry(req: RequestLayout) -> Optional[Tuple[tuple, List[LiveEleme
     els = req.elements
     try:
         types = tuple(map(type, els))
-        starts = tuple(map(_START, els))
-        lengths = tuple(map(_NUM_TOKENS, els))
+        # starts and counts as one int64 string: hashed and compared as bytes, not as ~260 int
+        # objects (the kept key's are cold in the caches by the next request)
+        bounds = array("q", chain(map(_START, els), map(_NUM_TOKENS, els))).tobytes()
         live = list(compress(els, map(is_, types, repeat(LiveElement))))
         writes = list(map(_WRITE, live))
         if writes.count(None) == len(writes):
@@ -83,9 +85,9 @@ def request_geometry(req: RequestLayout) -> Optional[Tuple[tuple, List[LiveEleme
         else:
             kinds = tuple((i, w.kind) for i, w in enumerate(writes) if w is not None)
         prefix = tuple(map(_NUM_TOKENS, req.prefix))
-    except AttributeError:
+    except (AttributeError, TypeError, OverflowError):  # no such element, a start that is no int64
         return None
-    key = (types, starts, lengths, kinds, prefix, req.use_transition, req.rerotate_keys, req.need_logits)
+    key = (types, bounds, kinds, prefix, req.use_transition, req.rerotate_keys, req.need_logits)
     return key, live
 
 

@@ -244,16 +244,10 @@ def segment_keys(
 
 def _seam_windows(prompt: SegmentedPrompt, policy: RequestPolicy) -> List[int]:
     """``w_eff`` of each segment, computed once per distinct length (segments mostly share one;
-    the keys and the spans both need them)."""
-    by_length = {}
-    out = []
-    for seg in prompt.segments:
-        num = len(seg)
-        w = by_length.get(num)
-        if w is None:
-            w = by_length[num] = policy.seam_tokens(num)
-        out.append(w)
-    return out
+    the keys and the spans both need them), the rest by C-level maps."""
+    lengths = list(map(len, prompt.segments))
+    by_length = {num: policy.seam_tokens(num) for num in dict.fromkeys(lengths)}
+    return list(map(by_length.__getitem__, lengths))
 
 
 def _segment_keys(prompt, windows, keyer, tenant_salt) -> Tuple[Optional[StoreKey], ...]:

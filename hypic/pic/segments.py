@@ -31,6 +31,7 @@ Error policy (all ``ValueError``):
 
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Tuple, Union
@@ -150,12 +151,7 @@ class SegmentedPrompt:
     @property
     def segment_starts(self) -> Tuple[int, ...]:
         """Absolute start position of each segment, then of the query."""
-        starts, pos = [], 0
-        for s in self.segments:
-            starts.append(pos)
-            pos += len(s)
-        starts.append(pos)
-        return tuple(starts)
+        return tuple(itertools.accumulate(map(len, self.segments), initial=0))  # no Python loop per segment
 
 
 def split_text_prompt(text: str, sep: str = PIC_SEP) -> Tuple[str, ...]:
