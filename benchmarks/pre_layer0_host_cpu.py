@@ -6,7 +6,9 @@ done, ``build_layout`` done, layer 0's pre-hook; and the medians of the pieces i
 on its own: ``_request_layout``, ``build_layout``, ``IndexBuffer.finish``, ``fill_ranges``.
 
 Prompt: 64 segments x 512 tokens + a 64-token query (the TTFT benchmark's 32k shape), after one
-cold request cached the segments; one torch thread.
+cold request cached the segments; one torch thread. ``--shuffle``: every measured request the
+segments in a new order with a new query, as the TTFT benchmark's all-hit case sends them
+(``hypic/bench/ttft.py``, ``case_all_hit``), instead of one prompt again and again.
 
     cd benchmarks && PYTHONPATH=.. python3 pre_layer0_host_cpu.py --json OUT.json
 """
@@ -37,6 +39,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--shuffle", action="store_true", help="a new segment order and query per request")
     args = ap.parse_args()
     torch.set_num_threads(1)
     spec, model = narrow_model()
@@ -48,6 +51,13 @@ def main():
     prompt = SegmentedPrompt(tuple(segs), query)
     for _ in range(2):
         bench.run(prompt)
+    if args.shuffle:
+        # every prompt made before the measurements (not on any clock), handed out by run()
+        prompts = iter([SegmentedPrompt(tuple(rng.sample(segs, len(segs))),
+                                        tuple(rng.randrange(spec.vocab_size) for _ in query))
+                        for _ in range(2 * args.repeats)])
+        real_run = bench.run
+        bench.run = lambda _prompt: real_run(next(prompts))
     marks = {m["mark"]: m["host_ms"] for m in timeline(bench, prompt, model, args.repeats)["marks"]}
     spent = collections.defaultdict(list)
     originals = []
@@ -69,7 +79,7 @@ def main():
     finally:
         for owner, name, real in originals:
             setattr(owner, name, real)
-    row = {"host_ms_at": {k: marks[k] for k in ("plan", "layout", "L0")},
+    row = {"shuffle": args.shuffle, "host_ms_at": {k: marks[k] for k in ("plan", "layout", "L0")},
            "pieces_ms": {name: statistics.median(v) * 1e3 for name, v in spent.items()}}
     print(json.dumps(row, indent=1))
     with open(args.json, "w") as f:
