@@ -17,6 +17,7 @@ touched is a cache miss). A row is freed when its entry's tables die with the en
 from __future__ import annotations
 
 import dataclasses
+import threading
 from itertools import repeat
 from operator import attrgetter, is_
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -32,30 +33,53 @@ from hypic.pic.payload import SegmentEntry
 
 class PointerPool:
     """Flat int64 pointer tables of one width, one row each; rows are handed out by :meth:`put`
-    and given back by :meth:`free` (when the entry whose table it is dies)."""
+    and given back by :meth:`free` (when the entry whose table it is dies).
 
-    __slots__ = ("width", "rows", "_free", "__weakref__")
+    The array grows by doubling and never shrinks (a row is ``8 * width`` bytes: a few MB for
+    thousands of live entries); a freed row is zeroed and handed out again first. ``put`` and
+    ``free`` hold a lock: ``free`` runs from ``EntryTables.__del__``, on whatever thread drops an
+    entry's last reference (or the garbage collector, possibly inside ``put`` on this thread: the
+    lock is reentrant and ``put`` grows the array so that such a ``free`` is kept)."""
+
+    __slots__ = ("width", "rows", "_free", "_in_use", "_lock", "__weakref__")
 
     def __init__(self, width: int) -> None:
+        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+            raise ValueError(f"width must be a positive int, got {width!r}")
         self.width = width
         self.rows = np.zeros((0, width), dtype=np.int64)
-        self._free: List[int] = []
+        self._free: List[int] = []  # a stack: the last row freed is the next one handed out
+        self._in_use = bytearray()  # per row: 1 while handed out
+        self._lock = threading.RLock()
 
     def put(self, table: np.ndarray) -> int:
-        """A row holding ``table`` (``width`` values)."""
-        if not self._free:  # grow by doubling: rows already handed out keep their index
-            old = self.rows.shape[0]
-            grown = np.zeros((max(16, 2 * old), self.width), dtype=np.int64)
-            grown[:old] = self.rows
-            self.rows = grown
-            self._free = list(range(grown.shape[0] - 1, old - 1, -1))
-        row = self._free.pop()
-        self.rows[row] = table
+        """A row holding ``table`` (``width`` integer values)."""
+        table = np.asarray(table)
+        if table.shape != (self.width,) or table.dtype.kind not in "iu":
+            raise ValueError(f"a table of {self.width} integers expected, got shape {table.shape} {table.dtype}")
+        with self._lock:
+            if not self._free:  # grow by doubling: rows already handed out keep their index
+                old = self.rows
+                num = old.shape[0]
+                grown = np.zeros((max(16, 2 * num), self.width), dtype=np.int64)
+                grown[:num] = old
+                self.rows = grown
+                # extended, not replaced: a free() run meanwhile (by the collector) stays in it
+                self._in_use.extend(bytes(grown.shape[0] - num))
+                self._free.extend(range(grown.shape[0] - 1, num - 1, -1))
+            row = self._free.pop()
+            self._in_use[row] = 1
+            self.rows[row] = table
         return row
 
     def free(self, row: int) -> None:
-        self.rows[row] = 0
-        self._free.append(row)
+        """Give ``row`` back (zeroed); a row not handed out is a ValueError."""
+        with self._lock:
+            if not 0 <= row < len(self._in_use) or not self._in_use[row]:
+                raise ValueError(f"row {row!r} is not in use in this pool")
+            self._in_use[row] = 0
+            self.rows[row] = 0
+            self._free.append(row)
 
     @property
     def num_used(self) -> int:

@@ -312,10 +312,12 @@ class PicContext(ForwardContext):
     def rope_cos_sin(self, rotary, positions, dtype):
         """The model's RoPE tables, kept with the layout's template (``geometry_cache``): every
         layout of one geometry has the same positions, so a cached request's later forwards skip
-        the ~10 ops of computing them (~0.1 ms of host time before layer 0). Only for the
-        layout's own positions and up to :data:`ROPE_CACHE_MAX_TOKENS` live tokens (a template
-        of a long cold prompt would keep megabytes of device memory for a forward that is
-        GPU-bound anyway)."""
+        the ~10 ops of computing them (~0.1 ms of host time before layer 0 on this repository's
+        CPU; ~10 kernel launches on a GPU). Only for the layout's own positions and up to
+        :data:`ROPE_CACHE_MAX_TOKENS` live tokens (a template of a long cold prompt would keep
+        megabytes of device memory for a forward that is GPU-bound anyway). The tables are only
+        read (copied into a row-wise graph's static inputs, or read by the rotation), never
+        written, so one forward's use cannot change another's."""
         cache = self.layout.geometry_cache
         if cache is None or positions is not self.layout.positions or positions.shape[0] > ROPE_CACHE_MAX_TOKENS:
             return super().rope_cos_sin(rotary, positions, dtype)

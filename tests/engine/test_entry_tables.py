@@ -6,6 +6,7 @@ import dataclasses
 import gc
 
 import numpy as np
+import pytest
 import torch
 
 from hypic.engine.entry_tables import PointerPool, entry_tables, kv_pointers, summary_pointers
@@ -76,10 +77,107 @@ def test_an_entrys_rows_are_freed_when_it_dies():
     assert left == [summary_ptrs(e) for e in entries]  # the others' rows untouched
 
 
+def full(width, value):
+    return np.full(width, value, dtype=np.int64)
+
+
 def test_pool_grows_keeping_its_rows():
     pool = PointerPool(4)
-    rows = [pool.put(np.full(4, i, dtype=np.int64)) for i in range(40)]
+    assert pool.rows.shape == (0, 4) and pool.num_used == 0
+    rows = [pool.put(full(4, i)) for i in range(40)]
     assert len(set(rows)) == 40 and pool.num_used == 40 and pool.rows.shape[0] >= 40
+    assert rows[:16] == list(range(16))  # first 16 rows, lowest first; then doubled twice
+    assert pool.rows.shape == (64, 4) and pool.rows.dtype == np.int64
     assert all(pool.rows[r].tolist() == [i] * 4 for i, r in enumerate(rows))
+    assert not pool.rows[40:].any()  # rows not handed out are zeros
     pool.free(rows[3])
-    assert pool.put(np.full(4, 77, dtype=np.int64)) == rows[3] and pool.num_used == 40
+    assert pool.put(full(4, 77)) == rows[3] and pool.num_used == 40
+
+
+def test_pool_reuses_the_last_freed_row_first_and_grows_only_when_full():
+    pool = PointerPool(2)
+    rows = [pool.put(full(2, i + 1)) for i in range(16)]
+    array = pool.rows
+    pool.free(rows[5])
+    pool.free(rows[9])
+    assert pool.num_used == 14 and not pool.rows[rows[5]].any() and not pool.rows[rows[9]].any()
+    assert pool.put(full(2, 50)) == rows[9] and pool.put(full(2, 60)) == rows[5]  # a stack
+    assert pool.rows is array  # reused, not grown
+    assert pool.rows[rows[9]].tolist() == [50, 50] and pool.rows[rows[5]].tolist() == [60, 60]
+    extra = pool.put(full(2, 70))  # full: doubled
+    assert extra == 16 and pool.rows.shape == (32, 2) and pool.rows is not array
+    assert pool.rows[:16].tolist() == [[50, 50] if r == rows[9] else [60, 60] if r == rows[5] else [r + 1] * 2
+                                       for r in range(16)]
+
+
+def test_pool_release_of_every_row_keeps_its_size():
+    pool = PointerPool(3)
+    rows = [pool.put(full(3, i)) for i in range(20)]
+    for r in rows:
+        pool.free(r)
+    assert pool.num_used == 0 and pool.rows.shape == (32, 3) and not pool.rows.any()
+    again = [pool.put(full(3, 9)) for _ in range(32)]  # fits without growing
+    assert sorted(again) == list(range(32)) and pool.rows.shape == (32, 3)
+
+
+def test_pool_accepts_any_integer_table():
+    pool = PointerPool(2)
+    row = pool.put(np.array([3, 4], dtype=np.int32))
+    assert pool.rows[row].tolist() == [3, 4] and pool.rows.dtype == np.int64
+    assert pool.rows[pool.put([5, 6])].tolist() == [5, 6]
+
+
+def test_pool_errors_on_bad_input():
+    for width in (0, -1, 2.0, True, "4"):
+        with pytest.raises(ValueError):
+            PointerPool(width)
+    pool = PointerPool(4)
+    row = pool.put(full(4, 1))
+    for table in (full(3, 1), full(5, 1), np.ones((2, 2), dtype=np.int64), np.int64(7),
+                  np.ones(4, dtype=np.float64), np.array(["a"] * 4)):
+        with pytest.raises(ValueError):
+            pool.put(table)
+    assert pool.num_used == 1 and pool.rows[row].tolist() == [1] * 4  # nothing taken or written
+    for bad in (-1, 16, 1000, row + 1):  # out of range, or never handed out
+        with pytest.raises(ValueError):
+            pool.free(bad)
+    pool.free(row)
+    with pytest.raises(ValueError):
+        pool.free(row)  # twice: would hand the row out twice
+    assert pool.num_used == 0 and pool.put(full(4, 2)) == row and pool.put(full(4, 3)) != row
+
+
+def test_pool_free_from_the_collector_during_growth_is_kept():
+    """A free() that runs inside put() (the collector dropping an entry) is not lost when the
+    pool grows."""
+    pool = PointerPool(2)
+    rows = [pool.put(full(2, i)) for i in range(16)]
+    real_zeros = np.zeros
+
+    def zeros_freeing(*args, **kwargs):  # as if the collector ran an EntryTables.__del__ here
+        np.zeros = real_zeros
+        pool.free(rows[7])
+        return real_zeros(*args, **kwargs)
+
+    np.zeros = zeros_freeing
+    try:
+        new = pool.put(full(2, 99))
+    finally:
+        np.zeros = real_zeros
+    assert pool.rows.shape == (32, 2) and pool.num_used == 16
+    handed = {pool.put(full(2, 5)) for _ in range(16)}  # every free row once, row 7 among them
+    assert rows[7] in handed and new not in handed and len(handed) == 16 and pool.num_used == 32
+
+
+def test_pools_are_shared_by_width_and_rows_freed_with_their_entry():
+    a, c = entry(300), entry(301, attention_layers=(1, 3))
+    kv_a = kv_pointers([a], entry_tables([a], CPU))[0]
+    kv_c = kv_pointers([c], entry_tables([c], CPU))[0]
+    assert kv_a.pool is not kv_c.pool and (kv_a.width, kv_c.width) == (4, 8)
+    b = entry(302)
+    assert kv_pointers([b], entry_tables([b], CPU))[0].pool is kv_a.pool  # one pool per width
+    pool, row = kv_c.pool, kv_c.rows[0]
+    used = pool.num_used
+    del c, kv_c
+    gc.collect()
+    assert pool.num_used == used - 1 and not pool.rows[row].any()
