@@ -256,8 +256,8 @@ class SegmentStore:
             if not isinstance(key, StoreKey):
                 raise ValueError(f"key: expected StoreKey, got {type(key).__name__}")
         out: List[Optional[SegmentHandle]] = []
-        device, counts, budget = self._device, self._counts, self.device_budget_bytes
         with self._lock:
+            device, counts, budget = self._device, self._counts, self.device_budget_bytes
             try:
                 for key in keys:
                     slot = device.get(key)

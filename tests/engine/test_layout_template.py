@@ -21,7 +21,9 @@ from hypic.engine.pic_layout import (
 )
 from hypic.ops.linear.summary import DenseSummary
 from hypic.pic.keys import Keyer, KeyNamespace
+from hypic.pic.modes import PICConfig
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
+from tests.engine.pic_helpers import PicHarness, random_segment, tiny_model
 
 KEYER = Keyer(KeyNamespace("template-test", "float32"))
 CPU = torch.device("cpu")
@@ -305,3 +307,34 @@ def test_rope_tables_are_kept_per_template():
     ctx = PicContext(spec, fresh)
     assert ctx.rope_cos_sin(rotary, fresh.positions, torch.float16)[0] is not ctx.rope_cos_sin(
         rotary, fresh.positions, torch.float16)[0]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model(seed=0)
+
+
+@pytest.mark.parametrize("mode", ["hypic", "addition", "prefix_cache"])
+def test_runner_results_are_those_of_fresh_builds(tiny, mode):
+    # all-hit requests of one pool in new orders share a geometry: from the second one on, the
+    # runner builds their layouts from its template; their logits and decode caches must be those
+    # of a runner that builds every layout fresh (bit for bit)
+    spec, model = tiny
+    rng = random.Random(5)
+    pool = [random_segment(20, 300 + i) for i in range(5)]
+    kept, fresh = (PicHarness(spec, model, config=PICConfig(mode=mode)) for _ in range(2))
+    fresh.runner.layout_templates = LayoutTemplates(max_templates=0)
+    for h in (kept, fresh):
+        h.run(pool, random_segment(4, 1))  # cold: caches the pool
+    for r in range(5):
+        order = rng.sample(range(len(pool)), len(pool)) if mode != "prefix_cache" else range(len(pool))
+        segs, query = [pool[j] for j in order], random_segment(4, 50 + r)
+        if r == 4:  # a miss among the hits: another geometry, with a write
+            segs = segs[:2] + [random_segment(20, 999)] + segs[2:]
+        (_, a), (_, b) = kept.run(segs, query), fresh.run(segs, query)
+        assert torch.equal(a.logits, b.logits)
+        for la, lb in zip(a.cache.layers, b.cache.layers):
+            for name in ("recurrent_state", "conv_state", "keys", "values", "positions"):
+                if hasattr(la, name):
+                    assert torch.equal(getattr(la, name), getattr(lb, name)), name
+    assert kept.runner.layout_templates.num_reused >= 2

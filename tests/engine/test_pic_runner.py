@@ -585,31 +585,3 @@ def test_writes_of_a_batch_record_their_own_conv_tails(tiny):
             # batched and alone run different fp32 GEMM shapes: their roundings differ (1.07e-6
             # seen on one CPU); another request's tail would be off by O(1)
             torch.testing.assert_close(got[want.key].linear[layer].conv_tail, cache.conv_tail, rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("mode", ["hypic", "addition", "prefix_cache"])
-def test_layout_templates_change_no_result(tiny, mode):
-    # all-hit requests of one pool in new orders share a geometry: from the second one on, the
-    # runner builds their layouts from its template; their logits and decode caches must be those
-    # of a runner that builds every layout fresh (bit for bit)
-    from hypic.engine.layout_template import LayoutTemplates
-
-    spec, model = tiny
-    rng = random.Random(5)
-    pool = [random_segment(20, 300 + i) for i in range(5)]
-    kept, fresh = (PicHarness(spec, model, config=PICConfig(mode=mode)) for _ in range(2))
-    fresh.runner.layout_templates = LayoutTemplates(max_templates=0)
-    for h in (kept, fresh):
-        h.run(pool, random_segment(4, 1))  # cold: caches the pool
-    for r in range(5):
-        order = rng.sample(range(len(pool)), len(pool)) if mode != "prefix_cache" else range(len(pool))
-        segs, query = [pool[j] for j in order], random_segment(4, 50 + r)
-        if r == 4:  # a miss among the hits: another geometry, with a write
-            segs = segs[:2] + [random_segment(20, 999)] + segs[2:]
-        (_, a), (_, b) = kept.run(segs, query), fresh.run(segs, query)
-        assert torch.equal(a.logits, b.logits)
-        for la, lb in zip(a.cache.layers, b.cache.layers):
-            for name in ("recurrent_state", "conv_state", "keys", "values", "positions"):
-                if hasattr(la, name):
-                    assert torch.equal(getattr(la, name), getattr(lb, name)), name
-    assert kept.runner.layout_templates.num_reused >= 2
