@@ -191,6 +191,26 @@ class PackedLayout:
 
 # the tables read on the host (each a list of ints): also the ones a layout's signature holds
 HOST_TABLES = ("cu_live_per_request", "cu_spans", "cu_runs")
+# the PackedLayout fields that are the index buffer's device tables, by the same name
+DEVICE_TABLES = ("input_ids", "positions", "cu_live_per_request", "cu_spans", "cu_chains", "chain_source",
+                 "cu_runs", "tail_index", "write_spans", "checkpoint_record_rows", "key_index", "positions_k",
+                 "cu_keys", "cu_cached", "cached_shift", "logits_rows")
+
+
+def packed_layout(dev: Dict[str, torch.Tensor], cpu: Dict[str, torch.Tensor],
+                  body_shape: Optional[Tuple[int, int, int]], kv_shape: Optional[Tuple[int, int, int]],
+                  **fields) -> PackedLayout:
+    """A :class:`PackedLayout` over an index buffer's device tables ``dev`` and host copies ``cpu``
+    (of :data:`HOST_TABLES`, as ``<name>_cpu``), the stacked address tables viewed in their shapes
+    (None: absent), and the remaining fields: the one constructor of :func:`build_fresh` and of
+    the layout templates (hypic.engine.layout_template)."""
+    return PackedLayout(
+        **{name: dev[name] for name in DEVICE_TABLES},
+        **{name + "_cpu": cpu[name] for name in HOST_TABLES},
+        body_addresses=None if body_shape is None else dev["body_addresses"].view(body_shape),
+        kv_addresses=None if kv_shape is None else dev["kv_addresses"].view(kv_shape),
+        **fields,
+    )
 
 
 # the tables whose values depend on more than the batch's geometry (its element kinds, starts
@@ -394,49 +414,29 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     signature = None if buffer_for is None else buffer.signature(HOST_TABLES)
     cpu, dev = buffer.finish(device, host_names=HOST_TABLES,
                              out=None if buffer_for is None else buffer_for(signature))
-    layout = PackedLayout(
+    layout = packed_layout(
+        dev, cpu, body_shape, kv_shape,
         requests=list(requests),
-        input_ids=dev["input_ids"],
-        positions=dev["positions"],
-        cu_live_per_request=dev["cu_live_per_request"],
-        cu_live_per_request_cpu=cpu["cu_live_per_request"],
         cu_live_host=cu_req,
         linear_one_run_per_request=not bodies and not writes,
-        cu_spans=dev["cu_spans"],
-        cu_spans_cpu=cpu["cu_spans"],
-        cu_chains=dev["cu_chains"],
-        chain_source=dev["chain_source"],
         bodies=bodies,
         body_drop_transition_host=drop_t,
-        body_addresses=None if body_shape is None else dev["body_addresses"].view(body_shape),
         chain_has_prefix=[bool(r.prefix) for r in requests],
-        cu_runs=dev["cu_runs"],
-        cu_runs_cpu=cpu["cu_runs"],
         run_init=run_init,
-        tail_index=dev["tail_index"],
         writes=writes,
-        write_spans=dev["write_spans"],
         write_span_range=_as_range(write_span_ids),
         write_spans_host=tuple(write_span_ids),
         any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
-        checkpoint_record_rows=dev["checkpoint_record_rows"],
         num_checkpoint_records=num_checkpoint_rows,
         write_after_checkpoint_rows=write_after_checkpoint_rows,
-        key_index=dev["key_index"],
-        positions_k=dev["positions_k"],
-        cu_keys=dev["cu_keys"],
         cu_keys_host=cu_keys,
         index_causal=not cached_pieces,
         keys_by_position=True,
         max_live_per_request=max(b - a for a, b in zip(cu_req[:-1], cu_req[1:])),
         max_keys_per_request=max(b - a for a, b in zip(cu_keys[:-1], cu_keys[1:])),
         cached_pieces=cached_pieces,
-        cu_cached=dev["cu_cached"],
-        cached_shift=dev["cached_shift"],
         any_rerotate=any(cached_shift),
-        kv_addresses=None if kv_shape is None else dev["kv_addresses"].view(kv_shape),
         kv_format=kv_format,
-        logits_rows=dev["logits_rows"],
         write_key_rows=write_key_rows,
         final_tail_slots=final_tail_for_request,
         index_device=buffer.device_tensor,

@@ -171,10 +171,10 @@ def conv_final_state(x: torch.Tensor, initial_state: Optional[torch.Tensor], cu_
     num_seqs = cu_seqlens.numel() - 1
     if initial_state is None:
         initial_state = x.new_zeros(num_seqs, dim, hist)
+    if hist == 0:
+        return x.new_zeros(num_seqs, dim, 0)
     tail_src = _conv_tail_index(cu_seqlens.to(x.device), num_tokens, num_seqs, hist)
-    states = initial_state.transpose(1, 2).reshape(num_seqs * hist, dim)
-    rows = gather_rows_of_cat(x, states, tail_src)
-    return rows.reshape(num_seqs, hist, dim).transpose(1, 2).contiguous()
+    return conv_tails(x, initial_state, tail_src, torch.promote_types(x.dtype, initial_state.dtype), impl="torch")
 
 
 def _conv_tail_index(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int) -> torch.Tensor:

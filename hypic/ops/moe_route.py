@@ -93,21 +93,23 @@ def _power_of_two(name: str, value, low: int, high: int) -> int:
     return value
 
 
+def _launch(block_tokens: Optional[int], num_warps: Optional[int], default_tokens: int, default_warps: int,
+            max_tokens: int) -> Tuple[int, int]:
+    return (_power_of_two("block_tokens", default_tokens if block_tokens is None else block_tokens, 1, max_tokens),
+            _power_of_two("num_warps", default_warps if num_warps is None else num_warps, 1, MAX_NUM_WARPS))
+
+
 def route_launch(block_tokens: Optional[int] = None, num_warps: Optional[int] = None) -> Tuple[int, int]:
     """``(block_tokens, num_warps)`` of :func:`route_topk`, None taking the module defaults
     (read at each call), validated."""
-    return (_power_of_two("block_tokens", ROUTE_BLOCK_TOKENS if block_tokens is None else block_tokens, 1,
-                          MAX_ROUTE_BLOCK_TOKENS),
-            _power_of_two("num_warps", ROUTE_NUM_WARPS if num_warps is None else num_warps, 1, MAX_NUM_WARPS))
+    return _launch(block_tokens, num_warps, ROUTE_BLOCK_TOKENS, ROUTE_NUM_WARPS, MAX_ROUTE_BLOCK_TOKENS)
 
 
 def bucket_launch(block_tokens: Optional[int] = None, num_warps: Optional[int] = None) -> Tuple[int, int]:
     """``(block_tokens, num_warps)`` of :func:`bucket_rows`, None taking the module defaults
     (read at each call), validated. ``block_tokens`` is the tile: up to that many tokens run in
     one."""
-    return (_power_of_two("block_tokens", BUCKET_BLOCK_TOKENS if block_tokens is None else block_tokens, 1,
-                          MAX_BUCKET_BLOCK_TOKENS),
-            _power_of_two("num_warps", BUCKET_NUM_WARPS if num_warps is None else num_warps, 1, MAX_NUM_WARPS))
+    return _launch(block_tokens, num_warps, BUCKET_BLOCK_TOKENS, BUCKET_NUM_WARPS, MAX_BUCKET_BLOCK_TOKENS)
 
 
 def _stride_align(stride: int) -> int:
