@@ -104,6 +104,8 @@ def main():
     ap.add_argument("--ab-capture", action="store_true",
                     help="--ab-env is read when CUDA graphs are captured (HYPIC_GRAPH_GLUE): each value gets its own "
                          "row-wise and core graphs, captured under it (_timing.CaptureSets)")
+    ap.add_argument("--trace", action="store_true",
+                    help="also write the profiled request's Chrome trace (gzipped) to --out")
     ap.add_argument("--census", action="store_true",
                     help="also count the non-view aten ops of one request by the hypic line that issued them")
     args = ap.parse_args()
@@ -174,6 +176,16 @@ def main():
                 bench.run(prompt)
                 sync()
             row["kernels"] = kernel_rows(prof)
+            if args.trace:  # every launch with its grid and time: read apart (per-launch costs, gaps)
+                import gzip
+                import tempfile
+
+                os.makedirs(args.out, exist_ok=True)
+                with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+                    prof.export_chrome_trace(tmp.name)
+                    with open(tmp.name, "rb") as src, gzip.open(
+                            os.path.join(args.out, f"allhit_trace_{args.tag}_{prompt_tokens}.json.gz"), "wb") as dst:
+                        dst.write(src.read())
             texts.append(f"== {args.tag}: all-hit {prompt_tokens} ({n} x 512 + 64) ==\n"
                          + prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
             texts.append(f"== {args.tag}: all-hit {prompt_tokens}, by host time ==\n"
