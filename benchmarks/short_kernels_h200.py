@@ -46,8 +46,8 @@ def conv_variants(dev, rows):
     state = torch.randn(len(lengths), d, width - 1, device=dev, generator=gen).bfloat16()
     cu = torch.tensor([0] + lengths, device=dev).cumsum(0)
     ref = None
-    for bt, bd, warps, log_n in [(16, 128, 4, 16), (16, 128, 4, 7), (16, 128, 2, 7), (8, 128, 2, 7), (32, 128, 4, 7),
-                                 (16, 256, 4, 7), (16, 64, 2, 7), (64, 64, 4, 7), (32, 64, 4, 7)]:
+    for bt, bd, warps, log_n in [(16, 128, 4, 16), (8, 128, 2, 8), (8, 128, 2, 16), (8, 64, 2, 8), (8, 128, 1, 8),
+                                 (16, 64, 2, 8), (4, 128, 1, 8), (8, 256, 4, 8)]:
         y = torch.full((t, d), float("nan"), device=dev, dtype=x.dtype)
 
         def launch():
@@ -81,7 +81,7 @@ def wy_variants(dev, rows):
     h_states = torch.randn(len(lengths), hv, kd, vd, device=dev, generator=gen).bfloat16()
     for tile_rows, ids in table.tiles:
         ref_w = ref_o = None
-        for warps in (4, 2, 8):
+        for warps, block_c in ((4, 128), (2, 128), (8, 128), (4, 64), (8, 64), (8, 32), (2, 64)):
             gc = torch.full((t, hv), float("nan"), device=dev)
             w = torch.full((t, hv, kd), float("nan"), device=dev, dtype=k.dtype)
             u = torch.full((t, hv, vd), float("nan"), device=dev, dtype=v.dtype)
@@ -90,15 +90,18 @@ def wy_variants(dev, rows):
                 short_wy_kernel[(ids.shape[0], hv)](
                     k, v, g, beta, cu, ids, gc, w, u, H=h, HV=hv, K=kd, V=vd, BV=vd, BT=tile_rows,
                     LOG2_BT=tile_rows.bit_length() - 1, USE_G=True,
-                    INV_PRECISION="ieee" if tile_rows <= 16 else "tf32x3", IO_PRECISION="tf32", num_warps=warps)
+                    INV_PRECISION="ieee" if tile_rows <= 16 else "tf32x3", IO_PRECISION="tf32", BC=block_c,
+                    num_warps=warps)
 
             ms = med(launch_wy)
             rows_of = torch.cat([torch.arange(cu_cpu[s], cu_cpu[s + 1]) for s in ids.tolist()]).to(dev)
             got = u.index_select(0, rows_of).float()
             ref_w = got if ref_w is None else ref_w
-            rows.append({"kernel": "short_wy", "tile_rows": tile_rows, "spans": ids.shape[0], "warps": warps, "ms": ms,
-                         "max_abs_diff": (got - ref_w).abs().max().item()})
+            rows.append({"kernel": "short_wy", "tile_rows": tile_rows, "spans": ids.shape[0], "warps": warps,
+                         "BC": block_c, "ms": ms, "max_abs_diff": (got - ref_w).abs().max().item()})
             print(json.dumps(rows[-1]), flush=True)
+            if block_c != 128:
+                continue  # the output kernel has no BC: timed once per warps
             for block_v in (64, 32, 128):
                 o = torch.full((t, hv, vd), float("nan"), device=dev, dtype=v.dtype)
 
@@ -115,6 +118,47 @@ def wy_variants(dev, rows):
                 print(json.dumps(rows[-1]), flush=True)
 
 
+def overlap_variants(dev, rows):
+    """Both tile sizes through the dispatchers, one after another or the 64-row size on a side
+    stream (``HYPIC_SHORT_TILE_OVERLAP``), inside a CUDA graph as the engine replays them."""
+    from _timing import env_vars
+
+    from hypic.ops.linear.short_span import short_span_rows
+    from hypic.ops.linear.short_wy import short_span_output_triton, short_span_wy_triton
+
+    lengths = [8] * 64 + [64]
+    t, h, hv, kd, vd = sum(lengths), 16, 32, 128, 128
+    gen = torch.Generator(device=dev).manual_seed(1)
+    q = F.normalize(torch.randn(t, h, kd, device=dev, generator=gen), dim=-1).bfloat16()
+    k = F.normalize(torch.randn(t, h, kd, device=dev, generator=gen), dim=-1).bfloat16()
+    v = torch.randn(t, hv, vd, device=dev, generator=gen).bfloat16()
+    g = -torch.rand(t, hv, device=dev, generator=gen) * 0.05
+    beta = torch.rand(t, hv, device=dev, generator=gen).bfloat16()
+    h_states = torch.randn(len(lengths), hv, kd, vd, device=dev, generator=gen).bfloat16()
+    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
+    cu = cu_cpu.to(dev)
+    table = short_span_rows(cu, cu_cpu, 64)
+    outs = {}
+    for value in ("0", "1"):
+        with env_vars(HYPIC_SHORT_TILE_OVERLAP=value):
+            def run():
+                gc, w, u = short_span_wy_triton(k, v, g, beta, cu, table)
+                return w, u, short_span_output_triton(q, k, u, h_states, gc, cu, table, 0.088)
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs[value] = run()
+            ms = med(graph.replay)
+        same = all(torch.equal(a, b) for a, b in zip(outs[value], outs["0"]))
+        rows.append({"kernel": "wy+output graph", "overlap": value, "ms": ms, "max_abs_diff": 0.0 if same else 1.0})
+        print(json.dumps(rows[-1]), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -123,6 +167,7 @@ def main():
     rows = []
     conv_variants(dev, rows)
     wy_variants(dev, rows)
+    overlap_variants(dev, rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "short_kernels.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

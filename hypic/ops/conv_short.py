@@ -27,11 +27,15 @@ import torch
 # (benchmarks/moe_glue_h200.py, session 25 call 2; ~50 us of it is the launch, as a call without
 # states shows): 16 x 128 x 4 warps 0.061 ms, 32 x 128 (before) 0.095, 8 x 512 0.086, 16 x 256
 # 0.083; without states every 128-channel tile took 0.050-0.064. Taller tiles hold more of the
-# states' gathered addresses at once.
-BLOCK_T, BLOCK_D, NUM_WARPS = 16, 128, 4
-# Binary-search steps: one constant for up to 65,536 runs, so the kernel compiles once rather
-# than once per bit length of the run count (a few extra L1-resident loads per tile)
-_SEARCH_STEPS = 16
+# states' gathered addresses at once. Timed again behind a sleep kernel, so without the launch
+# (benchmarks/short_kernels_h200.py, session 27 call 1, a column block of a wider input): 16 x
+# 128 x 4 warps 31.3 us with 16 search steps, 25.3 with 7; then 8 x 128 x 2 warps 22.3, 16 x 64
+# x 2 warps 22.3, 32 x 128 x 4 warps 27.4, 64 x 64 x 4 warps 36.9.
+BLOCK_T, BLOCK_D, NUM_WARPS = 8, 128, 2
+# Binary-search steps: 8 for up to 256 runs (a cached request: its seams and question), else 16
+# (up to 65,536): two compiled variants, rather than one per bit length of the run count. Each
+# step is a dependent load, so the 16 steps of a 65-run request cost 6 us of its 31.
+_SEARCH_STEPS = (8, 16)
 TAILS_BLOCK_D = 512
 _KERNEL = None
 
@@ -43,6 +47,13 @@ def _kernel():
 
         _KERNEL = short_conv_kernel
     return _KERNEL
+
+
+def search_steps(num_seqs: int) -> int:
+    """Binary-search steps the kernel takes over ``[0, num_seqs - 1]``: the first of
+    ``_SEARCH_STEPS`` that covers the run count's bit length (the count itself past them)."""
+    need = max(1, num_seqs.bit_length())
+    return next((steps for steps in _SEARCH_STEPS if steps >= need), need)
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, cu_seqlens: torch.Tensor,
@@ -66,7 +77,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             x, weight.contiguous(), bias if bias is not None else x, state if state is not None else x, cu, y,
             num_tokens, num_seqs, x.stride(0), y.stride(0), D=dim, W=width, HAS_BIAS=bias is not None,
             HAS_STATE=state is not None, SILU=activation == "silu", BT=BLOCK_T, BD=BLOCK_D,
-            LOG_N=max(_SEARCH_STEPS, num_seqs.bit_length()), num_warps=NUM_WARPS,
+            LOG_N=search_steps(num_seqs), num_warps=NUM_WARPS,
         )
     final = conv_final_state(x, initial_state, cu_seqlens, width - 1) if output_final_state else None
     return y, final

@@ -63,13 +63,23 @@ def test_short_conv_interpreted():
                                 activation=None, seed=1))
         worst = max(worst, case(torch.float32, "cpu", [70], 24, width=2, seed=2))
         worst = max(worst, case(torch.float16, "cpu", [5, 9, 17], 64, seed=3))
+        # 300 runs: past 256, so the binary search takes 16 steps instead of 8
+        worst = max(worst, case(torch.float32, "cpu", [1, 0, 2] * 100, 16, seed=4))
         print(worst)
     """)
     assert interpreted_error(script) < 1e-3
 
 
+def test_search_steps_cover_the_run_count():
+    from hypic.ops.conv_short import search_steps
+
+    assert [search_steps(n) for n in (0, 1, 65, 255, 256, 65535, 65536, 1 << 20)] == [8, 8, 8, 8, 16, 16, 17, 21]
+    for n in range(1, 70000, 997):  # the kernel's contract: at least the run count's bit length
+        assert n.bit_length() <= search_steps(n)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
-@pytest.mark.parametrize("lengths", [[8] * 64 + [64], [512] * 8 + [64], [1, 0, 2, 3] * 5])
+@pytest.mark.parametrize("lengths", [[8] * 64 + [64], [512] * 8 + [64], [1, 0, 2, 3] * 5, [1, 2] * 150])
 def test_short_conv_cuda_bf16(lengths):
     namespace = {}
     exec(CASE, namespace)

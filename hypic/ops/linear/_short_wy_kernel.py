@@ -40,6 +40,7 @@ def short_wy_kernel(
     USE_G: tl.constexpr,
     INV_PRECISION: tl.constexpr,  # dots of the inverse (fp32 operands)
     IO_PRECISION: tl.constexpr,   # dots of the factors (read only for fp32 inputs)
+    BC: tl.constexpr,             # columns of w and u per product (divides K and BV)
 ):
     """fla's intra-chunk WY step for one span: the gate cumsum, ``A = strict_lower(beta_i
     exp2(gc_i - gc_j) k_i.k_j)``, ``Ai = (I + A)^-1`` rounded to k's dtype, then ``w = Ai
@@ -49,13 +50,15 @@ def short_wy_kernel(
     The inverse is the product form of a nilpotent Neumann series: with ``N = -A`` (``N^BT =
     0``), ``(I + A)^-1 = (I + N)(I + N^2)(I + N^4)...``, i.e. ``log2(BT) - 1`` squarings and as
     many products of ``[BT, BT]`` tiles. That replaces fla's row-by-row forward substitution (a
-    serial loop of reductions per row) with a handful of MMAs."""
+    serial loop of reductions per row) with a handful of MMAs.
+
+    ``w`` and ``u`` are formed ``BC`` columns at a time, k and v re-read per block (L1/L2 hits):
+    a 64-row tile holding whole ``[BT, K]`` and ``[BT, V]`` fp32 products beside the inverse
+    spilled at 255 registers (ptxas, sm_90, 4 warps), which block columns avoid."""
     i_m = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     _, bos, length, rows, o_t, m_t = member_rows(cu, span_ids, i_m, BT)
     o_k = tl.arange(0, K)
-    o_v = tl.arange(0, BV)
-    m_v = o_v < V
     b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_t[:, None], other=0.0)
     b_b = tl.load(beta + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_a = tl.dot(b_k, tl.trans(b_k), input_precision=IO_PRECISION)  # fp32 [BT, BT]
@@ -76,15 +79,21 @@ def short_wy_kernel(
         b_n = tl.dot(b_n, b_n, input_precision=INV_PRECISION)
         b_p = b_p + tl.dot(b_p, b_n, input_precision=INV_PRECISION)
     b_ai = b_p.to(b_k.dtype)  # fla stores the solved matrix in k's dtype
-    b_kb = (b_k.to(tl.float32) * b_kscale[:, None]).to(b_k.dtype)
-    b_w = tl.dot(b_ai, b_kb, input_precision=IO_PRECISION)
-    tl.store(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    p_v = (rows * HV + i_h)[:, None] * V + o_v[None, :]
-    m_tv = m_t[:, None] & m_v[None, :]
-    b_v = tl.load(v + p_v, mask=m_tv, other=0.0)
-    b_vb = (b_v.to(tl.float32) * b_b[:, None]).to(b_v.dtype)
-    b_u = tl.dot(b_ai.to(b_v.dtype), b_vb, input_precision=IO_PRECISION)
-    tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_tv)
+    p_k = (rows * H + i_h // (HV // H))[:, None] * K
+    for c in tl.static_range(K // BC):
+        o_c = c * BC + tl.arange(0, BC)
+        b_kc = tl.load(k + p_k + o_c[None, :], mask=m_t[:, None], other=0.0)
+        b_kb = (b_kc.to(tl.float32) * b_kscale[:, None]).to(b_kc.dtype)
+        b_w = tl.dot(b_ai, b_kb, input_precision=IO_PRECISION)
+        tl.store(w + (rows * HV + i_h)[:, None] * K + o_c[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    for c in tl.static_range(BV // BC):
+        o_c = c * BC + tl.arange(0, BC)
+        p_v = (rows * HV + i_h)[:, None] * V + o_c[None, :]
+        m_tv = m_t[:, None] & (o_c < V)[None, :]
+        b_v = tl.load(v + p_v, mask=m_tv, other=0.0)
+        b_vb = (b_v.to(tl.float32) * b_b[:, None]).to(b_v.dtype)
+        b_u = tl.dot(b_ai.to(b_v.dtype), b_vb, input_precision=IO_PRECISION)
+        tl.store(u + p_v, b_u.to(u.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit

@@ -33,6 +33,7 @@ from hypic.ops.linear.short_span import SpanRows, _need_classes
 
 SHORT_WY_IMPLS = ("triton", "fla")
 _ENV = "HYPIC_SHORT_WY"
+_OVERLAP_ENV = "HYPIC_SHORT_TILE_OVERLAP"
 
 
 def short_wy_impl() -> str:
@@ -42,6 +43,16 @@ def short_wy_impl() -> str:
     if value not in SHORT_WY_IMPLS:
         raise ValueError(f"{_ENV} must be one of {SHORT_WY_IMPLS}, got {value!r}")
     return value
+
+
+def tile_overlap() -> bool:
+    """``HYPIC_SHORT_TILE_OVERLAP`` (default 1): on CUDA, the launch of the largest tile size runs
+    on a side stream beside the other sizes' launches (:func:`_tile_launches`); 0 launches them
+    one after another, for A/B runs."""
+    value = os.environ.get(_OVERLAP_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{_OVERLAP_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -154,6 +165,19 @@ def short_span_output(q: torch.Tensor, k: torch.Tensor, v_new: torch.Tensor, h: 
 # --------------------------------------------------------------------------------------------
 
 _KERNELS = None
+# Launch configs per tile rows, (warps, w/u column block) and (warps, V block). Measured one
+# launch at a time at the all-hit 32k shape on the H200 (benchmarks/short_kernels_h200.py,
+# session 27 call 1; 64 seams in 16-row tiles, the 64-token question in one 64-row tile, 32
+# value heads): the WY step at 16 rows 17.5 us with 2 warps against 19.0 with 4 (26.1 with 8);
+# the output at 16 rows 28.0 us with 2 warps and V blocks of 64 against 31.1 with 4 (BV 32:
+# 37.9 / 46.6), at 64 rows 6.2 us with 4 warps. Sizes not listed take the last entry at or
+# below them.
+WY_CONFIGS = {16: (2, 128), 32: (4, 128), 64: (4, 128)}
+OUTPUT_CONFIGS = {16: (2, 64), 32: (4, 64), 64: (4, 64)}
+
+
+def _config(table: dict, rows: int) -> tuple:
+    return table[max([r for r in table if r <= rows], default=min(table))]
 
 
 def _kernels():
@@ -163,6 +187,32 @@ def _kernels():
 
         _KERNELS = (short_wy_kernel, short_output_kernel)
     return _KERNELS
+
+
+def _tile_launches(device: torch.device, tiles, launch) -> None:
+    """``launch(rows, ids)`` for each tile size. A cached request has 16-row seam tiles (64 spans
+    x heads programs) and one 64-row question tile (one program per head, a serial inverse with
+    few programs to hide it): in the all-hit 32k profile (session 27 call 1) they took 17.5 and
+    32.6 us one after the other in every linear layer. On CUDA, with ``HYPIC_SHORT_TILE_OVERLAP``,
+    the largest size is launched on a side stream forked from the current one and joined back
+    after the others, so the two run side by side (in a CUDA graph capture the fork and join
+    become the graph's branches). Their outputs are disjoint rows of tensors allocated before
+    the fork, and the current stream waits for the side stream before anything reads them or
+    can reuse their memory."""
+    if len(tiles) < 2 or device.type != "cuda" or not tile_overlap():
+        for rows, ids in tiles:
+            launch(rows, ids)
+        return
+    from hypic.ops.linear.transition import _side_stream
+
+    current = torch.cuda.current_stream(device)
+    side = _side_stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        launch(*tiles[-1])  # the tiles come in increasing size
+    for rows, ids in tiles[:-1]:
+        launch(rows, ids)
+    current.wait_stream(side)
 
 
 def _check_tiles(table: SpanRows, key_dim: int) -> None:
@@ -187,15 +237,21 @@ def short_span_wy_triton(k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Ten
     u = torch.empty(num_tokens, heads, value_dim, device=k.device, dtype=v.dtype)
     gc = None if g is None else torch.empty(num_tokens, heads, device=k.device, dtype=torch.float32)
     fp32 = k.dtype == torch.float32
-    for rows, ids in table.tiles:
+    block_v = max(16, 1 << (value_dim - 1).bit_length())
+
+    def launch(rows: int, ids: torch.Tensor) -> None:
+        warps, block_c = _config(WY_CONFIGS, rows)
+        block_c = min(block_c, key_dim, block_v)  # both powers of two: the block divides K and BV
         _kernels()[0][(ids.shape[0], heads)](
             k, v, g if g is not None else beta, beta, cu, ids, gc if gc is not None else w, w, u,
-            H=k.shape[1], HV=heads, K=key_dim, V=value_dim, BV=max(16, 1 << (value_dim - 1).bit_length()),
+            H=k.shape[1], HV=heads, K=key_dim, V=value_dim, BV=block_v,
             BT=rows, LOG2_BT=rows.bit_length() - 1, USE_G=g is not None,
             # 16-row tiles: exact fp32 FMA dots are cheap; larger ones use 3xTF32 MMAs (fp32-accurate)
             INV_PRECISION="ieee" if rows <= 16 else "tf32x3", IO_PRECISION="ieee" if fp32 else "tf32",
-            num_warps=4,
+            BC=block_c, num_warps=warps,
         )
+
+    _tile_launches(k.device, table.tiles, launch)
     return gc, w, u
 
 
@@ -208,15 +264,19 @@ def short_span_output_triton(q: torch.Tensor, k: torch.Tensor, v_new: torch.Tens
     gc = None if gc is None else gc.contiguous()
     heads, key_dim, value_dim = v_new.shape[1], k.shape[-1], v_new.shape[-1]
     o = torch.empty_like(v_new)
-    block_v = min(64, max(16, 1 << (value_dim - 1).bit_length()))
-    for rows, ids in table.tiles:
+
+    def launch(rows: int, ids: torch.Tensor) -> None:
+        warps, block_v = _config(OUTPUT_CONFIGS, rows)
+        block_v = min(block_v, max(16, 1 << (value_dim - 1).bit_length()))
         _kernels()[1][(ids.shape[0], heads, -(-value_dim // block_v))](
             q, k, v_new, h, gc if gc is not None else v_new, cu, ids, table.span_chunk, o, float(scale),
             H=k.shape[1], HV=heads, K=key_dim, V=value_dim, BT=rows, BV=block_v, USE_G=gc is not None,
-            num_warps=4,
+            num_warps=warps,
         )
+
+    _tile_launches(q.device, table.tiles, launch)
     return o
 
 
 __all__ = ["SHORT_WY_IMPLS", "short_span_output", "short_span_output_triton", "short_span_wy",
-           "short_span_wy_triton", "short_wy_impl"]
+           "short_span_wy_triton", "short_wy_impl", "tile_overlap"]

@@ -76,15 +76,17 @@ def test_wy_transition_kernel_compiles_for_sm90(split, bc, num_warps, out_table)
 
 
 
-@pytest.mark.parametrize("rows,gated", [(16, True), (64, True), (16, False)])
-def test_short_wy_kernels_compile_for_sm90(rows, gated):
-    """short_wy's WY step (its inverse: ieee dots at 16 rows, 3xTF32 above) and output kernel."""
+@pytest.mark.parametrize("rows,gated,warps,block_c", [(16, True, 2, 128), (64, True, 4, 128), (64, True, 8, 32),
+                                                      (16, False, 4, 64)])
+def test_short_wy_kernels_compile_for_sm90(rows, gated, warps, block_c):
+    """short_wy's WY step (its inverse: ieee dots at 16 rows, 3xTF32 above; w and u in column
+    blocks of BC) and output kernel, at launch configs the dispatcher and the benchmark use."""
     from hypic.ops.linear._short_wy_kernel import short_output_kernel, short_wy_kernel
 
     PTR.update({"v": "*bf16", "beta": "*bf16", "cu": "*i64", "span_ids": "*i64", "gc": "*fp32", "q": "*bf16",
                 "h": "*bf16", "o": "*bf16", "scale": "fp32", "span_chunk": "*i32"})
     wy = dict(H=16, HV=32, K=128, V=128, BV=128, BT=rows, LOG2_BT=rows.bit_length() - 1, USE_G=gated,
-              INV_PRECISION="ieee" if rows <= 16 else "tf32x3", IO_PRECISION="tf32")
-    assert compile_sm90(short_wy_kernel, wy, num_warps=4).asm["ptx"]
+              INV_PRECISION="ieee" if rows <= 16 else "tf32x3", IO_PRECISION="tf32", BC=block_c)
+    assert compile_sm90(short_wy_kernel, wy, num_warps=warps).asm["ptx"]
     out = dict(H=16, HV=32, K=128, V=128, BT=rows, BV=64, USE_G=gated)
-    assert compile_sm90(short_output_kernel, out, num_warps=4).asm["ptx"]
+    assert compile_sm90(short_output_kernel, out, num_warps=warps).asm["ptx"]

@@ -73,6 +73,15 @@ def test_environment_choice_is_validated(monkeypatch):
     monkeypatch.setenv("HYPIC_SHORT_WY", "bogus")
     with pytest.raises(ValueError, match="HYPIC_SHORT_WY"):
         short_wy_impl()
+    from hypic.ops.linear.short_wy import tile_overlap
+
+    monkeypatch.delenv("HYPIC_SHORT_TILE_OVERLAP", raising=False)
+    assert tile_overlap()
+    monkeypatch.setenv("HYPIC_SHORT_TILE_OVERLAP", "0")
+    assert not tile_overlap()
+    monkeypatch.setenv("HYPIC_SHORT_TILE_OVERLAP", "yes")
+    with pytest.raises(ValueError, match="HYPIC_SHORT_TILE_OVERLAP"):
+        tile_overlap()
 
 
 KERNEL_CASE = textwrap.dedent("""
@@ -110,9 +119,24 @@ KERNEL_CASE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("gated", [True, False])
-def test_triton_kernels_match_torch_under_interpreter(gated):
-    assert interpreted_error(KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}))\n") < 2e-3
+# Launch configs other than the defaults: w/u formed in several column blocks (16 of K = 32,
+# and of V = 24 padded to 32, the last block part-masked), and output V blocks of 16.
+SMALL_BLOCKS = ("import hypic.ops.linear.short_wy as sw\n"
+                "sw.WY_CONFIGS = {16: (2, 16), 64: (8, 16)}\nsw.OUTPUT_CONFIGS = {16: (2, 16), 64: (8, 16)}\n")
+
+
+@pytest.mark.parametrize("gated,configs", [(True, ""), (False, ""), (True, SMALL_BLOCKS)])
+def test_triton_kernels_match_torch_under_interpreter(gated, configs):
+    assert interpreted_error(KERNEL_CASE + configs + f"print(case(torch.float16, 'cpu', gated={gated}))\n") < 2e-3
+
+
+def test_launch_configs_take_the_entry_at_or_below_the_tile():
+    from hypic.ops.linear.short_wy import _config
+
+    table = {16: (2, 64), 64: (4, 128)}
+    assert _config(table, 16) == (2, 64) and _config(table, 32) == (2, 64)
+    assert _config(table, 64) == (4, 128) and _config(table, 128) == (4, 128)
+    assert _config(table, 8) == (2, 64)  # below every entry: the smallest
 
 
 @pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
@@ -121,6 +145,52 @@ def test_triton_kernels_match_torch_on_cuda(gated):
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
     assert namespace["case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128) < 1e-2
+
+
+@pytest.mark.skipif(not CUDA, reason="side streams are CUDA's")
+def test_tile_sizes_side_by_side_equal_one_after_another_on_cuda(monkeypatch):
+    """The largest tile size on a side stream (eager, and captured in a CUDA graph and replayed)
+    gives exactly what launching the sizes one after another gives."""
+    from hypic.ops.linear.short_wy import short_span_output_triton, short_span_wy_triton
+
+    dev = torch.device("cuda")
+    lengths = [8] * 64 + [64, 17]  # three tile sizes: 16, 32, 64
+    gen = torch.Generator().manual_seed(3)
+    t, h, hv, kd, vd = sum(lengths), 2, 4, 128, 128
+    k = F.normalize(torch.randn(t, h, kd, generator=gen), dim=-1).bfloat16().to(dev)
+    q = F.normalize(torch.randn(t, h, kd, generator=gen), dim=-1).bfloat16().to(dev)
+    v = torch.randn(t, hv, vd, generator=gen).bfloat16().to(dev)
+    beta = torch.rand(t, hv, generator=gen).bfloat16().to(dev)
+    g = F.logsigmoid(torch.randn(t, hv, generator=gen) + 2.0).to(dev)
+    h0 = torch.randn(len(lengths), hv, kd, vd, generator=gen).bfloat16().to(dev)
+    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
+    cu = cu_cpu.to(dev)
+    table = short_span_rows(cu, cu_cpu, 64)
+    assert len(table.tiles) == 3
+
+    def run():
+        gc, w, u = short_span_wy_triton(k, v, g, beta, cu, table)
+        return gc, w, u, short_span_output_triton(q, k, u, h0, gc, cu, table, 0.25)
+
+    monkeypatch.setenv("HYPIC_SHORT_TILE_OVERLAP", "0")
+    expected = run()
+    monkeypatch.setenv("HYPIC_SHORT_TILE_OVERLAP", "1")
+    eager = run()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    for out in captured:
+        out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for want, got_eager, got_graph in zip(expected, eager, captured):
+        assert torch.equal(got_eager, want)
+        assert torch.equal(got_graph, want)
 
 
 @pytest.mark.skipif(not CUDA, reason="fla's kernels run on CUDA only")
