@@ -12,7 +12,7 @@ timeout 150 python3 short_kernels_h200.py --out $R > $R/short_stdout.txt 2>&1
 echo "short rc=$? after $(( $(date +%s) - T0 )) s" >> $R/short_stdout.txt; pack
 grep -vE "^\{" $R/short_stdout.txt | tail -42 | cut -c1-120
 timeout $(left 420) python3 allhit_ab_h200.py --tag s27c2 --out $R --prompts 32768 --repeats 6 --no-profile \
-  --ab-env HYPIC_SHORT_TILE_OVERLAP --ab-values 1,0 > $R/ab_stdout.txt 2>&1
+  --ab-env HYPIC_SHORT_TILE_OVERLAP --ab-values 1,0 --ab-capture > $R/ab_stdout.txt 2>&1
 echo "ab rc=$? after $(( $(date +%s) - T0 )) s" >> $R/ab_stdout.txt
 pack; grep -E "HYPIC|rc=|Error|ttft_p50" $R/ab_stdout.txt | cut -c1-300
 echo "call done after $(( $(date +%s) - T0 )) s"
