@@ -309,7 +309,8 @@ class EntryWriter:
 
         Cost: one read and one write of T, 2 MiB per write and layer at Qwen3.5-35B-A3B widths
         (a cold 32k prefill's 64 writes x 30 layers: 3.75 GiB each way, ~1.6 ms at the H200's
-        bandwidth), against ~0.9 ms saved by every all-hit request reading them."""
+        bandwidth by arithmetic, not measured), against ~0.9 ms saved by every all-hit request
+        reading them (hypic/ops/linear/t_planes.py)."""
         if not self._presplit or self._summary_cls is not DenseSummary:
             return False
         buffers = [held["transition"][0] for held in self._buffers if "transition" in held]

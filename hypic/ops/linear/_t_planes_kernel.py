@@ -36,7 +36,7 @@ def pack_planes_kernel(base, base16, table, num_tensors, KK: tl.constexpr, BLOCK
 
 def launch_pack(tensors: Sequence[torch.Tensor], key_dim: int) -> None:
     """One launch packing every ``[..., K, K]`` matrix of ``tensors`` (checked by the caller:
-    contiguous fp32, one device)."""
+    contiguous fp32, one device, none empty)."""
     base = tensors[0]
     kk = key_dim * key_dim
     starts = [(t.data_ptr() - base.data_ptr()) // 4 for t in tensors]
@@ -48,5 +48,5 @@ def launch_pack(tensors: Sequence[torch.Tensor], key_dim: int) -> None:
         table = table.pin_memory().to(base.device, non_blocking=True)
     block = triton.next_power_of_2(kk)
     grid = (max(counts), len(tensors))
-    pack_planes_kernel[grid](base, base.view(-1).view(torch.bfloat16) if base.numel() else base, table,
+    pack_planes_kernel[grid](base, base.view(-1).view(torch.bfloat16), table,
                              len(tensors), KK=kk, BLOCK=block, num_warps=8 if block >= 4096 else 4)

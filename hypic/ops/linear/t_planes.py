@@ -109,7 +109,9 @@ def pack_planes_(tensors: Sequence[torch.Tensor]) -> None:
         return
     from hypic.ops.linear._t_planes_kernel import launch_pack
 
-    launch_pack(tensors, k)
+    tensors = [t for t in tensors if t.numel()]  # (the launch's addresses count from the first)
+    if tensors:
+        launch_pack(tensors, k)
 
 
 __all__: List[str] = [
