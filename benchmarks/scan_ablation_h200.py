@@ -68,27 +68,24 @@ PREFETCH = [
      "                prefetch_l2(trans + t3, K * K)\n"
      "                prefetch_rows_l2(state + s3 + i_v * BV, o_k, V)\n"),
 ]
+# The body's T block of seam_body_step (fp32 load, or its planes with T_PACKED) as the kernel has it
+T_LOAD = ("    if T_PACKED:\n"
+          "        t_hi, t_lo = load_t_planes(trans, t_off, o_k, m_k, K)\n"
+          "        b_t = t_hi  # read by split_dot only without SPLIT, which T_PACKED excludes\n"
+          "    else:\n"
+          "        b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], "
+          "other=0.0)\n")
+T_SPLIT = "    if T_PACKED:\n        pass  # split already, by the store's writer\n"
 REORDER = [
-    ("    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
-     "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w",
+    (T_LOAD + "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w",
      "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w"),
-    ("    if SPLIT == 0:\n        t_hi = b_t\n",
-     "    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
-     "    if SPLIT == 0:\n        t_hi = b_t\n"),
+    (T_SPLIT, T_LOAD + T_SPLIT),
 ]
-# The body's T read as two bf16 planes (``hi`` then ``lo`` in its 64 KB per head, written by
-# :func:`presplit_table`) instead of fp32 split in the step: what a store holding T pre-split
-# would cost the walk. Its outputs must equal the default's (the split is the same rounding).
-PRESPLIT = [
-    ("    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
-     "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w",
-     "    p_t16 = trans.to(tl.pointer_type(tl.bfloat16)) + 2 * t_off + o_k[:, None] * K + o_k[None, :]\n"
-     "    t_hi = tl.load(p_t16, mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
-     "    t_lo = tl.load(p_t16 + K * K, mask=m_k[:, None] & m_k[None, :], other=0.0)\n"
-     "    b_t = t_hi\n"
-     "    b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)\n    b_w"),
-    ("    if SPLIT == 0:\n        t_hi = b_t\n        t_lo = b_t\n    else:\n        t_hi, t_lo = split_bf16(b_t)\n", ""),
-]
+# ``presplit`` is now the kernel's own T_PACKED path: the bodies' T read as two
+# bf16 planes (``hi`` then ``lo`` in its 64 KB per head, :func:`presplit_table`, packed as the
+# store's writer packs them) instead of fp32 split in the step. Its outputs must equal the
+# default's (the split is the same rounding).
+PRESPLIT: list = []
 VARIANTS = {
     "base": [],
     "presplit": PRESPLIT,
@@ -147,16 +144,11 @@ PRESPLIT_VARIANTS = ("presplit",)  # variants that read the bodies' T from presp
 def presplit_table(bodies, device):
     """Copies of the bodies with each head's T as its bf16 high plane then its low plane, in the
     same 64 KB (``hi = T`` rounded to bf16, ``lo = T - hi`` rounded: the split the step does),
-    and their address table."""
+    marked packed (the walk then reads them with T_PACKED), and their address table."""
     from hypic.ops.linear.summary import DenseSummary, SummaryTable, summary_addresses
+    from hypic.ops.linear.t_planes import pack_planes
 
-    copies = []
-    for b in bodies:
-        t = b.transition  # [1, HV, K, K] fp32
-        hi = t.bfloat16()
-        lo = (t - hi.float()).bfloat16()
-        packed = torch.cat([hi.flatten(2), lo.flatten(2)], dim=-1).view(torch.float32).view(t.shape)
-        copies.append(DenseSummary(packed.contiguous(), b.state))
+    copies = [DenseSummary(pack_planes(b.transition), b.state, True) for b in bodies]
     addresses = torch.tensor([summary_addresses(b, device) for b in copies], device=device).T.contiguous()
     return SummaryTable(tuple(copies), addresses)
 

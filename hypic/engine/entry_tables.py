@@ -41,12 +41,14 @@ class PointerPool:
     entry's last reference (or the garbage collector, possibly inside ``put`` on this thread: the
     lock is reentrant and ``put`` grows the array so that such a ``free`` is kept)."""
 
-    __slots__ = ("width", "rows", "_free", "_in_use", "_lock", "__weakref__")
+    __slots__ = ("width", "t_packed", "rows", "_free", "_in_use", "_lock", "__weakref__")
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, t_packed: bool = False) -> None:
         if not isinstance(width, int) or isinstance(width, bool) or width < 1:
             raise ValueError(f"width must be a positive int, got {width!r}")
         self.width = width
+        # summary tables: whether the T they point at are stored as bf16 planes (see _pool)
+        self.t_packed = t_packed
         self.rows = np.zeros((0, width), dtype=np.int64)
         self._free: List[int] = []  # a stack: the last row freed is the next one handed out
         self._in_use = bytearray()  # per row: 1 while handed out
@@ -86,13 +88,17 @@ class PointerPool:
         return self.rows.shape[0] - len(self._free)
 
 
-_POOLS: Dict[int, PointerPool] = {}  # by width: a pointer is an int whatever its device
+# by (width, t_packed): a pointer is an int whatever its device. Summary tables of entries whose
+# T are stored packed (bf16 planes, hypic.ops.linear.t_planes) have pools of their own, so a
+# forward's bodies come from one pool only when they share T's storage form: the walk reads
+# them all one way (a mix is not read in place: _one_pool gives None and they are copied).
+_POOLS: Dict[Tuple[int, bool], PointerPool] = {}
 
 
-def _pool(width: int) -> PointerPool:
-    pool = _POOLS.get(width)
+def _pool(width: int, t_packed: bool = False) -> PointerPool:
+    pool = _POOLS.get((width, t_packed))
     if pool is None:
-        pool = _POOLS[width] = PointerPool(width)
+        pool = _POOLS[width, t_packed] = PointerPool(width, t_packed)
     return pool
 
 
@@ -107,6 +113,11 @@ class PointerRows:
     @property
     def width(self) -> int:
         return self.pool.width
+
+    @property
+    def t_packed(self) -> bool:
+        """Summary tables: whether every T they point at is stored as bf16 planes."""
+        return self.pool.t_packed
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -167,17 +178,24 @@ def entry_tables(entries: Sequence[SegmentEntry], device: torch.device) -> List[
     return out
 
 
-def _entry_summary_pointers(entry: SegmentEntry, device: torch.device) -> Optional[np.ndarray]:
-    """The entry's flat summary pointer table (what its :attr:`EntryTables.summary_row` holds)."""
+def _entry_summary_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], bool]:
+    """The entry's flat summary pointer table (what its :attr:`EntryTables.summary_row` holds)
+    and whether its T are stored packed; ``(None, False)`` when some summary cannot be read in
+    place, or its layers' T are not all of one storage form."""
     if not entry.linear:
-        return None
+        return None, False
     table = np.zeros((max(entry.linear) + 1, 2), dtype=np.int64)
+    forms = set()
     for layer, payload in entry.linear.items():
-        pair = summary_addresses(payload.summary, device) if hasattr(payload, "summary") else None
+        summary = getattr(payload, "summary", None)
+        pair = None if summary is None else summary_addresses(summary, device)
         if pair is None:
-            return None
+            return None, False
+        forms.add(bool(getattr(summary, "t_packed", False)))
         table[layer] = pair
-    return table.reshape(-1)
+    if len(forms) != 1:
+        return None, False
+    return table.reshape(-1), forms.pop()
 
 
 def _entry_kv_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[Optional[np.ndarray], Optional[PieceFormat]]:
@@ -199,14 +217,14 @@ def _entry_kv_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[Optio
 def summary_pointers(entries: Sequence[SegmentEntry], tables: Sequence[EntryTables]) -> Optional[PointerRows]:
     """Every body's flat summary pointer table (``tables[i]`` is ``entries[i]``'s), or None (no
     body, or one whose summaries must be copied before a scan can read them, or tables of
-    different layer counts)."""
+    different layer counts or T storage forms); :attr:`PointerRows.t_packed` says the form."""
     if not tables:
         return None
     if any(map(is_, map(_SUMMARY_POOL, tables), repeat(_UNSET))):
         for entry, t in zip(entries, tables):
             if t.summary_pool is _UNSET:
-                table = _entry_summary_pointers(entry, t.device)
-                t.summary_pool = None if table is None else _pool(table.size)
+                table, t_packed = _entry_summary_pointers(entry, t.device)
+                t.summary_pool = None if table is None else _pool(table.size, t_packed)
                 t.summary_row = None if table is None else t.summary_pool.put(table)
     return _one_pool(list(map(_SUMMARY_POOL, tables)), tables, _SUMMARY_ROW)
 

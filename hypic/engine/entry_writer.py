@@ -71,7 +71,8 @@ def entry_in_place() -> bool:
 
 from hypic.engine.pic_context import _LazyItems, remember_tail_rows
 from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
-from hypic.ops.linear.summary import SummaryTable
+from hypic.ops.linear.summary import DenseSummary, SummaryTable
+from hypic.ops.linear.t_planes import pack_planes_, presplit_wanted
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
 
 
@@ -92,6 +93,9 @@ class EntryWriter:
         self._linear_row = {layer: j for j, layer in enumerate(self.linear_layers)}
         self._attention_row = {layer: j for j, layer in enumerate(self.attention_layers)}
         device = torch.device(device)
+        # segment writes' T stored as bf16 planes for the walks that will read them
+        # (hypic/ops/linear/t_planes.py), packed in finish(): decided once per forward
+        self._presplit = bool(self.writes) and presplit_wanted(device)
         self.mode = entry_writes_mode()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" and self.mode == "side" else None
         # mode "after": each layer's records as it ends (nothing done per layer: a cached request
@@ -148,8 +152,6 @@ class EntryWriter:
     def _allocate_targets(self, num_heads: int, key_dim: int, value_dim: int, device: torch.device):
         """Every write's T and S buffers over the linear layers, and per layer row the table of
         their rows: one host-built address tensor ``[L, 2, NW]`` copied to the device once."""
-        from hypic.ops.linear.summary import DenseSummary
-
         count = len(self.linear_layers)
         self._summary_cls = DenseSummary
         t_like = torch.empty((1, num_heads, key_dim, key_dim), dtype=torch.float32, device="meta")
@@ -202,6 +204,8 @@ class EntryWriter:
         if in_place and rec.write_summaries is not None:
             raise ValueError(f"layer {self.linear_layers[j]} was given summary targets but returned its summaries")
         if rec.write_summaries is not None:
+            if getattr(rec.write_summaries, "t_packed", False):
+                raise ValueError(f"layer {self.linear_layers[j]} returned packed summaries; live ones are plain")
             self._summary_cls = type(rec.write_summaries)
             t, s = rec.write_summaries.parts()
             # row i of each as a one-span summary ([1, ...]), by one call each
@@ -274,6 +278,7 @@ class EntryWriter:
             self._copy(dsts, srcs, ())
         if self._stream is not None:
             torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+        packed = self._pack_transitions()
         entries = []
         for i, (_, _, w) in enumerate(self.writes):
             held = self._buffers[i]
@@ -282,7 +287,8 @@ class EntryWriter:
                 if w.kind == WRITE_CHECKPOINT:
                     lin[layer] = LinearStateCheckpoint(held["state"][1][j], held["tail"][1][j])
                 else:
-                    summary = self._summary_cls(held["transition"][1][j], held["state"][1][j])
+                    summary = (DenseSummary(held["transition"][1][j], held["state"][1][j], True) if packed
+                               else self._summary_cls(held["transition"][1][j], held["state"][1][j]))
                     lin[layer] = LinearLayerCache(summary, held["tail"][1][j])
             att = {layer: AttentionLayerCache(held["key"][1][j], held["value"][1][j])
                    for j, layer in enumerate(self.attention_layers)}
@@ -295,6 +301,21 @@ class EntryWriter:
             entries.append(entry)
         return entries
 
+
+    def _pack_transitions(self) -> bool:
+        """Every segment write's T rows packed in place into bf16 planes (one launch after
+        their writes and copies, in stream order); whether they were. Only dense T (the other
+        structures keep no matrix) and only when :func:`presplit_wanted` said so.
+
+        Cost: one read and one write of T, 2 MiB per write and layer at Qwen3.5-35B-A3B widths
+        (a cold 32k prefill's 64 writes x 30 layers: 3.75 GiB each way, ~1.6 ms at the H200's
+        bandwidth by arithmetic, not measured), against ~0.9 ms saved by every all-hit request
+        reading them (hypic/ops/linear/t_planes.py)."""
+        if not self._presplit or self._summary_cls is not DenseSummary:
+            return False
+        buffers = [held["transition"][0] for held in self._buffers if "transition" in held]
+        pack_planes_(buffers)
+        return bool(buffers)
 
 def entry_writer(layout: PackedLayout, linear_layers: Sequence[int], attention_layers: Sequence[int],
                  device: torch.device) -> Optional[EntryWriter]:

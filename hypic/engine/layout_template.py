@@ -51,6 +51,7 @@ from hypic.engine.pic_layout import (
     PackedLayout,
     RequestLayout,
     build_fresh,
+    layout_signature,
     packed_layout,
 )
 
@@ -124,7 +125,8 @@ class LayoutTemplate:
         self.buffer_layout: BufferLayout = buffer.layout
         # the fresh build's host buffer: its request tables are rewritten in every copy
         self.image = buffer.host_tensor.numpy().copy()
-        self.signature = buffer.signature(HOST_TABLES)
+        self.body_t_packed = layout.body_t_packed
+        self.signature = layout_signature(buffer.signature(HOST_TABLES), layout.body_t_packed)
         self.parts = []
         first_span = 0
         for b, req in enumerate(requests):
@@ -188,6 +190,8 @@ class LayoutTemplate:
         kv_addresses, kv_format = kv_pointers(pieces, piece_tables)
         if not (_fits(body_addresses, self.body_shape) and _fits(kv_addresses, self.kv_shape)):
             return None
+        if body_addresses is not None and body_addresses.t_packed != self.body_t_packed:
+            return None  # the bodies' T in another storage form: another signature
 
         host = new_host_buffer(self.buffer_layout.numel, device)
         buf = host.numpy()
@@ -213,6 +217,7 @@ class LayoutTemplate:
             linear_one_run_per_request=g["linear_one_run_per_request"],
             bodies=bodies,
             body_drop_transition_host=list(g["body_drop_transition_host"]),
+            body_t_packed=body_addresses is not None and self.body_t_packed,
             chain_has_prefix=list(g["chain_has_prefix"]),
             run_init=list(g["run_init"]),
             writes=writes,

@@ -118,8 +118,11 @@ class PackedLayout:
     # [L, 2, NB'] int64 on the device: per layer, the data pointers of each body's T and S where
     # the store holds them (the GPU scan reads them in place; NB' = NB rounded up to even, zeros
     # after); None when some body's summaries cannot be read so (not fp32 on the device,
-    # `addition` mode): they are concatenated then.
+    # `addition` mode, or bodies whose T differ in storage form): they are concatenated then.
     body_addresses: Optional[torch.Tensor]
+    # whether body_addresses point at T stored as bf16 planes (hypic.ops.linear.t_planes); part
+    # of index_signature, since the walk graphs kept for a signature read T in one form
+    body_t_packed: bool
     chain_has_prefix: List[bool]
     # conv runs: maximal runs of consecutive live elements of one request
     cu_runs: torch.Tensor  # [R+1]
@@ -219,6 +222,13 @@ def packed_layout(dev: Dict[str, torch.Tensor], cpu: Dict[str, torch.Tensor],
 REQUEST_TABLES = ("input_ids", "cached_shift", "body_addresses", "kv_addresses")
 
 BufferFor = Callable[[tuple], Optional[torch.Tensor]]
+
+
+def layout_signature(buffer_signature: tuple, body_t_packed: bool) -> tuple:
+    """A layout's :attr:`PackedLayout.index_signature`: its index buffer's signature and the
+    storage form of its bodies' T (a kept graph's walk reads T in the form it was captured
+    with: ``T_PACKED`` is compiled in)."""
+    return buffer_signature, bool(body_t_packed)
 
 
 def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: torch.device,
@@ -411,7 +421,8 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     body_shape = None if body_addresses is None else _add_stacked(buffer, "body_addresses", body_addresses)
     kv_shape = None if kv_addresses is None else _add_stacked(buffer, "kv_addresses", kv_addresses)
     # the signature only matters to a caller that may reuse a kept buffer
-    signature = None if buffer_for is None else buffer.signature(HOST_TABLES)
+    body_t_packed = body_addresses is not None and body_addresses.t_packed
+    signature = None if buffer_for is None else layout_signature(buffer.signature(HOST_TABLES), body_t_packed)
     cpu, dev = buffer.finish(device, host_names=HOST_TABLES,
                              out=None if buffer_for is None else buffer_for(signature))
     layout = packed_layout(
@@ -421,6 +432,7 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
         linear_one_run_per_request=not bodies and not writes,
         bodies=bodies,
         body_drop_transition_host=drop_t,
+        body_t_packed=body_t_packed,
         chain_has_prefix=[bool(r.prefix) for r in requests],
         run_init=run_init,
         writes=writes,

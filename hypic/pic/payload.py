@@ -52,6 +52,10 @@ def _rebuild(obj: Any, fn, opaque) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if hasattr(obj, "payload_fields"):
+            # its constructor's arguments are not its fields (a DenseSummary: T as stored, and
+            # whether it is packed), so dataclasses.replace cannot rebuild it
+            return type(obj)(**{name: _rebuild(value, fn, opaque) for name, value in obj.payload_fields().items()})
         changes = {
             f.name: _rebuild(getattr(obj, f.name), fn, opaque)
             for f in dataclasses.fields(obj)

@@ -50,11 +50,15 @@ def _encode_tree(obj: Any, tensors: Dict[str, torch.Tensor], prefix: str, to_cpu
         return {"t": type(obj).__name__, "items": [_encode_tree(o, tensors, prefix, to_cpu) for o in obj]}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
+        # A class whose constructor does not take its fields as they are stored says what it
+        # takes (``payload_fields()``): a DenseSummary with packed T is rebuilt from its packed
+        # storage and flag, never from T's unpacked values.
+        fields = (obj.payload_fields() if hasattr(obj, "payload_fields")
+                  else {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init})
         return {
             "t": "dataclass",
             "cls": f"{cls.__module__}:{cls.__qualname__}",
-            "fields": {f.name: _encode_tree(getattr(obj, f.name), tensors, prefix, to_cpu)
-                       for f in dataclasses.fields(obj) if f.init},
+            "fields": {name: _encode_tree(value, tensors, prefix, to_cpu) for name, value in fields.items()},
         }
     raise ValueError(f"cannot persist a payload object of type {type(obj).__name__}")
 

@@ -27,7 +27,7 @@ def entry(i, attention_layers=(1,)):
 
 
 def summary_ptrs(e):
-    return [e.linear[0].summary.transition.data_ptr(), e.linear[0].summary.state.data_ptr()]
+    return [e.linear[0].summary.t_storage.data_ptr(), e.linear[0].summary.state.data_ptr()]
 
 
 def test_tables_are_made_once_and_kept_on_the_entry():
@@ -181,3 +181,22 @@ def test_pools_are_shared_by_width_and_rows_freed_with_their_entry():
     del c, kv_c
     gc.collect()
     assert pool.num_used == used - 1 and not pool.rows[row].any()
+
+
+def test_bodies_are_read_in_place_only_in_one_t_storage_form():
+    from hypic.ops.linear.t_planes import pack_planes
+
+    def packed_entry(i):
+        e = entry(i)
+        s = e.linear[0].summary
+        return SegmentEntry(key=e.key, linear={0: LinearLayerCache(DenseSummary(pack_planes(s.transition), s.state,
+                                                                                True), torch.zeros(8, 3))},
+                            attention=e.attention)
+
+    a, b, c = packed_entry(400), packed_entry(401), entry(402)
+    both = summary_pointers([a, b], entry_tables([a, b], CPU))
+    assert both.t_packed and both.stacked().tolist() == [summary_ptrs(a), summary_ptrs(b)]
+    assert [e.linear[0].summary.t_storage.data_ptr() for e in (a, b)] == [p[0] for p in both.stacked().tolist()]
+    plain = summary_pointers([c], entry_tables([c], CPU))
+    assert not plain.t_packed and plain.pool is not both.pool  # a pool per form
+    assert summary_pointers([a, c], entry_tables([a, c], CPU)) is None  # a mix: copied, as values

@@ -161,3 +161,32 @@ def test_mode_switch_is_validated(monkeypatch):
     monkeypatch.setenv(entry_writer.ENV, "later")
     with pytest.raises(ValueError, match="HYPIC_ENTRY_WRITES"):
         entry_writer.entry_writes_mode()
+
+
+def test_segment_writes_store_t_packed_when_presplit(tiny, monkeypatch):
+    """With T pre-split (``HYPIC_T_PRESPLIT``, forced on here: the CPU walk reads fp32 T) every
+    segment write's T is stored as bf16 planes: the same bytes' worth, T's values within 16
+    significant bits of the fp32 entry, S unchanged, and the next request's logits close."""
+    from hypic.ops.linear import t_planes
+
+    spec, model = tiny
+    segs = [random_segment(n, 700 + n) for n in (23, 17, 40)]
+    query = random_segment(5, 19)
+    got = {}
+    for packed in (False, True):
+        monkeypatch.setattr(entry_writer, "presplit_wanted", lambda device, packed=packed: packed)
+        h = PicHarness(spec, model)
+        h.run(segs, query)
+        got[packed] = ({e.key: e for e in h.store.snapshot()}, h.run(segs, query)[1].logits)
+    (plain, logits_plain), (packed, logits_packed) = got[False], got[True]
+    assert plain.keys() == packed.keys() and plain
+    for key, entry in packed.items():
+        for layer, cache in entry.linear.items():
+            want = plain[key].linear[layer].summary
+            assert cache.summary.t_packed and not want.t_packed
+            assert torch.equal(cache.summary.t_storage, t_planes.pack_planes(want.transition))
+            assert torch.equal(cache.summary.state, want.state)
+    assert float((logits_packed - logits_plain).abs().max() / logits_plain.abs().max()) < 1e-3
+    monkeypatch.setenv(t_planes.ENV, "yes")
+    with pytest.raises(ValueError, match="HYPIC_T_PRESPLIT"):
+        t_planes.presplit_wanted(torch.device("cuda"))

@@ -338,3 +338,37 @@ def test_runner_results_are_those_of_fresh_builds(tiny, mode):
                 if hasattr(la, name):
                     assert torch.equal(getattr(la, name), getattr(lb, name)), name
     assert kept.runner.layout_templates.num_reused >= 2
+
+
+def test_bodies_with_packed_t_are_another_signature():
+    """Bodies whose T are stored as bf16 planes: the layout says so (the walk reads them that
+    way), a kept graph of plain bodies is not theirs (another signature), a template of plain
+    bodies builds them fresh, and a batch mixing the forms reads its bodies as values."""
+    from hypic.ops.linear.t_planes import pack_planes
+
+    def packed(e):
+        linear = {layer: LinearLayerCache(DenseSummary(pack_planes(c.summary.transition), c.summary.state, True),
+                                          c.conv_tail) for layer, c in e.linear.items()}
+        return SegmentEntry(key=e.key, linear=linear, attention=e.attention, origin_position=e.origin_position)
+
+    batch = [hit_request([0, 1, 2], [5, 6])]
+    templates = LayoutTemplates()
+    plain = build_twice_then(templates, batch)
+    assert not plain.body_t_packed and plain.body_addresses is not None
+    saved = POOL[:3]
+    POOL[:3] = [packed(e) for e in saved]
+    try:
+        batch = [hit_request([0, 1, 2], [5, 6])]  # the same geometry, its bodies packed
+        got = build_layout(batch, 4, CPU, templates=templates, buffer_for=lambda s: None)
+        want = build_layout(batch, 4, CPU, buffer_for=lambda s: None)
+        assert got.body_t_packed and got.body_addresses is not None
+        assert templates.num_reused == 1  # build_twice_then's third only: this one built fresh
+        assert got.index_signature == want.index_signature
+        assert got.index_signature != build_layout([hit_request([3, 4, 5], [5, 6])], 4, CPU,
+                                                   buffer_for=lambda s: None).index_signature
+        got.index_device = want.index_device = None
+        assert_same_layout(got, want)
+        mixed = build_layout([hit_request([0, 4, 2], [5, 6])], 4, CPU)
+        assert mixed.body_addresses is None and not mixed.body_t_packed
+    finally:
+        POOL[:3] = saved

@@ -66,3 +66,28 @@ def test_disallowed_class_and_bad_files(tmp_path):
     save_file(tensors, str(path), metadata={"hypic.pic.entries": json.dumps(manifest)})
     with pytest.raises(ValueError, match="does not match"):
         load_entries(path, keyer=KR)
+
+
+def test_packed_t_round_trips_as_stored(tmp_path):
+    """A DenseSummary whose T is stored as bf16 planes is saved and loaded (and moved) as its
+    packed words with its flag: bit for bit, and its values still T's."""
+    from hypic.ops.linear.t_planes import pack_planes
+    from hypic.pic.payload import move_payload
+
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(1, 2, 4, 4, generator=g)
+    packed = DenseSummary(pack_planes(t), torch.randn(1, 2, 4, 3, generator=g), True)
+    entry = SegmentEntry(KR.segment_key([5, 6, 7], 1), linear={0: LinearLayerCache(packed, torch.randn(5, 3))})
+    path = tmp_path / "packed.safetensors"
+    save_entries([entry], path)
+    (loaded,) = load_entries(path, keyer=KR)
+    got = loaded.linear[0].summary
+    assert got.t_packed and payload_equal(got, packed)
+    assert torch.equal(got.transition, packed.transition) and float((got.transition - t).abs().max()) < 1e-4
+    moved = move_payload(packed, "cpu")
+    assert moved.t_packed and moved.t_storage is not packed.t_storage and payload_equal(moved, packed)
+    # a file of plain summaries (no flag in it) loads them plain
+    plain = DenseSummary(t, packed.state)
+    save_entries([SegmentEntry(KR.segment_key([8, 9], 1), linear={0: LinearLayerCache(plain, None)})], path)
+    (loaded,) = load_entries(path, keyer=KR)
+    assert not loaded.linear[0].summary.t_packed and torch.equal(loaded.linear[0].summary.transition, t)

@@ -51,6 +51,16 @@ def split_bf16(x):
 
 
 @triton.jit
+def load_t_planes(trans, t_off, o_k, m_k, K: tl.constexpr):
+    """``(hi, lo)`` bf16 tiles of a T stored packed (:mod:`hypic.ops.linear.t_planes`): the
+    head's ``K * K`` fp32 words from ``trans + t_off`` hold its hi plane then its lo plane, the
+    split :func:`split_bf16` would make of it."""
+    p_t16 = trans.to(tl.pointer_type(tl.bfloat16)) + 2 * t_off + o_k[:, None] * K + o_k[None, :]
+    m_kk = m_k[:, None] & m_k[None, :]
+    return tl.load(p_t16, mask=m_kk, other=0.0), tl.load(p_t16 + K * K, mask=m_kk, other=0.0)
+
+
+@triton.jit
 def bf16_dot(a, b, acc, SPLIT: tl.constexpr):
     """``acc + a @ b`` for bf16 tiles, in fp32. ``SPLIT`` 2 is the same maths for Triton's
     interpreter, whose bf16 ``tl.dot`` returns garbage (Triton 3.6): the operands go to fp32,
@@ -94,10 +104,15 @@ def bf16_fp32_dot(a, b, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
 
 @triton.jit
 def scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
-              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
-    """``T_i @ state + S_i`` with T_i, S_i at the given offsets."""
+              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+              T_PACKED: tl.constexpr):
+    """``T_i @ state + S_i`` with T_i, S_i at the given offsets (``T_PACKED``: a dense T stored
+    as bf16 planes, :func:`load_t_planes`; only with ``SPLIT``)."""
     b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
-    if MODE == 0:
+    if T_PACKED:
+        t_hi, t_lo = load_t_planes(trans, t_off, o_k, m_k, K)
+        b_h = split_dot(t_hi, t_lo, t_hi, b_h, PRECISION, SPLIT) + b_s
+    elif MODE == 0:
         b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
         b_h = fp32_dot(b_t, b_h, PRECISION, SPLIT) + b_s
     elif MODE == 1:
@@ -286,13 +301,15 @@ def element_meta(table, source, cu_spans, j, end, i_h, num_table, t_base, s_base
 def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, chunk, t_off, s_off,
                    i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                   USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+                   USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, T_PACKED: tl.constexpr):
     """A live span of at most BS tokens (a seam) and the cached body after it, in one step:
     ``T (gamma h + Kd^T v) + S`` taken as ``gamma T h + (T Kd^T) v + S`` with ``v = u - W h``.
     ``T Kd^T`` needs only loaded tiles, so the state's own path is ``T h`` beside ``W h -> P v``
     instead of the seam's two products followed by T's, and the seam's and the body's loads are
     in flight together (a cached request's chain alternates seams and bodies: its steps are
-    bound by their latency, not by their MMAs). Outputs as :func:`wy_step`'s for the seam."""
+    bound by their latency, not by their MMAs). Outputs as :func:`wy_step`'s for the seam.
+    ``T_PACKED``: the body's T is stored as its bf16 planes (:func:`load_t_planes`), loaded as
+    they are instead of fp32 split here (H200: one layer's all-hit walk -5.7%)."""
     if chunk >= 0:
         tl.store(h_chunks + (chunk * HV + i_h) * K * V + kv_off, b_h.to(h_chunks.dtype.element_ty), mask=m_kv)
     o_s = tl.arange(0, BS)
@@ -300,7 +317,11 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
     rows = bos + o_s
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
-    b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+    if T_PACKED:
+        t_hi, t_lo = load_t_planes(trans, t_off, o_k, m_k, K)
+        b_t = t_hi  # read by split_dot only without SPLIT, which T_PACKED excludes
+    else:
+        b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
     b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
     b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
     p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
@@ -315,7 +336,9 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
     else:
         gamma = 1.0
         decay = tl.where(m_t, 1.0, 0.0)
-    if SPLIT == 0:
+    if T_PACKED:
+        pass  # split already, by the store's writer
+    elif SPLIT == 0:
         t_hi = b_t
         t_lo = b_t
     else:
@@ -352,11 +375,12 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
                   MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_SOURCE: tl.constexpr,
                   HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr, LONG_WY: tl.constexpr,
-                  BT: tl.constexpr, INTERPRET: tl.constexpr):
+                  BT: tl.constexpr, INTERPRET: tl.constexpr, T_PACKED: tl.constexpr):
     """Chain element i applied to ``b_h``. With ``HAS_WY`` the live elements (``source[i] >= 0``,
     or every element without a source) are spans of the WY factors (:func:`wy_step`, or with
     ``LONG_WY`` spans of any length, :func:`wy_chunks`); otherwise every element is a summary at
-    the given offsets. With ``HAS_RECORD`` the state entering each element is kept in its row."""
+    the given offsets. With ``HAS_RECORD`` the state entering each element is kept in its row.
+    ``T_PACKED`` (with ``HAS_WY`` and ``HAS_SOURCE``): the bodies' T are stored as bf16 planes."""
     if HAS_RECORD or not HAS_WY:
         record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
     if HAS_WY and not HAS_SOURCE:
@@ -371,10 +395,13 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
         if live >= 0:
             b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
                             kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT, LONG_WY, BT, INTERPRET)
-        else:
-            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT)
+        else:  # a body, from the address table
+            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT,
+                            T_PACKED)
     else:
-        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT)
+        # live summaries and bodies alike: the launch never has packed bodies here
+        # (triton_scan._table_of unpacks them into a copy)
+        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT, False)
     return b_h
 
 
@@ -422,6 +449,7 @@ def scan_chain_kernel(
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
     FUSE: tl.constexpr,    # HAS_WY, HAS_SOURCE, dense, no records: a seam and its body in one step
+    T_PACKED: tl.constexpr,  # HAS_WY, HAS_SOURCE, SPLIT: the table's T are stored as bf16 hi/lo planes
 ):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -458,12 +486,12 @@ def scan_chain_kernel(
                 chunk = tl.load(span_chunk + src0).to(tl.int64)
                 b_h = seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos0, len0, chunk, t1, s1,
                                      i_h, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION,
-                                     SPLIT)
+                                     SPLIT, T_PACKED)
             else:
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new,
                                     h_chunks, source, b_h, i, i_h, t0, s0, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV,
                                     K, V, BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY,
-                                    BT, WHILE_LOOP)
+                                    BT, WHILE_LOOP, T_PACKED)
             # the next element is i + 2 after a pair, else i + 1
             src0, t0, s0, bos0, len0 = (tl.where(fuse, src2, src1), tl.where(fuse, t2, t1), tl.where(fuse, s2, s1),
                                         tl.where(fuse, bos2, bos1), tl.where(fuse, len2, len1))
@@ -487,7 +515,7 @@ def scan_chain_kernel(
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                     source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
                                     BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
-                                    WHILE_LOOP)
+                                    WHILE_LOOP, T_PACKED)
                 t_off, s_off = t_next, s_next
                 i += 1
         else:
@@ -497,7 +525,7 @@ def scan_chain_kernel(
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                     source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
                                     BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
-                                    WHILE_LOOP)
+                                    WHILE_LOOP, T_PACKED)
                 t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

@@ -56,6 +56,10 @@ class _SummaryOps:
     def _t(self) -> torch.Tensor:
         raise NotImplementedError
 
+    def _rebuild(self, t: torch.Tensor, state: torch.Tensor):
+        """A summary of this one's class and storage form from (stored T, S)."""
+        return type(self)(t, state)
+
     @property
     def nbytes(self) -> int:
         """Exact bytes held by the two tensors (T in its structured form, plus S)."""
@@ -66,18 +70,19 @@ class _SummaryOps:
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1:
             raise ValueError("idx must be a 1-D LongTensor of span indices")
         idx = idx.to(self.state.device)
-        return type(self)(self._t().index_select(0, idx), self.state.index_select(0, idx))
+        return self._rebuild(self._t().index_select(0, idx), self.state.index_select(0, idx))
 
     def parts(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The two tensors in constructor order: (transition, or log decays, ``state``)."""
+        """The two tensors in constructor order: (T as stored, or log decays, ``state``); a
+        packed dense T is its packed storage (see :class:`DenseSummary`)."""
         return self._t(), self.state
 
     def to(self, device: Union[str, torch.device]):
-        return type(self)(self._t().to(device), self.state.to(device))
+        return self._rebuild(self._t().to(device), self.state.to(device))
 
     def cloned(self):
         """A copy that owns its memory (e.g. of a CUDA graph's output buffers)."""
-        return type(self)(self._t().clone(), self.state.clone())
+        return self._rebuild(self._t().clone(), self.state.clone())
 
     @classmethod
     def cat(cls, summaries: Sequence["_SummaryOps"]):
@@ -86,6 +91,12 @@ class _SummaryOps:
         for i, s in enumerate(summaries):
             if type(s) is not cls:
                 raise ValueError(f"summaries[{i}] is {type(s).__name__}, expected {cls.__name__}")
+        packed = {getattr(s, "t_packed", False) for s in summaries}
+        if packed == {True}:  # all packed: their storage concatenates as it is
+            return summaries[0]._rebuild(torch.cat([s._t() for s in summaries], 0),
+                                         torch.cat([s.state for s in summaries], 0))
+        if packed == {True, False}:  # one storage form for the result: T's values
+            return cls(torch.cat([s.transition for s in summaries], 0), torch.cat([s.state for s in summaries], 0))
         return cls(torch.cat([s._t() for s in summaries], 0), torch.cat([s.state for s in summaries], 0))
 
 
@@ -123,21 +134,64 @@ class DiagonalSummary(_SummaryOps):
         return self.log_decay
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class DenseSummary(_SummaryOps):
-    """Dense T. transition ``[N, HV, K, K]``; state ``[N, HV, K, V]``."""
+    """Dense T. transition ``[N, HV, K, K]``; state ``[N, HV, K, V]``.
 
-    transition: torch.Tensor
+    ``t_storage`` is T as stored. With ``t_packed`` (fp32 only) each head's ``K * K`` fp32 words
+    hold T pre-split for the GPU walk's bf16x3 products: ``K * K`` bf16 high parts then ``K * K``
+    bf16 low parts (:mod:`hypic.ops.linear.t_planes`), so a walk reading it in place skips the
+    split. :attr:`transition` is always T's fp32 (or fp64) values (``hi + lo`` when packed, a new
+    tensor): nothing reading T as a matrix sees the packed words. Only the GPU scan reads the
+    packed storage, through :func:`summary_addresses` and the items' ``t_packed``."""
+
+    t_storage: torch.Tensor
     state: torch.Tensor
+    t_packed: bool
+
+    def __init__(self, transition: torch.Tensor, state: torch.Tensor, t_packed: bool = False) -> None:
+        # a hand-written __init__: callers pass T as ``transition`` (positionally or by name),
+        # which is the stored tensor itself unless ``t_packed``
+        object.__setattr__(self, "t_storage", transition)
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "t_packed", t_packed)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         _check_state_field("state", self.state)
+        if not isinstance(self.t_packed, bool):
+            raise ValueError(f"t_packed must be a bool, got {self.t_packed!r}")
         n, hv, k = self.state.shape[:3]
-        check_tensor("transition", self.transition, (n, hv, k, k), (self.state.dtype,))
-        check_same_device(transition=self.transition, state=self.state)
+        check_tensor("transition", self.t_storage, (n, hv, k, k), (self.state.dtype,))
+        if self.t_packed and self.state.dtype != torch.float32:
+            raise ValueError(f"a packed T (bf16 hi/lo planes) needs fp32 storage, got {self.state.dtype}")
+        check_same_device(transition=self.t_storage, state=self.state)
+
+    @property
+    def transition(self) -> torch.Tensor:
+        """T's values ``[N, HV, K, K]`` in the summary's dtype (unpacked when ``t_packed``)."""
+        if self.t_packed:
+            from .t_planes import unpack_planes
+
+            return unpack_planes(self.t_storage)
+        return self.t_storage
 
     def _t(self) -> torch.Tensor:
-        return self.transition
+        return self.t_storage
+
+    def _rebuild(self, t: torch.Tensor, state: torch.Tensor) -> "DenseSummary":
+        return DenseSummary(t, state, self.t_packed)
+
+    def unpacked(self) -> "DenseSummary":
+        """This summary with T stored as plain values (itself when it is)."""
+        return DenseSummary(self.transition, self.state) if self.t_packed else self
+
+    def payload_fields(self) -> dict:
+        """Constructor arguments, by name, for rebuilding it as a payload (moved, saved and
+        loaded: :mod:`hypic.pic.payload`, :mod:`hypic.pic.persist`): the stored T as it is with
+        its flag, so a packed T travels bit for bit and never as fp32 values (its fields are not
+        its constructor's arguments: ``dataclasses.replace`` cannot rebuild it)."""
+        return {"transition": self.t_storage, "state": self.state, "t_packed": self.t_packed}
 
 
 Summary = Union[ScalarSummary, DiagonalSummary, DenseSummary]
@@ -216,7 +270,8 @@ class SummaryTable:
     ``items``: a sequence (not copied) of one-span summaries of one structure and state shape;
     only the first is looked at unless the table is stacked. ``addresses``: optional
     ``[2, N']`` int64 (N' >= N; columns past N unused, so a caller may pad rows for alignment)
-    on the items' device, the data pointers of each item's T (or log decays) and S; whoever
+    on the items' device, the data pointers of each item's stored T (or log decays) and S, all
+    items of one storage form (:attr:`t_packed`); whoever
     builds it promises that every item is contiguous fp32 on that device (see
     :func:`summary_addresses`), and the GPU scan then reads the items through it. Without it (or
     on CPU) the items are concatenated."""
@@ -248,6 +303,13 @@ class SummaryTable:
     def dtype(self) -> torch.dtype:
         return self.items[0].dtype
 
+    @property
+    def t_packed(self) -> bool:
+        """Whether the items' dense T are stored as bf16 hi/lo planes (:class:`DenseSummary`);
+        like the rest, the first item's word for all (the address tables of
+        :mod:`hypic.engine.entry_tables` never mix the two forms)."""
+        return bool(getattr(self.items[0], "t_packed", False))
+
     def stacked(self) -> Summary:
         return type(self.items[0]).cat(self.items)
 
@@ -255,7 +317,8 @@ class SummaryTable:
 def summary_addresses(summary: Summary, device: torch.device) -> Optional[Tuple[int, int]]:
     """``(T, S)`` data pointers of a one-span summary a GPU scan can read in place: contiguous
     fp32 tensors on ``device``, 64-byte aligned (every whole allocation is); None when it cannot
-    (then it is copied)."""
+    (then it is copied). T's is its storage: a reader must also take the summary's ``t_packed``
+    (a packed T's words are bf16 planes, :class:`DenseSummary`)."""
     _check_summary("summary", summary)
     device = concrete_device(device)
     parts = summary.parts()
@@ -281,6 +344,8 @@ def check_summary_targets(table: "SummaryTable", num_spans: int, num_heads: int,
     first = table.items[0]
     if not isinstance(first, DenseSummary):
         raise ValueError(f"summary targets must be DenseSummary items, got {type(first).__name__}")
+    if first.t_packed:  # kernels write (and read back) fp32 T there; packing comes after
+        raise ValueError("summary targets must hold T as plain fp32 values, not packed planes")
     device = concrete_device(device)
     value_dim = first.state.shape[-1] if value_dim is None else value_dim
     for name, t, shape in (("transition", first.transition, (1, num_heads, key_dim, key_dim)),
@@ -299,6 +364,8 @@ def write_summaries_into(table: "SummaryTable", summary: DenseSummary) -> None:
     if summary.num_spans != table.num_spans:
         raise ValueError(f"{summary.num_spans} summaries for {table.num_spans} targets")
     items = list(table.items)
+    if any(item.t_packed for item in items):  # .transition of a packed item is a fresh tensor
+        raise ValueError("cannot write summaries into targets whose T is packed")
     torch._foreach_copy_([item.transition for item in items], list(summary.transition.unsqueeze(1).unbind(0)))
     torch._foreach_copy_([item.state for item in items], list(summary.state.unsqueeze(1).unbind(0)))
 
@@ -394,7 +461,7 @@ def gather_chain(first: Summary, second: Union[Summary, SummaryTable], source: t
     ``second[-source[i] - 1]`` (a gathered copy: the reference of :func:`scan_chain_from`)."""
     if isinstance(second, SummaryTable):
         second = second.stacked()
-    both = type(first)(torch.cat([first._t(), second._t()]), torch.cat([first.state, second.state]))
+    both = type(first).cat([first, second])  # (a packed T and a plain one: both as values)
     idx = torch.where(source >= 0, source, first.num_spans - 1 - source)
     return both.index(idx)
 

@@ -120,7 +120,7 @@ def _build_kernel():
         return configs
 
     key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "SPLIT", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
-           "LONG_WY", "T_UNIT", "S_UNIT", "FUSE"]
+           "LONG_WY", "T_UNIT", "S_UNIT", "FUSE", "T_PACKED"]
     tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -143,18 +143,21 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 64 == 0 else t.clone()
 
 
-def _table_of(second, mode: int, device: torch.device):
+def _table_of(second, mode: int, device: torch.device, packed_ok: bool = False):
     """``([2, N] int64 byte addresses of the second summaries' one-span (T, S), N, (T, S)
-    alignment in bytes, owner)``: a SummaryTable's own addresses when it has them (64-byte
-    aligned allocations), else those of its (or a stacked summary's) contiguous fp32 copy, whose
-    items lie one item size apart; ``owner`` holds that copy and must stay referenced until the
-    launch is queued (after that, stream order protects the memory)."""
+    alignment in bytes, owner, t_packed)``: a SummaryTable's own addresses when it has them
+    (64-byte aligned allocations), else those of its (or a stacked summary's) contiguous fp32
+    copy, whose items lie one item size apart; ``owner`` holds that copy and must stay
+    referenced until the launch is queued (after that, stream order protects the memory).
+    ``t_packed``: the table's T are stored as bf16 planes, which only a launch that can read
+    them (``packed_ok``) is given; otherwise the copy holds T's values."""
     from hypic.ops.linear.summary import SummaryTable
 
     if isinstance(second, SummaryTable):
-        if second.addresses is not None and second.addresses.device == device:
+        if (second.addresses is not None and second.addresses.device == device
+                and (packed_ok or not second.t_packed)):
             table = second.addresses.contiguous()
-            return table, table.shape[1], (64, 64), None
+            return table, table.shape[1], (64, 64), None, second.t_packed
         second = second.stacked()
     other_mode, trans2 = _mode_and_transition(second)
     if other_mode != mode:
@@ -167,7 +170,7 @@ def _table_of(second, mode: int, device: torch.device):
     table = torch.stack([trans2.data_ptr() + steps * t_bytes, state2.data_ptr() + steps * s_bytes])
     units = (math.gcd(64, t_bytes) if trans2.data_ptr() % 64 == 0 else 4,
              math.gcd(64, s_bytes) if state2.data_ptr() % 64 == 0 else 4)
-    return table, n, units, (trans2, state2)
+    return table, n, units, (trans2, state2), False
 
 
 def scan_chain_triton(
@@ -200,7 +203,9 @@ def scan_chain_triton(
     if has_source:
         if second is None:
             raise ValueError("a source table needs second summaries")
-        table, num_table, (t_unit, s_unit), owner = _table_of(second, mode, device)
+        # (packed bodies read by the summary walk, whose steps mix them with live summaries:
+        # a copy of their values; the walks of a PIC forward are the WY ones below)
+        table, num_table, (t_unit, s_unit), owner, _ = _table_of(second, mode, device)
         num_spans = source.numel()
         source = source.to(device=device, dtype=torch.int64).contiguous()
     else:  # _launch puts placeholders in for what a flag switches off
@@ -215,16 +220,18 @@ def scan_chain_triton(
     incoming = torch.empty(num_rows, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     final = torch.empty(num_chains, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record,
-            None, mode, precision, has_source, has_record, (t_unit, s_unit))
+            None, mode, precision, has_source, has_record, (t_unit, s_unit), t_packed=False)
     del owner  # the copies read through the table may go once the launch is queued
     return incoming, final
 
 
 def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
-            mode: int, precision: str, has_source: bool, has_record: bool, units, long_wy: bool = False) -> None:
+            mode: int, precision: str, has_source: bool, has_record: bool, units, long_wy: bool = False,
+            t_packed: bool = False) -> None:
     """One launch of the scan kernel; ``wy`` = ``(k, w, u, g or None, cu_spans, span_chunk, v_new,
     h_chunks)`` makes live elements WY spans (of at most one chunk, or of any length with
-    ``long_wy``)."""
+    ``long_wy``); ``t_packed``: the table's T are stored as bf16 planes (needs ``wy``, a source,
+    dense T and bf16x3)."""
     import triton
 
     global _KERNEL
@@ -254,6 +261,8 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
     # bf16x3: the kernel's own split products (2: the same maths for the interpreter)
     split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
     extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
+    if t_packed and not (wy is not None and has_source and mode == MODE_DENSE and split):
+        raise ValueError("packed T (bf16 planes) are read only by a bf16x3 WY walk of dense bodies from a source")
     # a seam and the body after it in one step: dense bodies from a source, no recorded states
     fuse = wy is not None and has_source and mode == MODE_DENSE and not has_record and fuse_seams_enabled()
 
@@ -267,7 +276,7 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if split else precision, SPLIT=split,
         WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
         HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, LONG_WY=long_wy, BT=CHUNK_TOKENS,
-        T_UNIT=units[0], S_UNIT=units[1], FUSE=fuse, **extra,
+        T_UNIT=units[0], S_UNIT=units[1], FUSE=fuse, T_PACKED=t_packed, **extra,
     )
 
 
@@ -315,11 +324,13 @@ def scan_chain_wy_triton(
     # The table's addresses are read relative to an fp32 base: with no live summaries, ``final``
     # (a fresh, aligned allocation) is that base.
     trans = state = final
-    table, num_table, units, owner = None, 0, (64, 64), None
+    table, num_table, units, owner, t_packed = None, 0, (64, 64), None, False
     if has_source:
         if second is None:
             raise ValueError("a source table needs second summaries")
-        table, num_table, units, owner = _table_of(second, MODE_DENSE, device)
+        # packed bodies are read as they are by the bf16x3 walk; any other precision reads fp32
+        table, num_table, units, owner, t_packed = _table_of(second, MODE_DENSE, device,
+                                                             packed_ok=precision == "bf16x3")
         source = source.to(device=device, dtype=torch.int64).contiguous()
     has_record = record_rows is not None
     incoming = final
@@ -332,7 +343,7 @@ def scan_chain_wy_triton(
     wy = (k, w, u, g if g is None else g.to(torch.float32), cu_spans.to(device=device, dtype=torch.int64),
           span_chunk, v_new, h_chunks)
     _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
-            MODE_DENSE, precision, has_source, has_record, units, long_wy=long_spans)
+            MODE_DENSE, precision, has_source, has_record, units, long_wy=long_spans, t_packed=t_packed)
     del owner
     if has_record:
         return v_new, h_chunks, final, incoming

@@ -16,7 +16,7 @@ PTR = {"trans": "*fp32", "state": "*fp32", "init": "*fp32", "incoming": "*fp32",
        "cu_chains": "*i64", "table": "*i64", "source": "*i64", "record": "*i64", "k": "*bf16", "w": "*bf16",
        "u": "*bf16", "g": "*fp32", "cu_spans": "*i64", "span_chunk": "*i64", "v_new": "*bf16", "h_chunks": "*bf16",
        "num_table": "i64", "t_base": "i64", "s_base": "i64", "rows": "*i64", "out": "*fp32", "NW": "i64",
-       "spans": "*i64", "out_base": "i64"}
+       "spans": "*i64", "out_base": "i64", "base": "*fp32", "base16": "*bf16", "num_tensors": "i32"}
 # Qwen3.5-35B-A3B's linear layers: 16 key heads, 32 value heads, K = V = 128
 DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, PRECISION="tf32x3", SPLIT=1, USE_G=True, T_UNIT=64, S_UNIT=64)
 
@@ -34,15 +34,26 @@ def compile_sm90(fn, constexprs, num_warps=8, num_stages=None):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-# (0, True, False, True): a cold prefill's walk recording the states around its written spans
-@pytest.mark.parametrize("fuse,long_wy,source,record", [(0, False, True, False), (1, False, True, False),
-                                                        (1, True, True, False), (0, True, False, True)])
-def test_chain_kernel_compiles_for_sm90(fuse, long_wy, source, record):
+# (0, True, False, True): a cold prefill's walk recording the states around its written spans;
+# t_packed: the bodies' T stored as bf16 planes (hypic/ops/linear/t_planes.py), fused or not
+@pytest.mark.parametrize("fuse,long_wy,source,record,t_packed", [
+    (0, False, True, False, False), (1, False, True, False, False), (1, True, True, False, False),
+    (0, True, False, True, False), (1, False, True, False, True), (0, False, True, False, True),
+    (0, True, True, True, True)])
+def test_chain_kernel_compiles_for_sm90(fuse, long_wy, source, record, t_packed):
     from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
 
     constexprs = dict(DIMS, BV=32, MODE=0, HAS_INIT=False, WHILE_LOOP=False, HAS_SOURCE=source, HAS_RECORD=record,
-                      HAS_WY=True, LONG_WY=long_wy, BT=64, FUSE=fuse)
+                      HAS_WY=True, LONG_WY=long_wy, BT=64, FUSE=fuse, T_PACKED=t_packed)
     assert compile_sm90(scan_chain_kernel, constexprs).asm["ptx"]
+
+
+def test_pack_planes_kernel_compiles_for_sm90():
+    """The in-place packing of written entries' T (a whole K = 128 head per program)."""
+    from hypic.ops.linear._t_planes_kernel import pack_planes_kernel
+
+    ptx = compile_sm90(pack_planes_kernel, dict(KK=128 * 128, BLOCK=128 * 128)).asm["ptx"]
+    assert "bar.sync" in ptx or "barrier.sync" in ptx  # every load before the in-place stores
 
 
 @pytest.mark.parametrize("split,bv,table", [(1, 32, False), (0, 64, False), (1, 64, True)])
@@ -59,7 +70,7 @@ def test_cold_walk_compiles_with_deeper_pipelines_for_sm90():
     from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
 
     constexprs = dict(DIMS, BV=64, MODE=0, HAS_INIT=False, WHILE_LOOP=False, HAS_SOURCE=False, HAS_RECORD=True,
-                      HAS_WY=True, LONG_WY=True, BT=64, FUSE=0)
+                      HAS_WY=True, LONG_WY=True, BT=64, FUSE=0, T_PACKED=False)
     assert compile_sm90(scan_chain_kernel, constexprs, num_warps=4, num_stages=3).asm["ptx"]
 
 
