@@ -47,6 +47,12 @@ _TEMPLATE_SENTINEL = "\uE000hypic-content\uE001"
 
 
 def _check_token_ids(ids, what: str, vocab_size: Optional[int]) -> TokenIds:
+    if type(ids) is tuple and _plain_ids(ids, vocab_size):
+        # Already what the loop below builds: kept as it is rather than copied, so a caller that
+        # hands the same tuples again (a server holding its documents tokenized) lets the key
+        # memo match them by identity (hypic.pic.keys.Keyer.segment_keys) instead of comparing
+        # every token: ~3.5 us a 512-token segment on this CPU, 64 of them in a 32k prompt.
+        return ids
     if isinstance(ids, (str, bytes)):
         raise ValueError(f"{what}: expected a sequence of token ids, got {type(ids).__name__}")
     try:
@@ -68,6 +74,16 @@ def _check_token_ids(ids, what: str, vocab_size: Optional[int]) -> TokenIds:
             raise ValueError(f"{what}: token id {t} is out of range for vocab_size {vocab_size}")
         out.append(t)
     return tuple(out)
+
+
+def _plain_ids(ids: tuple, vocab_size: Optional[int]) -> bool:
+    """Every item a Python int (bools and integer scalars of other types excluded: they take the
+    checking loop) in ``[0, vocab_size)``."""
+    if not ids:
+        return True
+    if set(map(type, ids)) != {int}:
+        return False
+    return min(ids) >= 0 and (vocab_size is None or max(ids) < vocab_size)
 
 
 @dataclass(frozen=True)

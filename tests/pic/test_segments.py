@@ -136,3 +136,19 @@ def test_token_ids_accept_integer_tensors_and_reject_others():
         build_segmented_prompt([torch.tensor([1.0]), [4]])
     with pytest.raises(ValueError, match="sequence of token ids"):
         SegmentedPrompt(segments=("ab",), query=(1,))
+
+
+def test_plain_int_tuples_are_kept_and_everything_else_checked():
+    import numpy as np
+
+    seg = tuple(range(300, 812))
+    prompt = SegmentedPrompt(segments=(seg,), query=(1, 2))
+    assert prompt.segments[0] is seg  # kept, not copied: the key memo can match it by identity
+    mixed = (1, np.int64(2), 3)  # a numpy scalar among ints: checked and converted to plain ints
+    out = SegmentedPrompt(segments=(mixed,), query=(1,)).segments[0]
+    assert out == (1, 2, 3) and out is not mixed and all(type(t) is int for t in out)
+    for bad, match in [((1, True), "must be ints"), ((1, -1), "negative"), ((2.0,), "must be ints")]:
+        with pytest.raises(ValueError, match=match):
+            SegmentedPrompt(segments=(bad,), query=(1,))
+    with pytest.raises(ValueError, match="out of range"):
+        build_segmented_prompt([(1, 5), (1,)], vocab_size=5)
