@@ -40,6 +40,9 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--shuffle", action="store_true", help="a new segment order and query per request")
+    ap.add_argument("--fresh-tuples", action="store_true",
+                    help="with --shuffle: every prompt's segments as new tuples (as a server tokenising each "
+                         "request passes them) instead of the same tuple objects again")
     args = ap.parse_args()
     torch.set_num_threads(1)
     spec, model = narrow_model()
@@ -53,7 +56,9 @@ def main():
         bench.run(prompt)
     if args.shuffle:
         # every prompt made before the measurements (not on any clock), handed out by run()
-        prompts = iter([SegmentedPrompt(tuple(rng.sample(segs, len(segs))),
+        # new int objects too (parsed, as from a request), so no comparison finds them identical
+        fresh = (lambda seg: tuple(int(str(t)) for t in seg)) if args.fresh_tuples else (lambda seg: seg)  # noqa: E731
+        prompts = iter([SegmentedPrompt(tuple(map(fresh, rng.sample(segs, len(segs)))),
                                         tuple(rng.randrange(spec.vocab_size) for _ in query))
                         for _ in range(2 * args.repeats)])
         real_run = bench.run
@@ -79,7 +84,7 @@ def main():
     finally:
         for owner, name, real in originals:
             setattr(owner, name, real)
-    row = {"shuffle": args.shuffle, "host_ms_at": {k: marks[k] for k in ("plan", "layout", "L0")},
+    row = {"shuffle": args.shuffle, "fresh_tuples": args.fresh_tuples, "host_ms_at": {k: marks[k] for k in ("plan", "layout", "L0")},
            "pieces_ms": {name: statistics.median(v) * 1e3 for name, v in spent.items()}}
     print(json.dumps(row, indent=1))
     with open(args.json, "w") as f:
