@@ -63,22 +63,30 @@ def conv_variants(dev, rows):
         print(json.dumps(rows[-1]), flush=True)
 
 
-def wy_variants(dev, rows):
-    from hypic.ops.linear._short_wy_kernel import short_output_kernel, short_wy_kernel
+def allhit_inputs(dev, seed: int):
+    """The linear layer's WY inputs at the all-hit 32k shape: ``(lengths, (H, HV, K, V), (q, k,
+    v, g, beta, h_states, cu_cpu, cu, span table))``."""
     from hypic.ops.linear.short_span import short_span_rows
 
     lengths = [8] * 64 + [64]
     t, h, hv, kd, vd = sum(lengths), 16, 32, 128, 128
-    gen = torch.Generator(device=dev).manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     q = F.normalize(torch.randn(t, h, kd, device=dev, generator=gen), dim=-1).bfloat16()
     k = F.normalize(torch.randn(t, h, kd, device=dev, generator=gen), dim=-1).bfloat16()
     v = torch.randn(t, hv, vd, device=dev, generator=gen).bfloat16()
     g = -torch.rand(t, hv, device=dev, generator=gen) * 0.05
     beta = torch.rand(t, hv, device=dev, generator=gen).bfloat16()
+    h_states = torch.randn(len(lengths), hv, kd, vd, device=dev, generator=gen).bfloat16()
     cu_cpu = torch.tensor([0] + lengths).cumsum(0)
     cu = cu_cpu.to(dev)
-    table = short_span_rows(cu, cu_cpu, 64)
-    h_states = torch.randn(len(lengths), hv, kd, vd, device=dev, generator=gen).bfloat16()
+    return lengths, (h, hv, kd, vd), (q, k, v, g, beta, h_states, cu_cpu, cu, short_span_rows(cu, cu_cpu, 64))
+
+
+def wy_variants(dev, rows):
+    from hypic.ops.linear._short_wy_kernel import short_output_kernel, short_wy_kernel
+
+    lengths, (h, hv, kd, vd), (q, k, v, g, beta, h_states, cu_cpu, cu, table) = allhit_inputs(dev, seed=0)
+    t = sum(lengths)
     for tile_rows, ids in table.tiles:
         ref_w = ref_o = None
         for warps, block_c in ((4, 128), (2, 128), (8, 128), (4, 64), (8, 64), (8, 32), (2, 64)):
@@ -123,21 +131,9 @@ def overlap_variants(dev, rows):
     stream (``HYPIC_SHORT_TILE_OVERLAP``), inside a CUDA graph as the engine replays them."""
     from _timing import env_vars
 
-    from hypic.ops.linear.short_span import short_span_rows
     from hypic.ops.linear.short_wy import short_span_output_triton, short_span_wy_triton
 
-    lengths = [8] * 64 + [64]
-    t, h, hv, kd, vd = sum(lengths), 16, 32, 128, 128
-    gen = torch.Generator(device=dev).manual_seed(1)
-    q = F.normalize(torch.randn(t, h, kd, device=dev, generator=gen), dim=-1).bfloat16()
-    k = F.normalize(torch.randn(t, h, kd, device=dev, generator=gen), dim=-1).bfloat16()
-    v = torch.randn(t, hv, vd, device=dev, generator=gen).bfloat16()
-    g = -torch.rand(t, hv, device=dev, generator=gen) * 0.05
-    beta = torch.rand(t, hv, device=dev, generator=gen).bfloat16()
-    h_states = torch.randn(len(lengths), hv, kd, vd, device=dev, generator=gen).bfloat16()
-    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
-    cu = cu_cpu.to(dev)
-    table = short_span_rows(cu, cu_cpu, 64)
+    _, _, (q, k, v, g, beta, h_states, _, cu, table) = allhit_inputs(dev, seed=1)
     outs = {}
     for value in ("0", "1"):
         with env_vars(HYPIC_SHORT_TILE_OVERLAP=value):

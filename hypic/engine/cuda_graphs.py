@@ -33,12 +33,12 @@ captures every bucket at start-up.
 from __future__ import annotations
 
 import bisect
-import os
 import weakref
 from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 
+from hypic.envs import env_switch
 from hypic.ops.fused import recording_graph
 from hypic.ops.linear._checks import concrete_device
 
@@ -58,10 +58,7 @@ def group_outputs_enabled() -> bool:
     (the column blocks of a fused projection's GEMM) are copied out of the graph as that tensor's
     one span into one buffer, and returned as the same views of it (:func:`_output_groups`);
     0 copies each output into a contiguous buffer of its own (read at capture time)."""
-    value = os.environ.get(GROUP_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{GROUP_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(GROUP_ENV)
 
 
 def adopt_enabled() -> bool:
@@ -69,17 +66,11 @@ def adopt_enabled() -> bool:
     reads that buffer in place (:meth:`TokenGraphs._adoptable`) instead of copying it into a
     static input of its own before every replay; 0 copies every input, as before session 21
     (read at capture time)."""
-    value = os.environ.get(ADOPT_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ADOPT_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(ADOPT_ENV)
 
 
 def graphs_enabled() -> bool:
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(ENV)
 
 
 def pick_bucket(buckets: Sequence[int], num_tokens: int) -> Optional[int]:

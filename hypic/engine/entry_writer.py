@@ -25,6 +25,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from hypic.envs import env_switch
+
 ENV = "HYPIC_ENTRY_WRITES"
 MODES = ("side", "inline", "after")
 
@@ -63,10 +65,7 @@ def entry_in_place() -> bool:
     copy's GPU time, the forward's peak memory loses the records of every layer's summaries
     (64 writes x 30 layers x 4 MiB = 7.5 GiB at that prompt), which the copy after the forward
     needed alive."""
-    value = os.environ.get(IN_PLACE_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{IN_PLACE_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(IN_PLACE_ENV)
 
 
 from hypic.engine.pic_context import _LazyItems, remember_tail_rows

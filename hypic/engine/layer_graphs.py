@@ -47,15 +47,14 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from hypic.envs import env_switch
+
 ENV = "HYPIC_LAYER_GRAPHS"
 
 
 def layer_graphs_enabled() -> bool:
     """``HYPIC_LAYER_GRAPHS`` (default 1; 0 runs every core eagerly, for A/B measurements)."""
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(ENV)
 
 
 WRITE_ENV = "HYPIC_WRITE_GRAPHS"
@@ -71,10 +70,7 @@ def write_graphs_enabled() -> bool:
     missed and written, the values interleaved in one process): p50 96.40 ms against 98.29 over
     6 requests each (the forward is GPU-bound, ~83 ms of kernels); under the profiler the GPU
     idled 39.9 ms of a 122.8 ms span against 145.7 of 228.2."""
-    value = os.environ.get(WRITE_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{WRITE_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(WRITE_ENV)
 
 
 FRESH_ENV = "HYPIC_FRESH_GRAPHS"

@@ -25,7 +25,6 @@ back). ``HYPIC_GRAPH_GLUE=0`` records the eager glue instead, for A/B runs.
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from contextlib import contextmanager
@@ -33,6 +32,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from hypic.envs import env_switch
 
 COMPILE_ENV = "HYPIC_COMPILE_GLUE"
 # Below this many elements the eager math runs instead. A compiled call costs ~150-270 us of host
@@ -45,10 +46,7 @@ _COMPILED: Dict[Callable, Callable] = {}
 
 def compile_glue_enabled() -> bool:
     """Whether CUDA glue goes through the compiled math (``HYPIC_COMPILE_GLUE`` = 0 or 1, default 1)."""
-    value = os.environ.get(COMPILE_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{COMPILE_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(COMPILE_ENV)
 
 
 GRAPH_ENV = "HYPIC_GRAPH_GLUE"
@@ -58,10 +56,7 @@ _STATE = threading.local()  # .recording: depth of recording_graph() on this thr
 def graph_glue_enabled() -> bool:
     """Whether glue recorded into a CUDA graph runs compiled at any size (``HYPIC_GRAPH_GLUE`` =
     0 or 1, default 1; it needs ``HYPIC_COMPILE_GLUE=1`` as well)."""
-    value = os.environ.get(GRAPH_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{GRAPH_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(GRAPH_ENV)
 
 
 @contextmanager

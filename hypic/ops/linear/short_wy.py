@@ -29,6 +29,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from hypic.envs import env_switch
 from hypic.ops.linear.short_span import SpanRows, _need_classes
 
 SHORT_WY_IMPLS = ("triton", "fla")
@@ -49,10 +50,7 @@ def tile_overlap() -> bool:
     """``HYPIC_SHORT_TILE_OVERLAP`` (default 1): on CUDA, the launch of the largest tile size runs
     on a side stream beside the other sizes' launches (:func:`_tile_launches`); 0 launches them
     one after another, for A/B runs."""
-    value = os.environ.get(_OVERLAP_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{_OVERLAP_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(_OVERLAP_ENV)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:

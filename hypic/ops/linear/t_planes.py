@@ -103,7 +103,9 @@ def pack_planes_(tensors: Sequence[torch.Tensor]) -> None:
         if t.shape[-1] != k or t.device != device or not t.is_contiguous():
             raise ValueError(f"tensors[{i}] must be contiguous [..., {k}, {k}] on {device}, got "
                              f"{tuple(t.shape)} on {t.device}")
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    from hypic.ops.linear.triton_scan import _interpreting
+
+    if device.type != "cuda" and not _interpreting():
         for t in tensors:
             t.copy_(pack_planes(t))
         return

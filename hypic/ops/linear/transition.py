@@ -28,6 +28,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from hypic.envs import env_switch
+
 ENV = "HYPIC_TRANSITION_IMPL"
 OVERLAP_ENV = "HYPIC_TRANSITION_OVERLAP"
 TRANSITION_IMPLS = ("triton", "fla")
@@ -104,10 +106,7 @@ def transition_overlap() -> bool:
     """``HYPIC_TRANSITION_OVERLAP`` (default 1): :func:`wy_transitions_beside` launches on a side
     stream, so T's programs fill the SMs the chain walk leaves idle (it runs ~64 programs on the
     H200's 132 SMs); 0 launches in line, for A/B runs."""
-    value = os.environ.get(OVERLAP_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{OVERLAP_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(OVERLAP_ENV)
 
 
 def wy_transitions(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,

@@ -36,6 +36,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from hypic.envs import env_switch
+
 MODE_DENSE = 0
 MODE_DIAGONAL = 1
 MODE_SCALAR = 2
@@ -72,10 +74,7 @@ def fuse_seams_enabled() -> bool:
     was slower, so the walk is not bound by its T loads: one layer's scan 0.766 ms against 0.716
     (two steps: 0.703), the whole all-hit 32k request's scan 16.17 ms against 13.89 in session 13
     call 4's profile, TTFT 77.96 against 77.25 ms interleaved; removed (commit a2b8c4c has it)."""
-    value = os.environ.get(FUSE_SEAMS_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{FUSE_SEAMS_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(FUSE_SEAMS_ENV)
 
 
 def _interpreting() -> bool:
