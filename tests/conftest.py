@@ -1,13 +1,25 @@
-"""Shared fixtures for the whole suite.
+"""Shared fixtures and markers for the whole suite.
 
 The linear-attention, conv and RoPE tests use tiny tensors, for which OpenMP threading costs far
 more than it saves (and oversubscribes a shared 2-core CI box, 10x slower under load). Modules opt
 in with ``pytestmark = pytest.mark.usefixtures("single_thread_torch")``; the setting is restored
 after each test.
+
+``@pytest.mark.cuda`` marks a test that needs a CUDA device: it is skipped where none is present,
+and ``python3 -m pytest -m cuda tests`` runs exactly those tests on a GPU machine.
 """
 
 import pytest
 import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture
