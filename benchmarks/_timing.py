@@ -72,7 +72,7 @@ def event_median_ms(fn: Callable[[], object], repeats: int = 10) -> float:
 class CaptureSets:
     """For an A/B of a switch read when a CUDA graph is captured (``HYPIC_GRAPH_GLUE``), not at
     every call: each value gets graphs of its own, the runner's row-wise
-    :class:`~hypic.engine.cuda_graphs.TokenGraphs` (every bucket captured at the value's first
+    :class:`~hypic.graphs.cuda_graphs.TokenGraphs` (every bucket captured at the value's first
     use, under its switches) and its kept core graphs, swapped in for the ``with`` block. Without
     graphs (CPU) it does nothing."""
 
@@ -82,8 +82,8 @@ class CaptureSets:
 
     @contextlib.contextmanager
     def use(self, value: str) -> Iterator[None]:
-        from hypic.engine.cuda_graphs import TokenGraphs
-        from hypic.engine.layer_graphs import LayoutGraphs
+        from hypic.graphs.cuda_graphs import TokenGraphs
+        from hypic.graphs.layer_graphs import LayoutGraphs
 
         runner = self.runner
         if runner.graphs is None:

@@ -277,7 +277,7 @@ def timeline(bench, prompt, model, repeats: int) -> dict:
     recorded at those points, relative to one recorded when the request starts on an idle GPU."""
     import time
 
-    from hypic.engine import pic_runner
+    from hypic.runner import pic_runner
 
     marks = []  # (name, host seconds, event or None)
 

@@ -9,7 +9,7 @@ mean no tensor op per cached segment per layer.
 
 from __future__ import annotations
 
-from tests.engine.pic_helpers import PicHarness, random_segment, tiny_model
+from tests.runner.pic_helpers import PicHarness, random_segment, tiny_model
 from tests.engine.test_pic_runner import _EngineOpCounter
 
 

@@ -4,7 +4,7 @@ The engine captures a linear layer's cores at their second call in a forward, be
 at the first call failed on new shapes in session 13 (a compile or a host sync inside the capture)
 and every later capture into the same pool then raised ``beginAllocateToPool: already recording
 to mempool_id``. This probe repeats that sequence with the engine's own backend
-(:class:`hypic.engine.layer_graphs.CudaGraphBackend`): a capture in a shared pool, a capture whose
+(:class:`hypic.graphs.layer_graphs.CudaGraphBackend`): a capture in a shared pool, a capture whose
 function synchronises (it must fail), then another capture, and says whether it works, and
 whether ending the pool's allocation by hand (``torch._C._cuda_endAllocateToPool``) mends it.
 
@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from hypic.engine.layer_graphs import CudaGraphBackend  # noqa: E402
+from hypic.graphs.layer_graphs import CudaGraphBackend  # noqa: E402
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ requests of:
   time the host needs to queue the request's GPU work: when it is close to ``ttft_ms``, the
   request is host-bound);
 * per ``HYPIC_LAYER_GRAPHS`` value (``--layer-graphs``; 1: the linear cores replayed from
-  per-forward graphs, hypic.engine.layer_graphs), each value in turn in one process;
+  per-forward graphs, hypic.graphs.layer_graphs), each value in turn in one process;
 * per forward-context method (``token_wise`` = CUDA-graph phases with their input copies,
   ``short_conv``, ``linear_attention``, ``attention``), and inside them ``CUDAGraph.replay`` and
   Triton launches (``JITFunction.run`` outermost calls), their summed host ms per request and
@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from hypic.bench.floor import WorkModel  # noqa: E402
 from hypic.bench.ttft_mode import ModeBench  # noqa: E402
-from hypic.engine import pic_runner  # noqa: E402
+from hypic.runner import pic_runner  # noqa: E402
 from hypic.engine.context import ForwardContext  # noqa: E402
-from hypic.engine.pic_context import PicContext  # noqa: E402
+from hypic.runner.pic_context import PicContext  # noqa: E402
 from hypic.models.loader import build_dummy_model  # noqa: E402
 from hypic.pic.segments import SegmentedPrompt  # noqa: E402
 

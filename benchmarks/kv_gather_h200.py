@@ -6,7 +6,7 @@ kernel's launch shape.
 The all-hit 32k shape at Qwen3.5-35B-A3B's attention (2 kv heads, head dim 256, 64 of them
 rotated, theta 1e7, bf16): 64 segments of 512 tokens, each a live 8-token seam window and a
 cached 504-token body, then a 64-token question: 576 live rows, 64 pieces, 32,832 keys. The
-layout is the engine's (hypic.engine.pic_layout.build_layout over store-like entries holding
+layout is the engine's (hypic.runner.layout.build_layout over store-like entries holding
 10 attention layers' K/V, each body cached at position 0 so every piece but the first is
 re-rotated). Per path: GPU time per layer call timed eagerly (CUDA events around each call, so
 host launch time that exceeds GPU time shows) and as a CUDA graph replay (GPU time alone), host
@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/_timing.py
 from _timing import event_times_ms  # noqa: E402
 
-from hypic.engine.pic_context import _LazyItems  # noqa: E402
-from hypic.engine.pic_layout import BodyElement, LiveElement, RequestLayout, build_layout  # noqa: E402
+from hypic.runner.pic_context import _LazyItems  # noqa: E402
+from hypic.runner.layout import BodyElement, LiveElement, RequestLayout, build_layout  # noqa: E402
 from hypic.ops import kv_gather  # noqa: E402
 from hypic.ops.rope import RotaryEmbedding, apply_rotary  # noqa: E402
 from hypic.pic.keys import Keyer, KeyNamespace  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.pic.modes import PICConfig
-from tests.engine.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
+from tests.runner.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
 
 
 def diff(a, b):

@@ -32,7 +32,7 @@ import torch
 import hypic
 from hypic.bench.floor import WorkModel
 from hypic.bench.ttft_mode import ModeBench
-from hypic.engine import pic_runner
+from hypic.runner import pic_runner
 from hypic.models.loader import build_dummy_model
 from hypic.pic.segments import SegmentedPrompt
 

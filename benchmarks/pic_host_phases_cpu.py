@@ -26,7 +26,7 @@ import torch
 import hypic
 from hypic.bench.floor import WorkModel
 from hypic.bench.ttft_mode import ModeBench
-from hypic.engine import pic_context, pic_runner
+from hypic.runner import pic_context, pic_runner
 from hypic.pic.segments import SegmentedPrompt
 from pic_host_cost_cpu import narrow_model, timed
 

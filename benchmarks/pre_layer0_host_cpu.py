@@ -27,7 +27,7 @@ import torch
 from allhit_ab_h200 import timeline
 from hypic.bench.floor import WorkModel
 from hypic.bench.ttft_mode import ModeBench
-from hypic.engine import index_buffer, pic_runner
+from hypic.runner import index_buffer, pic_runner
 from hypic.pic.segments import SegmentedPrompt
 from pic_host_cost_cpu import narrow_model
 

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _timing import sync, timed  # noqa: E402  (benchmarks/, the script's folder)
 from hypic.bench.flops import flop_model  # noqa: E402
 from hypic.engine.context import PlainContext, SequenceCache  # noqa: E402
-from hypic.engine.pic_runner import PicRunner  # noqa: E402
+from hypic.runner.pic_runner import PicRunner  # noqa: E402
 from hypic.models.loader import build_dummy_model  # noqa: E402
 from hypic.pic.keys import Keyer, KeyNamespace  # noqa: E402
 from hypic.pic.modes import PICConfig  # noqa: E402

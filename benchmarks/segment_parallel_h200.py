@@ -1,4 +1,4 @@
-"""Cold-request TTFT with segment parallelism (hypic.engine.segment_parallel) on the GPUs of one
+"""Cold-request TTFT with segment parallelism (hypic.runner.segment_parallel) on the GPUs of one
 host: issue 6's ``standalone`` target (64 x 512-token segments + a 64-token question, at least
 1.5x faster than ``full_recompute``), which one GPU cannot reach (at most ~1.24x, session 23).
 
@@ -29,7 +29,7 @@ import torch
 
 from hypic.engine.engine import LLMEngine
 from hypic.engine.sampling import SamplingParams
-from hypic.engine.segment_parallel import SegmentParallelConfig
+from hypic.runner.segment_parallel import SegmentParallelConfig
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic", "models", "configs",
                       "qwen3_5_35b_a3b.json")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 10, call 3 (nvidia-h200, .whl carried):
-#   1. CUDA tests of the per-forward graphs of the linear cores (hypic.engine.layer_graphs) in the
+#   1. CUDA tests of the per-forward graphs of the linear cores (hypic.graphs.layer_graphs) in the
 #      PIC runner against the CPU, the row-wise graphs and the engine on CUDA;
 #   2. benchmarks/host_time_h200.py, HYPIC_LAYER_GRAPHS=1 then 0 per prompt size (8k, 32k all-hit);
 #   3. the TTFT benchmark's 8k all_hit + rag cases (prefix_cache, hypic) on the new default.

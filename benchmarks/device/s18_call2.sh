@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 18, call 2 (nvidia-h200; carry .whl and .snap): the cold write path with (1) store
-# entries copied layer by layer on a side stream while the forward runs (hypic/engine/entry_writer.py)
+# entries copied layer by layer on a side stream while the forward runs (hypic/runner/entry_writer.py)
 # and (2) the cold walk compiled without the summary step it never takes (a chain of live spans
 # alone) and with int32 tile offsets. One layer's cold write (the walk against session 17's);
 # the CUDA tests of the walk and the runner; cold 32k TTFT; the kernel diff of cold hypic against

@@ -59,7 +59,7 @@ class ModeBench:
 
     def __init__(self, model, spec, work: WorkModel, device, dtype, mode: str, cold_policy: str,
                  seam, store_bytes: Optional[int], namespace: str):
-        from hypic.engine.pic_runner import PicRunner  # heavy import, only when benchmarking
+        from hypic.runner.pic_runner import PicRunner  # heavy import, only when benchmarking
 
         self.mode, self.cold_policy = mode, cold_policy
         self.device = torch.device(device)

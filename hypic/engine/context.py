@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from hypic.engine.cuda_graphs import TokenGraphs
+from hypic.graphs.cuda_graphs import TokenGraphs
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, causal_conv1d_update
@@ -27,7 +27,7 @@ from hypic.ops.linear.gated_delta import gated_delta_decode, gated_delta_forward
 
 
 class ForwardContext(abc.ABC):
-    """What model layers call; runners implement it (plain here, PIC plans in hypic.engine.runner)."""
+    """What model layers call; runners implement it (plain here, PIC plans in hypic.runner)."""
 
     @abc.abstractmethod
     def short_conv(
@@ -66,7 +66,7 @@ class ForwardContext(abc.ABC):
         """``fn(*tensors)`` for a row-wise phase of a layer (row t of every output depends on row t
         of the inputs only; every tensor has the T live tokens as its first dim): run as is, or
         replayed from a captured CUDA graph when the runner keeps them
-        (:mod:`hypic.engine.cuda_graphs`). A replay's outputs are views of buffers that the
+        (:mod:`hypic.graphs.cuda_graphs`). A replay's outputs are views of buffers that the
         next replay of the same phase (in any layer) rewrites: consume them, or copy what is kept,
         before then."""
         return fn(*tensors) if self.graphs is None else self.graphs.run(fn, *tensors)

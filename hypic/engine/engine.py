@@ -27,8 +27,8 @@ from hypic.engine.request import Request
 from hypic.engine.sampling import SamplingParams, sample
 from hypic.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hypic.engine.tokenizer import Tokenizer
-from hypic.engine.pic_runner import PicRunner
-from hypic.engine.segment_parallel import SegmentParallelConfig, start_segment_workers
+from hypic.runner.pic_runner import PicRunner
+from hypic.runner.segment_parallel import SegmentParallelConfig, start_segment_workers
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model
 from hypic.pic.keys import Keyer, KeyNamespace
@@ -90,7 +90,7 @@ class LLMEngine:
     max_position_embeddings). seed: seeds the per-request generators of requests that do not
     set their own seed (and dummy weights). load_format: "safetensors" or "dummy".
     segment_parallel: spread cold standalone segments over that many processes, each with a
-    replica of the model on its own device (:mod:`hypic.engine.segment_parallel`); the engine
+    replica of the model on its own device (:mod:`hypic.runner.segment_parallel`); the engine
     holds the process group until :meth:`shutdown`.
     """
 

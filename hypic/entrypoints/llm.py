@@ -10,7 +10,7 @@ import torch
 from hypic.engine.engine import LLMEngine
 from hypic.engine.outputs import RequestOutput
 from hypic.engine.sampling import SamplingParams
-from hypic.engine.segment_parallel import SegmentParallelConfig
+from hypic.runner.segment_parallel import SegmentParallelConfig
 from hypic.pic.modes import PICConfig
 from hypic.pic.segments import PIC_SEP, build_segmented_prompt, split_chat_template
 

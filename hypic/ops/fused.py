@@ -16,7 +16,7 @@ Measured on the H200 at 32k tokens (benchmarks/results/glue_check_h200.json): a 
 faster (0.41 vs 0.36 ms, 0.44 vs 0.35 ms).
 
 **Inside a CUDA graph** (:func:`recording_graph`: the row-wise phases' warm-up and capture,
-:mod:`hypic.engine.cuda_graphs`) every glue function runs its compiled math at any size,
+:mod:`hypic.graphs.cuda_graphs`) every glue function runs its compiled math at any size,
 ``graph_only`` ones included: a replay pays none of a compiled call's host cost, and each
 eager kernel it saves is a graph node fewer, ~2-4 us of GPU time at a cached request's few
 hundred rows (an eager norm is 4-9 kernels: casts, the weight's ``1 +``, the norm, the cast

@@ -193,7 +193,7 @@ class SegmentEntry:
 
     ``engine_tables`` (not a field: not compared or shown): device -> what the engine derives
     from the payload's tensors to read them in place (their data pointers,
-    hypic/engine/entry_tables.py), made on first use. The tensors are immutable and the entry's
+    hypic/runner/entry_tables.py), made on first use. The tensors are immutable and the entry's
     own, so it stays valid for the entry's life; an entry made from this one (``map_payload``,
     a tier move) starts with an empty one. (Entries cannot be deep-copied or pickled: their
     layer maps are read-only proxies.)

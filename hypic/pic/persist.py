@@ -43,7 +43,7 @@ def _encode_tree(obj: Any, tensors: Dict[str, torch.Tensor], prefix: str, to_cpu
     if isinstance(obj, torch.Tensor):
         name = f"{prefix}.{len(tensors)}"
         # A private contiguous CPU copy: safetensors refuses tensors that share storage. Kept on
-        # its device (to_cpu=False) for a transfer between processes (hypic.engine.segment_parallel).
+        # its device (to_cpu=False) for a transfer between processes (hypic.runner.segment_parallel).
         tensors[name] = obj.detach().to("cpu", copy=True).contiguous() if to_cpu else obj.detach().contiguous()
         return {"t": "tensor", "name": name}
     if isinstance(obj, (tuple, list)):

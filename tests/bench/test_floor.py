@@ -10,7 +10,7 @@ from hypic.pic.modes import PICConfig
 from hypic.pic.plan import plan_request
 from hypic.pic.segments import SegmentedPrompt
 from hypic.pic.store import SegmentStore
-from tests.engine.pic_helpers import TINY_CONFIG
+from tests.runner.pic_helpers import TINY_CONFIG
 
 MOE_CONFIG = dict(TINY_CONFIG, model_type="qwen3_5_moe_text", num_experts=8, num_experts_per_tok=2,
                   moe_intermediate_size=32, shared_expert_intermediate_size=32)
@@ -91,7 +91,7 @@ def test_count_standalone_and_flops():
 
 
 def test_count_prefix_cache_reads_kv_of_all_and_state_of_last_checkpoint():
-    from tests.engine.pic_helpers import PicHarness, tiny_model
+    from tests.runner.pic_helpers import PicHarness, tiny_model
 
     spec, model = tiny_model()
     harness = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))

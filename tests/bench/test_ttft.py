@@ -8,7 +8,7 @@ import torch
 from hypic.bench.ttft import ALL_MODES, CASES, TtftConfig, parse_bytes
 from hypic.bench.ttft_report import REQUIRED_RESULT_KEYS, format_table, percentile
 from hypic.entrypoints.cli import main
-from tests.engine.pic_helpers import TINY_CONFIG
+from tests.runner.pic_helpers import TINY_CONFIG
 
 P, S, Q, SEAM = 64, 16, 16, 4  # 4 segments of 16 + a 16-token question
 

@@ -5,7 +5,7 @@ from dataclasses import InitVar, dataclass, field
 
 import pytest
 
-from hypic.engine.pic_layout import BodyElement, LiveElement, Write
+from hypic.runner.layout import BodyElement, LiveElement, Write
 from hypic.pic.frozen import frozen_constructor
 from hypic.pic.plan import ENTRY_FROM_STORE, Span, SpanKind
 

@@ -6,7 +6,7 @@ copy. Every layer of a forward asks again with the same two tensors, so the answ
 them. It is kept **by the identity of the device ``cu``, for as long as that tensor lives**
 (a weak key), not in a most-recent-first list of a few entries: a CUDA graph captured over a
 forward reads these tables where they lie, and the engine replays such graphs in later forwards
-of the same shape (:mod:`hypic.engine.layer_graphs`) while it keeps the capturing forward's
+of the same shape (:mod:`hypic.graphs.layer_graphs`) while it keeps the capturing forward's
 layout alive. An entry evicted from a short list would be freed under a graph that still reads
 it; an entry tied to the layout dies with it and with no graph reading it.
 """

@@ -307,7 +307,7 @@ class SummaryTable:
     def t_packed(self) -> bool:
         """Whether the items' dense T are stored as bf16 hi/lo planes (:class:`DenseSummary`);
         like the rest, the first item's word for all (the address tables of
-        :mod:`hypic.engine.entry_tables` never mix the two forms)."""
+        :mod:`hypic.runner.entry_tables` never mix the two forms)."""
         return bool(getattr(self.items[0], "t_packed", False))
 
     def stacked(self) -> Summary:

@@ -118,7 +118,7 @@ class IndexBuffer:
 class BufferLayout:
     """Where each table of an :class:`IndexBuffer` lies (every one 16-byte aligned, zeros after
     it up to the next), and how one split makes every table's view: what a buffer filled on the
-    host without an :class:`IndexBuffer` (a layout template's copy, hypic/engine/layout_template.py)
+    host without an :class:`IndexBuffer` (a layout template's copy, hypic/runner/layout_template.py)
     needs to be moved and viewed the same way."""
 
     __slots__ = ("names", "sizes", "pads", "offsets", "numel", "_parts", "_pieces")

@@ -1,10 +1,10 @@
-"""Tests of hypic/engine/index_buffer.py: the packed host buffer of a forward's index tables."""
+"""Tests of hypic/runner/index_buffer.py: the packed host buffer of a forward's index tables."""
 
 import numpy as np
 import pytest
 import torch
 
-from hypic.engine.index_buffer import IndexBuffer, fill_ranges, iota
+from hypic.runner.index_buffer import IndexBuffer, fill_ranges, iota
 
 
 def test_fill_ranges_expands_runs_in_order():

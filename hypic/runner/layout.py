@@ -28,8 +28,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from hypic.engine.index_buffer import ALIGN_INT64, IndexBuffer
-from hypic.engine.entry_tables import PointerRows, entry_tables, kv_pointers, summary_pointers
+from hypic.runner.index_buffer import ALIGN_INT64, IndexBuffer
+from hypic.runner.entry_tables import PointerRows, entry_tables, kv_pointers, summary_pointers
 from hypic.ops.kv_gather import PieceFormat, PieceTable
 from hypic.pic.frozen import frozen_constructor
 from hypic.pic.keys import StoreKey
@@ -181,7 +181,7 @@ class PackedLayout:
     index_signature: Optional[tuple] = None
     # Values computed from the geometry's tables alone (the RoPE tables at ``positions``,
     # PicContext.rope_cos_sin), shared by every layout built from one template
-    # (hypic/engine/layout_template.py) and kept with it; None for a layout built fresh.
+    # (hypic/runner/layout_template.py) and kept with it; None for a layout built fresh.
     geometry_cache: Optional[dict] = None
 
     def piece_table(self, layer_idx: int) -> Optional[PieceTable]:
@@ -206,7 +206,7 @@ def packed_layout(dev: Dict[str, torch.Tensor], cpu: Dict[str, torch.Tensor],
     """A :class:`PackedLayout` over an index buffer's device tables ``dev`` and host copies ``cpu``
     (of :data:`HOST_TABLES`, as ``<name>_cpu``), the stacked address tables viewed in their shapes
     (None: absent), and the remaining fields: the one constructor of :func:`build_fresh` and of
-    the layout templates (hypic.engine.layout_template)."""
+    the layout templates (hypic.runner.layout_template)."""
     return PackedLayout(
         **{name: dev[name] for name in DEVICE_TABLES},
         **{name + "_cpu": cpu[name] for name in HOST_TABLES},
@@ -218,7 +218,7 @@ def packed_layout(dev: Dict[str, torch.Tensor], cpu: Dict[str, torch.Tensor],
 
 # the tables whose values depend on more than the batch's geometry (its element kinds, starts
 # and lengths, writes' kinds, prefix lengths, modes): every other table is the same for every
-# batch of one geometry (what a layout template reuses, hypic/engine/layout_template.py)
+# batch of one geometry (what a layout template reuses, hypic/runner/layout_template.py)
 REQUEST_TABLES = ("input_ids", "cached_shift", "body_addresses", "kv_addresses")
 
 BufferFor = Callable[[tuple], Optional[torch.Tensor]]
@@ -236,7 +236,7 @@ def build_layout(requests: Sequence[RequestLayout], conv_width: int, device: tor
     """The packed layout of ``requests``. ``buffer_for(signature)``: a device tensor of an earlier
     layout with that :attr:`PackedLayout.index_signature` to copy this one's tables into (so
     that graphs captured over the earlier one read this one's), or None for a new tensor.
-    ``templates``: a :class:`~hypic.engine.layout_template.LayoutTemplates` that builds the
+    ``templates``: a :class:`~hypic.runner.layout_template.LayoutTemplates` that builds the
     layout from a template of the batch's geometry when it holds one (the same layout, for less
     host time), or None."""
     if not requests:

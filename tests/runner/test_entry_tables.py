@@ -1,4 +1,4 @@
-"""Tests of hypic/engine/entry_tables.py: each entry's pointer tables, kept on the entry as rows
+"""Tests of hypic/runner/entry_tables.py: each entry's pointer tables, kept on the entry as rows
 of a pool that are freed when the entry dies."""
 
 import copy
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hypic.engine.entry_tables import PointerPool, entry_tables, kv_pointers, summary_pointers
+from hypic.runner.entry_tables import PointerPool, entry_tables, kv_pointers, summary_pointers
 from hypic.ops.linear.summary import DenseSummary
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, SegmentEntry

@@ -1,4 +1,4 @@
-"""Per-forward graphs of the linear layers' cores (hypic.engine.layer_graphs), on the CPU with a
+"""Per-forward graphs of the linear layers' cores (hypic.graphs.layer_graphs), on the CPU with a
 backend that has a CUDA graph's semantics: a capture records the call on its static inputs, a
 replay runs it again on whatever those inputs hold then and writes the results into the
 capture's output tensors. The CUDA backend itself is tested in tests/engine/test_pic_runner_cuda.py."""
@@ -6,15 +6,15 @@ capture's output tensors. The CUDA backend itself is tested in tests/engine/test
 import pytest
 import torch
 
-from hypic.engine import layer_graphs
-from hypic.engine.layer_graphs import LayerReplays
-from hypic.engine.pic_runner import PicRunner
+from hypic.graphs import layer_graphs
+from hypic.graphs.layer_graphs import LayerReplays
+from hypic.runner.pic_runner import PicRunner
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.modes import PICConfig
 from hypic.pic.plan import plan_request
 from hypic.pic.segments import SegmentedPrompt
 from hypic.pic.store import SegmentStore
-from tests.engine.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_model
+from tests.runner.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_model
 
 
 def _flat(out):
@@ -365,7 +365,7 @@ def test_a_large_forward_on_a_new_layout_runs_its_cores_eagerly(monkeypatch, mod
     # HYPIC_FRESH_GRAPHS=auto: a forward that writes nothing, on a layout seen for the first
     # time, with at least FRESH_EAGER_LIVE_TOKENS live tokens (GPU-bound on the H200) captures
     # nothing; its signature's second forward (kept) captures as before. "always": both capture.
-    from hypic.engine import pic_runner
+    from hypic.runner import pic_runner
 
     _, runner, run = _pool_runner("fresh")
 

@@ -29,8 +29,8 @@ from typing import Dict, List, Optional
 import torch
 
 from hypic.engine.context import ForwardContext
-from hypic.engine.layer_graphs import LayerReplays
-from hypic.engine.pic_layout import PackedLayout
+from hypic.graphs.layer_graphs import LayerReplays
+from hypic.runner.layout import PackedLayout
 from hypic.models.config import ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, conv_tails
@@ -75,9 +75,9 @@ class PicContext(ForwardContext):
         # stack at the first (_batched_run_tails); empty when they are stacked per layer
         self._batched_tails: Optional[Dict[int, torch.Tensor]] = None
         # Set by the runner when the linear cores may be replayed from per-forward graphs
-        # (a cached request's few live tokens: hypic.engine.layer_graphs).
+        # (a cached request's few live tokens: hypic.graphs.layer_graphs).
         self.replays: Optional[LayerReplays] = None
-        # Set by the runner for a forward with writes (hypic.engine.entry_writer.EntryWriter):
+        # Set by the runner for a forward with writes (hypic.runner.entry_writer.EntryWriter):
         # told when each layer's records are complete, it fills the store entries from them
         # (and hands a cold forward's layers the entries' rows to write their summaries into).
         self.writer = None
@@ -219,7 +219,7 @@ class PicContext(ForwardContext):
         # segment entry needs them, and only the states checkpoints read recorded.
         checkpoints = lay.num_checkpoint_records > 0
         # A cold forward's segment writes: the op writes their summaries straight into the store
-        # entries' rows (hypic/engine/entry_writer.py), nothing copied after the forward. Not
+        # entries' rows (hypic/runner/entry_writer.py), nothing copied after the forward. Not
         # with cached bodies: that forward's core may be a graph, replayed by every layer, and
         # its few written spans' rows are copied with the rest after the forward.
         targets = None

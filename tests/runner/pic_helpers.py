@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from hypic.engine.context import PlainContext, SequenceCache
-from hypic.engine.pic_runner import PicRunner
+from hypic.runner.pic_runner import PicRunner
 from hypic.models.config import spec_from_config
 from hypic.models.loader import build_empty_model, init_dummy_weights
 from hypic.pic.keys import Keyer, KeyNamespace

@@ -1,4 +1,4 @@
-"""Tests of hypic/engine/layout_template.py: a layout built from a geometry's template is the fresh
+"""Tests of hypic/runner/layout_template.py: a layout built from a geometry's template is the fresh
 build's, field for field and tensor for tensor, and a template is never used for a batch of
 another geometry."""
 
@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from hypic.engine.layout_template import LayoutTemplates, request_geometry
-from hypic.engine.pic_layout import (
+from hypic.runner.layout_template import LayoutTemplates, request_geometry
+from hypic.runner.layout import (
     WRITE_CHECKPOINT,
     WRITE_SEGMENT,
     BodyElement,
@@ -23,7 +23,7 @@ from hypic.ops.linear.summary import DenseSummary
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.modes import PICConfig
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
-from tests.engine.pic_helpers import PicHarness, random_segment, tiny_model
+from tests.runner.pic_helpers import PicHarness, random_segment, tiny_model
 
 KEYER = Keyer(KeyNamespace("template-test", "float32"))
 CPU = torch.device("cpu")
@@ -281,10 +281,10 @@ def test_buffer_for_gets_the_signature_and_is_copied_into():
 
 
 def test_rope_tables_are_kept_per_template():
-    from hypic.engine.pic_context import PicContext
+    from hypic.runner.pic_context import PicContext
     from hypic.models.config import spec_from_config
     from hypic.ops.rope import RotaryEmbedding
-    from tests.engine.pic_helpers import TINY_CONFIG
+    from tests.runner.pic_helpers import TINY_CONFIG
 
     spec = spec_from_config(TINY_CONFIG)
     rotary = RotaryEmbedding(16, 8, 10000.0)

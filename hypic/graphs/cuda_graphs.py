@@ -26,7 +26,7 @@ All graphs share one memory pool, so a later capture reuses what an earlier phas
 itself. A phase whose capture fails (e.g. a host sync
 in an eager fallback path) runs eagerly from then on. One :class:`TokenGraphs` serves a device
 for the whole process (:func:`make_token_graphs`); a layer's graphs go when the layer is freed.
-``HYPIC_CUDA_GRAPHS=0`` turns graphs off; :meth:`hypic.engine.pic_runner.PicRunner.capture_graphs`
+``HYPIC_CUDA_GRAPHS=0`` turns graphs off; :meth:`hypic.runner.pic_runner.PicRunner.capture_graphs`
 captures every bucket at start-up.
 """
 
@@ -293,7 +293,7 @@ class TokenGraphs:
                 result = fn(*inputs)
                 result = (result,) if isinstance(result, torch.Tensor) else tuple(result)
                 # checked, not raised, inside the capture: a capture that raises can leave the
-                # pool unusable (hypic.engine.layer_graphs)
+                # pool unusable (hypic.graphs.layer_graphs)
                 moved = _layout(result, groups) != layout or any(
                     len({result[i].untyped_storage().data_ptr() for i in g}) > 1 for g in groups)
                 if not moved:

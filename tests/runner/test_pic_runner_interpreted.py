@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     import hypic.ops.conv as conv
     from hypic.ops.linear import fla_paths
-    from tests.engine.pic_helpers import DEEP_LAYER_TYPES, PicHarness, random_segment, tiny_model
+    from tests.runner.pic_helpers import DEEP_LAYER_TYPES, PicHarness, random_segment, tiny_model
 
     spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
     segs = [random_segment(20 + 6 * i, seed=30 + i) for i in range(4)]
@@ -51,7 +51,7 @@ KV_SCRIPT = textwrap.dedent("""
     import os
     import torch
     from hypic.ops import kv_gather
-    from tests.engine.pic_helpers import DEEP_LAYER_TYPES, PicHarness, random_segment, tiny_model
+    from tests.runner.pic_helpers import DEEP_LAYER_TYPES, PicHarness, random_segment, tiny_model
 
     spec, model = tiny_model(seed=6, layer_types=DEEP_LAYER_TYPES)
     segs = [random_segment(18 + 5 * i, seed=40 + i) for i in range(4)]

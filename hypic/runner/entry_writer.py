@@ -15,7 +15,7 @@ on smaller forwards with writes (:func:`entry_writes_mode` has the numbers).
 Each entry owns one buffer per field (``transition``, ``state``, ``tail`` over its linear layers,
 ``key``, ``value`` over its attention layers), so evicting the entry frees exactly its bytes, and
 its tensors are that buffer's rows; its conv tails are noted as one buffer's rows
-(:func:`~hypic.engine.pic_context.remember_tail_rows`) for the forwards that read them.
+(:func:`~hypic.runner.pic_context.remember_tail_rows`) for the forwards that read them.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def entry_in_place() -> bool:
     return env_switch(IN_PLACE_ENV)
 
 
-from hypic.engine.pic_context import _LazyItems, remember_tail_rows
-from hypic.engine.pic_layout import WRITE_CHECKPOINT, PackedLayout
+from hypic.runner.pic_context import _LazyItems, remember_tail_rows
+from hypic.runner.layout import WRITE_CHECKPOINT, PackedLayout
 from hypic.ops.linear.summary import DenseSummary, SummaryTable
 from hypic.ops.linear.t_planes import pack_planes_, presplit_wanted
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry

@@ -1,4 +1,4 @@
-"""Tests of hypic/engine/cuda_graphs.py: replays of token-wise blocks equal their eager runs."""
+"""Tests of hypic/graphs/cuda_graphs.py: replays of token-wise blocks equal their eager runs."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hypic.engine.context import ForwardContext
-from hypic.engine.cuda_graphs import ENV, TokenGraphs, graphs_enabled, make_token_graphs, pick_bucket
+from hypic.graphs.cuda_graphs import ENV, TokenGraphs, graphs_enabled, make_token_graphs, pick_bucket
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
@@ -85,7 +85,7 @@ def test_a_block_that_cannot_be_captured_runs_eagerly():
 @needs_cuda
 @torch.inference_mode()
 def test_multi_input_phases_of_every_layer_share_inputs_and_match_eager():
-    from tests.engine.pic_helpers import tiny_model
+    from tests.runner.pic_helpers import tiny_model
 
     spec, model = tiny_model(seed=1)
     model = model.cuda()
@@ -129,8 +129,8 @@ def test_a_phase_whose_outputs_are_not_rows_runs_eagerly():
 def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
     import gc
 
-    from hypic.engine.pic_runner import PicRunner
-    from tests.engine.pic_helpers import tiny_model
+    from hypic.runner.pic_runner import PicRunner
+    from tests.runner.pic_helpers import tiny_model
 
     spec, model = tiny_model(seed=2)
     model = model.cuda()
@@ -206,7 +206,7 @@ def test_recorded_glue_runs_compiled_and_matches_eager(monkeypatch):
 
 
 def test_adopt_switch(monkeypatch):
-    from hypic.engine.cuda_graphs import ADOPT_ENV, adopt_enabled
+    from hypic.graphs.cuda_graphs import ADOPT_ENV, adopt_enabled
 
     monkeypatch.delenv(ADOPT_ENV, raising=False)
     assert adopt_enabled()
@@ -234,7 +234,7 @@ def test_a_phase_reads_an_earlier_phases_output_in_place(adopt, monkeypatch):
     """Phase B captured over phase A's replay outputs reads A's output buffers in place (no copy
     before its replays) when HYPIC_GRAPH_ADOPT=1; any other input is copied into them, and every
     flow, in any order, equals the eager phases."""
-    from hypic.engine.cuda_graphs import ADOPT_ENV
+    from hypic.graphs.cuda_graphs import ADOPT_ENV
 
     monkeypatch.setenv(ADOPT_ENV, adopt)
     graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
@@ -262,7 +262,7 @@ def test_a_phase_reads_an_earlier_phases_output_in_place(adopt, monkeypatch):
 
 
 def test_group_outputs_switch(monkeypatch):
-    from hypic.engine.cuda_graphs import GROUP_ENV, group_outputs_enabled
+    from hypic.graphs.cuda_graphs import GROUP_ENV, group_outputs_enabled
 
     monkeypatch.delenv(GROUP_ENV, raising=False)
     assert group_outputs_enabled()
@@ -277,7 +277,7 @@ def test_column_blocks_of_one_tensor_are_copied_as_one_span():
     """The fused projections' column blocks (views of one GEMM output) form one group, copied out
     as one span and returned as the same views; narrow slices of a wide tensor, overlapping views,
     other dtypes and fresh tensors are copied alone (CPU: the buffers and copies, no graph)."""
-    from hypic.engine.cuda_graphs import _layout, _output_groups, _OutputBuffers
+    from hypic.graphs.cuda_graphs import _layout, _output_groups, _OutputBuffers
 
     y = torch.randn(6, 20)
     mixed, z, b, a, _pad = y.split([8, 6, 2, 2, 2], dim=-1)
@@ -317,7 +317,7 @@ def test_column_blocks_of_one_tensor_are_copied_as_one_span():
 def test_fused_projection_phase_replays_equal_eager(group, monkeypatch):
     """A phase returning a fused GEMM's column blocks (as the GDN input projections do) replays
     equal to eager, grouped (one copy per replay) or not, and a later phase adopts a grouped view."""
-    from hypic.engine.cuda_graphs import GROUP_ENV
+    from hypic.graphs.cuda_graphs import GROUP_ENV
 
     monkeypatch.setenv(GROUP_ENV, group)
 

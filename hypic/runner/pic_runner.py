@@ -5,7 +5,7 @@
 1. **standalone** cold segments (the ``standalone`` policy): every distinct one is prefilled alone
    at position 0, all of them in one varlen forward with attention local to each segment, which
    writes canonical store entries;
-2. the main forward over the live tokens of every request (see :mod:`hypic.engine.pic_context`);
+2. the main forward over the live tokens of every request (see :mod:`hypic.runner.pic_context`);
 3. store writes (segment bodies, prefix-cache checkpoints) from what the layers recorded, and a
    :class:`~hypic.engine.context.SequenceCache` per request, after which it decodes like any other.
 """
@@ -21,13 +21,13 @@ import torch
 from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
-from hypic.engine.cuda_graphs import make_token_graphs
-from hypic.engine.entry_writer import entry_in_place, entry_writer
-from hypic.engine.layer_graphs import (FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs,
+from hypic.graphs.cuda_graphs import make_token_graphs
+from hypic.runner.entry_writer import entry_in_place, entry_writer
+from hypic.graphs.layer_graphs import (FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs,
                                        fresh_graphs_mode, layer_graphs_enabled, write_graphs_enabled)
-from hypic.engine.layout_template import LayoutTemplates
-from hypic.engine.pic_context import PicContext
-from hypic.engine.pic_layout import (
+from hypic.runner.layout_template import LayoutTemplates
+from hypic.runner.pic_context import PicContext
+from hypic.runner.layout import (
     WRITE_CHECKPOINT,
     WRITE_SEGMENT,
     BodyElement,
@@ -69,7 +69,7 @@ class PicRunner:
         self.layout_graphs = LayoutGraphs()  # core graphs kept across forwards, by layout signature
         self.layout_templates = LayoutTemplates()  # layouts' index tables by batch geometry
         # Set by the engine when cold standalone segments are spread over several workers
-        # (hypic.engine.segment_parallel); None: this runner prefills them all.
+        # (hypic.runner.segment_parallel); None: this runner prefills them all.
         self.segment_parallel = None
 
     # ---------------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ class PicRunner:
         return self.graphs.buckets[-1]
 
     def _layer_replays(self, layout) -> Optional[LayerReplays]:
-        """Graphs of the linear layers' cores (:mod:`hypic.engine.layer_graphs`) for a forward
+        """Graphs of the linear layers' cores (:mod:`hypic.graphs.layer_graphs`) for a forward
         whose live tokens fit the row-wise graphs' largest bucket (a cached request: above it,
         kernels are long enough that launching them costs little), else None: for a forward
         that writes nothing, those of an earlier forward of the same layout signature when they
@@ -344,7 +344,7 @@ class PicRunner:
         return out
 
     def _write_entries(self, ctx: PicContext, insert: bool = True) -> List[SegmentEntry]:
-        """The forward's store entries (:class:`~hypic.engine.entry_writer.EntryWriter`: their
+        """The forward's store entries (:class:`~hypic.runner.entry_writer.EntryWriter`: their
         tensors filled from the layers' records, or written by the ops in place), inserted into
         the store unless ``insert`` is False."""
         entries = ctx.writer.finish() if ctx.writer is not None else []
@@ -383,7 +383,7 @@ class _WriteBudget:
 ACTIVATION_BYTES_PER_LIVE_TOKEN = 256 << 10
 RECORD_PEAK_FACTOR = 3
 # The same multiple for a forward whose writes go in place (_writes_in_place): its linear layers
-# write T and S straight into the entries' rows (hypic/engine/entry_writer.py, summary_targets),
+# write T and S straight into the entries' rows (hypic/runner/entry_writer.py, summary_targets),
 # and its attention layers' K/V are copied once, after the forward, from the records the forward
 # keeps anyway. Session 23 on the H200, a 128k-token prompt in 512-token segments (256 entries,
 # 34 GB; a 40 GiB store, ~71 GB free beside the model): under the multiple 3 its cold forward
@@ -397,7 +397,7 @@ def _writes_in_place(plans: Sequence[RequestPlan]) -> bool:
     """Whether a forward of ``plans`` writes its entries in place: summary targets on
     (``HYPIC_ENTRY_IN_PLACE``) and a cold batch, every span a miss or the query, no prefix and
     no prefix-cache checkpoints (the conditions of :meth:`EntryWriter.summary_targets` and of
-    the linear layers that take them, hypic/engine/pic_context.py)."""
+    the linear layers that take them, hypic/runner/pic_context.py)."""
     if not entry_in_place():
         return False
     for plan in plans:

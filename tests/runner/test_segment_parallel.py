@@ -1,4 +1,4 @@
-"""Segment parallelism (hypic.engine.segment_parallel): the longest-processing-time split, the
+"""Segment parallelism (hypic.runner.segment_parallel): the longest-processing-time split, the
 entries' wire format, and cold standalone segments prefilled by a second process (gloo on the
 CPU) through the engine, against the same engine without workers."""
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from hypic.engine.engine import LLMEngine
-from hypic.engine.pic_runner import PicRunner
-from hypic.engine.segment_parallel import (SegmentParallelConfig, SegmentWorkerError, lpt_assign, pack_tensors, segment_cost_fn,
+from hypic.runner.pic_runner import PicRunner
+from hypic.runner.segment_parallel import (SegmentParallelConfig, SegmentWorkerError, lpt_assign, pack_tensors, segment_cost_fn,
                                            unpack_tensors)
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.payload import payload_equal
 from hypic.pic.persist import decode_entries, encode_entries
 from hypic.pic.segments import PIC_SEP
-from tests.engine.pic_helpers import random_segment, tiny_model
+from tests.runner.pic_helpers import random_segment, tiny_model
 from tests.engine.test_engine_pic import GREEDY, _docs, _question, _run
 
 

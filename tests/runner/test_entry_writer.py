@@ -1,14 +1,14 @@
-"""Tests of hypic/engine/entry_writer.py: a forward's store entries, copied layer by layer."""
+"""Tests of hypic/runner/entry_writer.py: a forward's store entries, copied layer by layer."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hypic.engine import entry_writer
-from hypic.engine.entry_writer import EntryWriter
+from hypic.runner import entry_writer
+from hypic.runner.entry_writer import EntryWriter
 from hypic.pic.modes import PICConfig
-from tests.engine.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
+from tests.runner.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
 
 
 @pytest.fixture(scope="module")

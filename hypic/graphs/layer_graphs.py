@@ -4,7 +4,7 @@ A cached PIC request is host-bound below ~32k tokens: on the H200 host, queueing
 request took 66.0 ms of its 66.7 ms TTFT, and the linear layers' eager cores took most of it
 (``short_conv`` 0.52 ms and ``linear_attention`` 0.95 ms of host time per layer, for a few Triton
 launches at 60-90 us each; benchmarks/host_time_h200.py, session 10). The row-wise phases are
-already graphs (:mod:`hypic.engine.cuda_graphs`), but the cores read the request's layout
+already graphs (:mod:`hypic.graphs.cuda_graphs`), but the cores read the request's layout
 (span bounds, chain tables, chunk indices), so they cannot be captured once at start-up.
 
 Within one forward, though, every linear layer runs its core on the same layout with the same
@@ -260,7 +260,7 @@ SEEN_SIGNATURES = 64  # signatures remembered (not kept) so that a second forwar
 
 class LayoutGraphs:
     """The :class:`LayerReplays` of the last ``max_layouts`` layouts, by
-    :attr:`~hypic.engine.pic_layout.PackedLayout.index_signature`, least recently used dropped
+    :attr:`~hypic.runner.layout.PackedLayout.index_signature`, least recently used dropped
     first. ``buffer_for(signature)`` gives ``build_layout`` the device buffer of a kept layout to
     copy its tables into; ``replays_for(layout, make)`` then gives that layout's graphs, or
     ``make()``'s for a layout not kept.

@@ -1,9 +1,9 @@
-"""Tests of hypic/engine/pic_layout.py: the scan's recorded rows, the bodies' address table and the
+"""Tests of hypic/runner/layout.py: the scan's recorded rows, the bodies' address table and the
 cached pieces' K/V table."""
 
 import torch
 
-from hypic.engine.pic_layout import (
+from hypic.runner.layout import (
     WRITE_CHECKPOINT,
     WRITE_SEGMENT,
     BodyElement,

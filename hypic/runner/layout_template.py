@@ -1,5 +1,5 @@
 """Templates of a PIC forward's packed layout, one per batch *geometry*, so that a batch whose
-geometry was seen before builds its layout without :func:`~hypic.engine.pic_layout.build_fresh`'s
+geometry was seen before builds its layout without :func:`~hypic.runner.layout.build_fresh`'s
 Python pass over every element.
 
 Why: a cached request's host time before its first layer is pure GPU idle, and adds one for one
@@ -14,9 +14,9 @@ summary addresses, its RoPE shift), never a span bound, a position, a key row or
 A batch's *geometry* is, per request, each element's class, start and token count, which live
 elements write and what kind, the prefix checkpoints' lengths and the modes (``use_transition``,
 ``rerotate_keys``, ``need_logits``), plus the conv width and the device: everything
-:func:`~hypic.engine.pic_layout.build_fresh` reads but the token ids, the entries and the
-writes' objects. Every index table but :data:`~hypic.engine.pic_layout.REQUEST_TABLES` is a
-function of it, and so is every host field of :class:`~hypic.engine.pic_layout.PackedLayout` but
+:func:`~hypic.runner.layout.build_fresh` reads but the token ids, the entries and the
+writes' objects. Every index table but :data:`~hypic.runner.layout.REQUEST_TABLES` is a
+function of it, and so is every host field of :class:`~hypic.runner.layout.PackedLayout` but
 the entries, bodies, writes and what is read off the entries (their address tables, RoPE shifts
 and K/V format). A template is a fresh build's host buffer and those fields; a build from it
 copies the buffer, writes the request tables into the copy and moves it like a fresh one, so the
@@ -25,7 +25,7 @@ layout is the same, tensor for tensor (tests/engine/test_layout_template.py buil
 A template whose entries read differently (an address table present in one and not the other,
 another layer count: per entry, not geometry) is not used for that batch: it is built fresh.
 Templates are made from a geometry's second fresh build (among the last :data:`SEEN_GEOMETRIES`
-seen), as :class:`~hypic.engine.layer_graphs.LayoutGraphs` keeps graphs: a RAG trace's requests
+seen), as :class:`~hypic.graphs.layer_graphs.LayoutGraphs` keeps graphs: a RAG trace's requests
 rarely repeat one, and copying each one's buffer would cost them host time for nothing.
 """
 
@@ -41,9 +41,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from hypic.engine.entry_tables import PointerRows, entry_tables, kv_pointers, summary_pointers
-from hypic.engine.index_buffer import BufferLayout, check_out, new_host_buffer
-from hypic.engine.pic_layout import (
+from hypic.runner.entry_tables import PointerRows, entry_tables, kv_pointers, summary_pointers
+from hypic.runner.index_buffer import BufferLayout, check_out, new_host_buffer
+from hypic.runner.layout import (
     HOST_TABLES,
     BodyElement,
     BufferFor,
@@ -262,7 +262,7 @@ def _fits(tables: Optional[PointerRows], shape: Optional[Tuple[int, int, int]]) 
 
 def _fill_stacked(buf: np.ndarray, at: int, shape: Tuple[int, int, int], tables: PointerRows) -> None:
     """Write the ``[L, 2, N']`` stack of N flat ``[L * 2]`` pointer tables at ``buf[at:]``, as
-    :func:`~hypic.engine.pic_layout._add_stacked` lays it (its padding columns are zeros in the
+    :func:`~hypic.runner.layout._add_stacked` lays it (its padding columns are zeros in the
     template's buffer already)."""
     rows, padded = shape[0] * shape[1], shape[2]
     grid = buf[at:at + rows * padded].reshape(rows, padded)
@@ -271,7 +271,7 @@ def _fill_stacked(buf: np.ndarray, at: int, shape: Tuple[int, int, int], tables:
 
 class LayoutTemplates:
     """The templates of the last :data:`MAX_TEMPLATES` geometries built twice (a runner keeps
-    one): :meth:`build` is :func:`~hypic.engine.pic_layout.build_layout` through them."""
+    one): :meth:`build` is :func:`~hypic.runner.layout.build_layout` through them."""
 
     def __init__(self, max_templates: int = MAX_TEMPLATES, seen_geometries: int = SEEN_GEOMETRIES) -> None:
         if max_templates < 0 or seen_geometries < 0:

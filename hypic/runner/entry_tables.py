@@ -1,5 +1,5 @@
 """Per store entry, what the GPU kernels need to read it in place: the data pointers of its linear
-layers' summaries and of its attention layers' K and V (hypic/engine/pic_layout.py stacks them
+layers' summaries and of its attention layers' K and V (hypic/runner/layout.py stacks them
 into a forward's address tables).
 
 Entries are immutable and own their tensors, so each entry's tables are made once per device and

@@ -10,7 +10,7 @@ import torch
 
 from hypic.engine.context import PlainContext
 from hypic.pic.modes import PICConfig
-from tests.engine.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
+from tests.runner.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
 
 ATOL = 1e-4
 
@@ -372,7 +372,7 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     """A forward with no cached body and no write (cold full_recompute; prefix_cache whose every
     checkpoint exists) runs each request's live tokens as one linear-attention run from its prefix
     state: no summaries, no scan, and still exact."""
-    from hypic.engine import pic_context
+    from hypic.runner import pic_context
 
     spec, model = tiny
     segs = [random_segment(n, 700 + n) for n in (23, 9, 30)]
@@ -399,7 +399,7 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
 def test_run_initial_conv_states_are_stacked_once_per_forward(tiny, mode):
     """The runs' initial conv states of every linear layer come from one stack per forward when
     the entries' tails were written as one buffer's rows, equal to each layer's own stack."""
-    from hypic.engine import pic_context
+    from hypic.runner import pic_context
 
     spec, model = tiny
     h = PicHarness(spec, model, config=PICConfig(mode=mode))
@@ -437,8 +437,8 @@ def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, 
     512-token segments that held 30 GiB and ran the H200 out of memory). A cold hypic forward's
     segment summaries are written into the entries by the op (HYPIC_ENTRY_IN_PLACE, default), so
     its records keep none either; with 0 they are recorded and copied."""
-    from hypic.engine import entry_writer
-    from hypic.engine.entry_writer import EntryWriter
+    from hypic.runner import entry_writer
+    from hypic.runner.entry_writer import EntryWriter
 
     monkeypatch.setenv(entry_writer.IN_PLACE_ENV, in_place)
     spec, model = tiny
@@ -467,7 +467,7 @@ def test_writes_beyond_the_device_headroom_are_skipped(tiny, monkeypatch):
     """On CUDA the bytes a forward records are also bounded by the device memory left for them
     (record_headroom_bytes); the segments beyond it run live and unrecorded, and the result is
     still exact."""
-    from hypic.engine import pic_runner
+    from hypic.runner import pic_runner
 
     spec, model = tiny
     a, b, c = (random_segment(n, 800 + n) for n in (40, 30, 50))
@@ -492,7 +492,7 @@ def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, mo
     layers write the summaries straight into the entries (a cold forward, summary targets on),
     else RECORD_PEAK_FACTOR times (the rows copied from the forward's records: a cached request
     with a missed segment, HYPIC_ENTRY_IN_PLACE=0, or prefix-cache checkpoints)."""
-    from hypic.engine import pic_runner
+    from hypic.runner import pic_runner
 
     monkeypatch.setenv("HYPIC_ENTRY_IN_PLACE", in_place)
     spec, model = tiny
@@ -516,7 +516,7 @@ def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, mo
 def test_writes_in_place_follows_the_entry_writer_conditions(monkeypatch):
     from types import SimpleNamespace
 
-    from hypic.engine import pic_runner
+    from hypic.runner import pic_runner
     from hypic.pic.plan import SpanKind
 
     def plan(*kinds, checkpoints=False):
@@ -534,7 +534,7 @@ def test_writes_in_place_follows_the_entry_writer_conditions(monkeypatch):
 
 
 def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkeypatch):
-    from hypic.engine import pic_runner
+    from hypic.runner import pic_runner
 
     assert pic_runner.record_headroom_bytes(torch.device("cpu"), 1000) is None
     monkeypatch.setattr(pic_runner, "device_free_bytes", lambda device: 10 << 30)
@@ -548,7 +548,7 @@ def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkey
 
 
 def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
-    from hypic.engine import pic_runner
+    from hypic.runner import pic_runner
 
     spec, model = tiny
     segs = [random_segment(n, 600 + n) for n in (30, 22, 41, 27)]

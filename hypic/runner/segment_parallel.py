@@ -1,7 +1,7 @@
 """Segment parallelism: a request's cold segments prefilled on several workers at once.
 
 Under the ``standalone`` cold policy every missed segment is prefilled alone at position 0
-(:meth:`hypic.engine.pic_runner.PicRunner._run_standalone`): its store entry depends on its own
+(:meth:`hypic.runner.pic_runner.PicRunner._run_standalone`): its store entry depends on its own
 tokens only, so the segments are independent work. On one GPU that saves only the attention
 between segments (session 23 measured at most 1.24x on the all-cold 32k prompt, attention being
 126.6 of 662.1 ms of its full prefill). Spread over ``m`` workers the linear and MoE work
@@ -265,7 +265,7 @@ def _join(rank: int, world_size: int, init_method: str, backend: str, timeout_s:
 
 def _worker_main(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float, device: str,
                  model_dir: str, dtype: str, load_format: str, seed: int) -> None:
-    from hypic.engine.pic_runner import PicRunner
+    from hypic.runner.pic_runner import PicRunner
     from hypic.models.loader import load_model
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))

@@ -5,13 +5,13 @@ graphs."""
 import pytest
 import torch
 
-from hypic.engine.pic_runner import PicRunner
+from hypic.runner.pic_runner import PicRunner
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.modes import PICConfig
 from hypic.pic.plan import plan_request
 from hypic.pic.segments import SegmentedPrompt
 from hypic.pic.store import SegmentStore
-from tests.engine.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_model
+from tests.runner.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
