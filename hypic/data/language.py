@@ -110,8 +110,8 @@ def bridge_answer(mentor: str, relation: str, value: str) -> str:
     ``"<mentor> lives in <city>"`` -- the fact sentence about the mentor without its full stop. The
     answer names the person found by the first hop before the attribute found by the second (an
     explicit reasoning step, as a chat model would answer), and exact match needs both right: a
-    7 M-parameter model does not compose two lookups latently within one token (session 2: 17%
-    held-out after 3,100 steps), while each hop alone is a single in-context lookup.
+    7 M-parameter model does not compose two lookups latently within one token (17% held-out
+    exact match after 3,100 training steps when the answer was the attribute alone), while each hop alone is a single in-context lookup.
     """
     if relation not in ATTRIBUTE_RELATIONS:
         raise ValueError(f"relation: {relation!r} is not one of {ATTRIBUTE_RELATIONS}")

@@ -82,8 +82,8 @@ CURRICULUM: Tuple[CurriculumStage, ...] = (
     # (16% after the first 90 steps here) to pass 85% first.
     CurriculumStage("bridge", (("recall", 0.05), ("single_hop", 0.4), ("two_hop", 0.4), ("summary", 0.15)),
                     2, 8, 48, 160, 0.85, 500, 2000),
-    # The evaluation shape: 4-16 documents of 64-256 tokens. (Session 3 tried adding order_lookup
-    # at 0.3 from step 3,962: 7% training exact match after 490 steps, and the other tasks slipped;
+    # The evaluation shape: 4-16 documents of 64-256 tokens. (Adding order_lookup
+    # at 0.3 from step 3,962 gave 7% training exact match after 490 steps, and the other tasks slipped;
     # those weights were not kept. See training/README.md.)
     CurriculumStage("full", (("single_hop", 0.35), ("two_hop", 0.45), ("summary", 0.2)), 4, 16,
                     64, 256, None, 0),
