@@ -27,8 +27,8 @@ from hypic.bench.quality_run import (
     ALL_MODES, Configuration, PromptEncoder, RequestRecord, encode_requests,
     expand_configurations, parse_cold_policies, parse_modes, parse_seams, run_task, write_records,
 )
+from hypic.bench.common import provenance
 from hypic.data.suites import SUITE_TASKS, TASKS, SuiteConfig, generate_suite
-from hypic.entrypoints.cli import BenchCommand
 from hypic.pic.modes import COLD_POLICIES
 
 DEFAULT_SEAMS = "0,1,2,4,8,16,32"
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         model, config, results, records = result.model, result.config, result.results, result.records
     print(format_table(results))
     if args.json:
-        write_json(args.json, model, config, results)
+        write_json(args.json, model, config, results, provenance(args))
         print(f"wrote {args.json}")
     if args.records and records is not None:
         write_records(args.records, ((c, r) for _, c, rs in records for r in rs))
@@ -210,12 +210,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCH_COMMAND = BenchCommand(
-    name="quality",
-    help="task quality per caching mode and seam width, and the gap to full recompute",
-    add_arguments=add_arguments,
-    run=run,
-)
+HELP = "task quality per caching mode and seam width, and the gap to full recompute"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

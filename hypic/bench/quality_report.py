@@ -75,8 +75,10 @@ def format_table(results: Sequence[QualityResult]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, model: str, config: dict, results: Sequence[QualityResult]) -> None:
-    payload = {"model": model, "config": config, "results": [r.as_dict() for r in results]}
+def write_json(path: str, model: str, config: dict, results: Sequence[QualityResult],
+               provenance: Optional[dict] = None) -> None:
+    """``provenance``: the command and commit that produced the results (top-level keys)."""
+    payload = {"model": model, "config": config, **(provenance or {}), "results": [r.as_dict() for r in results]}
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2, allow_nan=False, default=_json_default)
         handle.write("\n")

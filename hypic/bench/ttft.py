@@ -21,10 +21,10 @@ Before its measured requests every mode runs the point's warm-up requests untime
 extra cold prompt of the same shape, sharing no tokens with the measured ones; ``full_recompute``,
 which keeps nothing, runs only the first warm-up request), so first-call costs at a new shape are
 paid outside the timing by every mode alike. The last warm-up request is one like the measured
-ones (all_hit, rag): its TTFT is reported apart as ``first_request_ms``. On the H200 (session
-11) the first all-hit request of a new prompt size in a process took 0.3-1.2 s more than the next
-ones, also when no Triton autotuning or dynamo recompile was logged during it (the cause is not
-pinned down); the later requests of that size did not pay it again.
+ones (all_hit, rag): its TTFT is reported apart as ``first_request_ms``. On the H200 the first
+all-hit request of a new prompt size in a process took 0.3-1.2 s more than the next ones, also
+when no Triton autotuning or dynamo recompile was logged during it (the cause is not pinned down);
+the later requests of that size did not pay it again.
 
 Every mode gets its own :class:`SegmentStore` (``--store-bytes`` device budget; evictions are
 reported), keyer and :class:`PicRunner`, warmed with the same requests (``prefix_cache`` too, so
@@ -33,7 +33,8 @@ its hits are what shared prefixes give it: the honest baseline). TTFT of a reque
 ``time.perf_counter`` between device synchronisations. Each row also has a FLOP count, a byte count
 and the floor they imply on an H200 (:mod:`hypic.bench.floor`).
 
-JSON (``--json``): ``{"device", "model", "config", "results": [row, ...], "skipped": [...]}``, rows
+JSON (``--json``): ``{"device", "model", "config", "command", "commit", "results": [row, ...],
+"skipped": [...]}``, rows
 keyed by (case, mode, cold_policy, prompt_tokens, segment_tokens); written after every sweep point,
 so a run cut short still leaves what it measured. Row keys: the required ``case, mode,
 prompt_tokens`` (the target P), ``segment_tokens, num_requests, ttft_p50_ms, ttft_p90_ms,
@@ -65,12 +66,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from hypic.bench.common import add_model_arguments, load_bench_model, provenance
 from hypic.bench.floor import H200_PEAK_BYTES_PER_S, H200_PEAK_FLOPS, WorkModel
 from hypic.bench.rag_trace import RagTrace, RagTraceConfig
 from hypic.bench.ttft_mode import ModeBench, Sample, synchronize
 from hypic.bench.ttft_report import (format_table, mean, merge_reports, parse_bytes, percentile, write_json,
                                      write_plots)
-from hypic.entrypoints.cli import BenchCommand
 from hypic.pic.modes import COLD_INLINE, COLD_STANDALONE, MODES, get_mode, validate_seam
 from hypic.pic.segments import SegmentedPrompt
 
@@ -179,7 +180,7 @@ def _random_tokens(rng: random.Random, n: int, vocab_size: int) -> Tuple[int, ..
 
 class TtftBench:
     def __init__(self, model, spec, config: TtftConfig, *, device, dtype, model_name: str,
-                 on_point_done=None):
+                 on_point_done=None, provenance: Optional[Dict] = None):
         if not isinstance(config, TtftConfig):
             raise ValueError(f"config: expected TtftConfig, got {type(config).__name__}")
         self.model, self.spec, self.config = model, spec, config
@@ -190,6 +191,7 @@ class TtftBench:
         self.skipped: List[Dict] = []
         self.errors = 0
         self._on_point_done = on_point_done
+        self.provenance = dict(provenance or {})
         self._t_start = time.perf_counter()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -402,7 +404,7 @@ class TtftBench:
             device = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
         cfg = asdict(self.config)
         return {"device": device, "model": self.model_name, "dtype": str(self.dtype).replace("torch.", ""),
-                "torch": torch.__version__, "config": cfg,
+                "torch": torch.__version__, "config": cfg, **self.provenance,
                 "peak_flops": H200_PEAK_FLOPS, "peak_bytes_per_s": H200_PEAK_BYTES_PER_S,
                 "results": self.results, "skipped": self.skipped}
 
@@ -417,13 +419,7 @@ def _int_list(text: str, name: str) -> Tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="checkpoint folder or 'tiny'")
-    p.add_argument("--dummy-config", default=None,
-                   help="config.json of a model to build with seeded dummy weights (full-size shapes, no download)")
-    p.add_argument("--load-format", default="safetensors", choices=["safetensors", "dummy"])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    add_model_arguments(p)
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated: cold,all_hit,rag")
     p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated PIC modes")
     p.add_argument("--seam", default="8", help="hypic seam: int tokens or a fraction in (0, 1]")
@@ -475,30 +471,6 @@ def config_from_args(args: argparse.Namespace) -> TtftConfig:
     )
 
 
-def load_bench_model(args: argparse.Namespace):
-    """``(spec, model, name, device, dtype)`` from --model / --dummy-config / --load-format."""
-    from hypic.assets import resolve_model_path
-    from hypic.engine.engine import resolve_device, resolve_dtype
-    from hypic.models.loader import build_dummy_model, load_model
-
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    if args.dummy_config is not None:
-        if args.load_format != "dummy":
-            raise ValueError("--dummy-config builds dummy weights: pass --load-format dummy with it")
-        if not os.path.isfile(args.dummy_config):
-            raise ValueError(f"--dummy-config: no such file {args.dummy_config!r}")
-        with open(args.dummy_config, encoding="utf-8") as f:
-            config = json.load(f)
-        spec, model = build_dummy_model(config, dtype=dtype, device=device, seed=args.seed)
-        name = os.path.splitext(os.path.basename(args.dummy_config))[0] + "-dummy"
-    else:
-        folder = str(resolve_model_path(args.model))
-        spec, model = load_model(folder, dtype=dtype, device=device, load_format=args.load_format, seed=args.seed)
-        name = args.model + ("-dummy" if args.load_format == "dummy" else "")
-    return spec, model, name, device, dtype
-
-
 def _finish(report: Dict, args: argparse.Namespace, title: str) -> None:
     print(format_table(report["results"]), flush=True)
     for s in report.get("skipped", []):
@@ -525,6 +497,9 @@ def run(args: argparse.Namespace) -> int:
             with open(path, encoding="utf-8") as f:
                 reports.append(json.load(f))
         report = merge_reports(reports)
+        # the merge's own command and checkout; each row keeps the command and commit that measured it
+        made = provenance(args)
+        report.update(command=made["command"], commit=made["commit"])
         _finish(report, args, title=f"{report['model']} on {report['device']}")
         return 1 if any("error" in r for r in report["results"]) else 0
     config = config_from_args(args)  # validate everything before loading a 35B model
@@ -542,7 +517,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_json(args.json, bench.report())
 
-    bench = TtftBench(model, spec, config, device=device, dtype=dtype, model_name=name, on_point_done=checkpoint)
+    bench = TtftBench(model, spec, config, device=device, dtype=dtype, model_name=name, on_point_done=checkpoint,
+                      provenance=provenance(args))
     bench.run()
     report = bench.report()
     _finish(report, args, title=f"{name} on {report['device']}")
@@ -552,9 +528,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCH_COMMAND = BenchCommand(
-    name="ttft",
-    help="TTFT of every PIC mode: cold, all-hit and RAG-trace cases (JSON, table, plots)",
-    add_arguments=add_arguments,
-    run=run,
-)
+HELP = "TTFT of every PIC mode: cold, all-hit and RAG-trace cases (JSON, table, plots)"

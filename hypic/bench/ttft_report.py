@@ -148,7 +148,8 @@ def write_json(path: str, report: Dict) -> None:
 def merge_reports(reports: Sequence[Dict]) -> Dict:
     """One report from several runs (e.g. one per device call): results concatenated in order, a
     later run's row replacing an earlier one with the same (case, mode, cold_policy, P, S); the
-    skipped points of every run, less those another run measured."""
+    skipped points of every run, less those another run measured. Each row keeps the ``command``
+    and ``commit`` of the run that measured it (where that run recorded them)."""
     if not reports:
         raise ValueError("merge: no reports given")
     for key in ("device", "model"):
@@ -158,6 +159,10 @@ def merge_reports(reports: Sequence[Dict]) -> Dict:
     rows: Dict[Tuple, Dict] = {}
     for r in reports:
         for row in r["results"]:
+            row = dict(row)
+            for key in ("command", "commit"):
+                if r.get(key) is not None:
+                    row.setdefault(key, r[key])
             rows[(row["case"], row["mode"], row.get("cold_policy", "inline"), row["prompt_tokens"],
                   row["segment_tokens"])] = row
     out = dict(reports[-1])
@@ -168,5 +173,6 @@ def merge_reports(reports: Sequence[Dict]) -> Dict:
                       if (s["case"], s["prompt_tokens"], s["segment_tokens"]) not in measured]
     # a merged report's configs are a list already: kept flat, one per run
     out["config"] = [c for r in reports
-                     for c in (r["config"] if isinstance(r.get("config"), list) else [r.get("config")])]
+                     for c in (r["config"] if isinstance(r.get("config"), list) else [r.get("config")])
+                     if c is not None]
     return out

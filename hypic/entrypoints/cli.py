@@ -5,71 +5,20 @@
 
 The embedded ``tiny`` model reads only the synthetic suites' vocabulary (hypic/assets/tiny/README.md).
 
-``bench`` is a subcommand group filled from a registry: a module ``hypic/bench/<x>.py`` that
-defines ``BENCH_COMMAND = BenchCommand(name, help, add_arguments, run)`` is discovered
-automatically (modules are imported only when ``hypic bench`` is invoked), and code can also
-call :func:`register_bench_command` before :func:`main`.
+``bench`` is a subcommand group: one subcommand per entry of
+:data:`hypic.bench.commands.BENCH_COMMANDS` (docs/performance.md lists them).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 import sys
 import time
-import warnings
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Mapping, Optional, Sequence
 
+from hypic.bench.commands import BENCH_COMMANDS, BenchCommand
 from hypic.pic.modes import COLD_POLICIES
 from hypic.pic.segments import PIC_SEP
-
-
-@dataclass(frozen=True)
-class BenchCommand:
-    """``add_arguments(parser)`` declares the options; ``run(args)`` returns an exit code
-    (None = 0)."""
-
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int | None]
-
-
-_BENCH_COMMANDS: dict[str, BenchCommand] = {}
-
-
-def register_bench_command(command: BenchCommand) -> None:
-    if not isinstance(command, BenchCommand):
-        raise ValueError(f"command must be a BenchCommand, got {type(command).__name__}")
-    existing = _BENCH_COMMANDS.get(command.name)
-    if existing is not None and existing is not command:
-        raise ValueError(f"bench command {command.name!r} is already registered")
-    _BENCH_COMMANDS[command.name] = command
-
-
-def bench_commands() -> dict[str, BenchCommand]:
-    return dict(_BENCH_COMMANDS)
-
-
-def discover_bench_commands() -> None:
-    """Import ``hypic.bench`` submodules and register their ``BENCH_COMMAND``s. A module that
-    fails to import is reported and skipped, so one broken benchmark does not break the rest."""
-    import hypic.bench
-
-    for info in pkgutil.iter_modules(hypic.bench.__path__):
-        if info.name.startswith("_"):
-            continue
-        name = f"hypic.bench.{info.name}"
-        try:
-            module = importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - report and skip this module only
-            warnings.warn(f"hypic bench: skipping {name}: {type(e).__name__}: {e}", stacklevel=2)
-            continue
-        command = getattr(module, "BENCH_COMMAND", None)
-        if isinstance(command, BenchCommand):
-            register_bench_command(command)
 
 
 # ---- generate -------------------------------------------------------------------------------
@@ -174,7 +123,8 @@ def _generate_and_print(llm, args: argparse.Namespace, params, load_s: float) ->
 # ---- entry point ----------------------------------------------------------------------------
 
 
-def build_parser(with_bench_discovery: bool = False) -> argparse.ArgumentParser:
+def build_parser(bench_commands: Optional[Mapping[str, BenchCommand]] = None) -> argparse.ArgumentParser:
+    """``bench_commands``: the ``hypic bench`` subcommands (default :data:`BENCH_COMMANDS`)."""
     parser = argparse.ArgumentParser(prog="hypic", description="hypic: serving engine for hybrid-attention LLMs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -184,20 +134,18 @@ def build_parser(with_bench_discovery: bool = False) -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (see `hypic bench -h`)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench_sub.required = True
-    if with_bench_discovery:
-        discover_bench_commands()
-    for command in sorted(_BENCH_COMMANDS.values(), key=lambda c: c.name):
-        p = bench_sub.add_parser(command.name, help=command.help)
+    for name, command in sorted((BENCH_COMMANDS if bench_commands is None else bench_commands).items()):
+        p = bench_sub.add_parser(name, help=command.help)
         command.add_arguments(p)
         p.set_defaults(func=command.run)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, bench_commands: Optional[Mapping[str, BenchCommand]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Importing every benchmark module costs time: only do it when a bench command is asked for.
-    parser = build_parser(with_bench_discovery=bool(argv) and argv[0] == "bench")
+    parser = build_parser(bench_commands)
     args = parser.parse_args(argv)
+    args.argv = argv  # a benchmark's report records the command that made it
     try:
         code = args.func(args)
     except ValueError as e:
@@ -208,7 +156,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run through the imported module so bench commands register in the one registry.
-    from hypic.entrypoints.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -114,7 +114,7 @@ def test_errors_are_messages_not_tracebacks(capsys):
         cli.main([])
 
 
-def test_bench_registry():
+def test_bench_subcommands_come_from_the_given_registry():
     seen = {}
 
     def add_arguments(parser):
@@ -122,19 +122,14 @@ def test_bench_registry():
 
     def run(args):
         seen["n"] = args.n
+        seen["argv"] = args.argv
         return 0
 
-    command = cli.BenchCommand("unit-test-bench", "a test benchmark", add_arguments, run)
-    cli.register_bench_command(command)
-    try:
-        cli.register_bench_command(command)  # same object again: fine
-        with pytest.raises(ValueError, match="already registered"):
-            cli.register_bench_command(cli.BenchCommand("unit-test-bench", "other", add_arguments, run))
-        assert cli.main(["bench", "unit-test-bench", "--n", "7"]) == 0
-        assert seen == {"n": 7}
-        assert "unit-test-bench" in cli.bench_commands()
-    finally:
-        cli._BENCH_COMMANDS.pop("unit-test-bench", None)
+    commands = {"unit-test-bench": cli.BenchCommand("a test benchmark", add_arguments, run)}
+    assert cli.main(["bench", "unit-test-bench", "--n", "7"], bench_commands=commands) == 0
+    assert seen == {"n": 7, "argv": ["bench", "unit-test-bench", "--n", "7"]}
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "ttft"], bench_commands=commands)  # only the given registry
 
 
 def test_parser_has_generate_and_bench():

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs a plan of benchmark commands on a device machine; everything it writes goes under $OUT.
+#
+#   OUT=DIR bash benchmarks/device_run.sh benchmarks/plans/ttft_h200.plan [STEP_TIMEOUT_S]
+#
+# A plan is a text file of shell commands, one a line (blank lines and '#' comments skipped), each
+# free to use $OUT. The runner installs the carried wheels (.whl/*.whl: fla-core and its
+# dependencies, the device README's way) into /tmp/site, puts them and the checkout on PYTHONPATH,
+# then runs the lines in order, each under `timeout STEP_TIMEOUT_S` (default 600) with its output
+# in $OUT/logs/stepN.txt; a failing line does not stop the ones after it. $OUT/logs/run.txt records
+# the plan, the commit (where the checkout has its .git), the GPUs and each line's exit code and
+# seconds. Exit code: the number of failed lines. docs/performance.md lists the plans and what
+# each result file is.
+set -uo pipefail
+PLAN=${1:?usage: OUT=DIR bash benchmarks/device_run.sh PLAN [STEP_TIMEOUT_S]}
+STEP_TIMEOUT=${2:-600}
+: "${OUT:?set OUT to the folder the results go to}"
+PLAN=$(realpath "$PLAN")
+cd "$(dirname "$0")/.." || exit 1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export OUT PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+# stores of tens of GiB are filled and freed mode after mode: expandable segments keep the caching
+# allocator from fragmenting into out-of-memory at 128k
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+mkdir -p "$OUT/logs"
+LOG=$OUT/logs/run.txt
+{
+  echo "plan: $PLAN"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
+} > "$LOG"
+n=0
+failed=0
+while IFS= read -r line || [[ -n "$line" ]]; do
+  [[ -z "${line//[[:space:]]/}" || "$line" =~ ^[[:space:]]*# ]] && continue
+  n=$((n + 1))
+  start=$(date +%s)
+  echo "[$n] $line"
+  timeout "$STEP_TIMEOUT" bash -c "$line" > "$OUT/logs/step$n.txt" 2>&1
+  rc=$?
+  seconds=$(( $(date +%s) - start ))
+  [[ $rc -ne 0 ]] && failed=$((failed + 1))
+  echo "step $n rc=$rc ${seconds}s: $line" >> "$LOG"
+  tail -n 15 "$OUT/logs/step$n.txt"
+  echo "[$n] rc=$rc after ${seconds} s"
+done < "$PLAN"
+echo "$n steps, $failed failed" | tee -a "$LOG"
+exit "$failed"

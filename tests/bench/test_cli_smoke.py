@@ -1,0 +1,73 @@
+"""Every ``hypic bench`` subcommand, end to end at tiny sizes on the CPU: it runs, writes its JSON
+with the keys its readers use, and records the command and commit that made it. A subcommand
+added to the registry without a run here fails ``test_every_subcommand_has_a_smoke_run``."""
+
+import json
+
+import pytest
+
+from hypic.bench.commands import BENCH_COMMANDS
+from hypic.entrypoints.cli import main
+from tests.runner.pic_helpers import TINY_CONFIG
+
+pytestmark = [
+    pytest.mark.usefixtures("single_thread_torch"),
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+]
+
+
+def _dummy(config_path):
+    return ["--dummy-config", config_path, "--load-format", "dummy", "--device", "cpu"]
+
+
+# subcommand -> (arguments before --json, keys its JSON must have, keys of each row, the rows' key)
+SMOKE = {
+    "ttft": (lambda cfg: [*_dummy(cfg), "--modes", "prefix_cache,hypic", "--cases", "all_hit", "--prompt-tokens", "32",
+                          "--segment-tokens", "16", "--query-tokens", "4", "--num-requests", "1", "--no-progress",
+                          "--no-device-warmup"],
+             {"device", "model", "config", "results"}, {"case", "mode", "ttft_p50_ms", "floor_ms"}, "results"),
+    "quality": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--num-requests", "2", "--tasks", "single_hop",
+                             "--modes", "full_recompute,hypic", "--seams", "8", "--cold-policies", "inline",
+                             "--no-progress"],
+                {"model", "config", "results"}, {"task", "mode", "score"}, "results"),
+    "kernels": (lambda cfg: ["--op", "all", "--device", "cpu", "--size", "tiny", "--repeats", "1"],
+                {"device", "size", "rows"}, {"op", "case", "ms", "rel_err", "max_abs_err"}, "rows"),
+    "profile": (lambda cfg: [*_dummy(cfg), "--prompt-tokens", "32", "--segment-tokens", "16", "--query-tokens", "4",
+                             "--repeats", "1", "--top", "5"],
+                {"device", "model", "mode", "timeline", "kernels", "table", "profiled_ttft_ms"},
+                {"name", "calls", "ms"}, "kernels"),
+    "op-count": (lambda cfg: [*_dummy(cfg), "--segments", "2,4", "--segment-tokens", "8", "--query-tokens", "3"],
+                 {"device", "model", "rows", "flat_in_segments"},
+                 {"cached_segments", "ops_by_area", "ops_outside_kernels"}, "rows"),
+    "segment-parallel": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--workers", "1", "--segments", "2",
+                                      "--segment-tokens", "8", "--query-tokens", "4", "--requests", "1",
+                                      "--warmup", "1"],
+                         {"device", "results"}, {"mode", "workers", "ttft_p50_ms", "speedup_vs_full_recompute"},
+                         "results"),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_config_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench_smoke") / "tiny.json"
+    path.write_text(json.dumps(TINY_CONFIG))
+    return str(path)
+
+
+def test_every_subcommand_has_a_smoke_run():
+    assert set(SMOKE) == set(BENCH_COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_subcommand_runs_and_writes_its_json(name, tiny_config_path, tmp_path):
+    args, top_keys, row_keys, rows_key = SMOKE[name]
+    out = tmp_path / f"{name}.json"
+    argv = ["bench", name, *args(tiny_config_path), "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert top_keys <= set(report)
+    assert report["rows" if rows_key == "rows" else rows_key]
+    for row in report[rows_key]:
+        assert row_keys <= set(row), (name, sorted(row))
+    assert report["command"] == "python3 -m hypic " + " ".join(argv)
+    assert "commit" in report

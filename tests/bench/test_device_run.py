@@ -1,0 +1,24 @@
+"""benchmarks/device_run.sh: runs every line of a plan under $OUT, logs each, counts failures."""
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_plan_lines_run_in_order_and_a_failure_does_not_stop_the_rest(tmp_path):
+    plan = tmp_path / "smoke.plan"
+    plan.write_text("# comment\n\n"
+                    "python3 -m hypic bench kernels --op scan --device cpu --size tiny --repeats 1 --json $OUT/k.json\n"
+                    "false\n"
+                    "echo done > $OUT/last.txt\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out))
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "120"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr  # one failed line
+    assert (out / "k.json").is_file() and (out / "last.txt").read_text() == "done\n"
+    log = (out / "logs" / "run.txt").read_text()
+    assert "step 1 rc=0" in log and "step 2 rc=1" in log and "step 3 rc=0" in log and "3 steps, 1 failed" in log
+    assert sorted(p.name for p in (out / "logs").glob("step*.txt")) == ["step1.txt", "step2.txt", "step3.txt"]
