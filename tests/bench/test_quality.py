@@ -60,7 +60,7 @@ def test_cli_end_to_end_writes_table_json_and_plot(suite_run):
     code, out, printed = suite_run
     assert code == 0
     payload = json.loads((out / "q.json").read_text())
-    assert set(payload) == {"model", "config", "results"}
+    assert set(payload) == {"model", "config", "command", "commit", "torch", "results"}
     results = payload["results"]
     # full_recompute once per task; hypic per (seam, policy): 1 + 2 * 2 configurations.
     assert len(results) == 3 * 5

@@ -217,8 +217,12 @@ def test_merge_reports(report, tmp_path):
     # b measured the point a skipped: only a's other skipped point stays
     assert [sk["prompt_tokens"] for sk in merged_report["skipped"]] == [4 * P]
     assert len(merged) == len(a["results"]) + 1
-    assert [r for r in merged if r["ttft_p50_ms"] == 123.0] == [replaced]
-    assert extra in merged
+    # each row keeps the command and commit of the run that measured it
+    assert b["command"].startswith("python3 -m hypic bench ttft")
+    made_by = {"command": b["command"], "commit": b["commit"]}
+    assert [r for r in merged if r["ttft_p50_ms"] == 123.0] == [dict(replaced, **made_by)]
+    assert dict(extra, **made_by) in merged
+    assert merged_report["command"].startswith("python3 -m hypic bench ttft --merge-json")
     c = dict(a, model="other")
     (tmp_path / "c.json").write_text(json.dumps(c))
     assert main(["bench", "ttft", "--merge-json", paths[0], str(tmp_path / "c.json"), "--json", out]) == 2
