@@ -5,8 +5,10 @@ error against the pure-PyTorch reference beside it.
     hypic bench kernels --op all --device cpu --size tiny            # every op, CPU smoke run
 
 Each op is called through its public function, which picks the kernel for the input tensors
-(device, dtype, shape), exactly as a forward does; the reference is the same computation in
-float64 on the CPU (``moe``, ``attention``: their ``impl="reference"`` path). Shapes at
+(device, dtype, shape), exactly as a forward does; the reference is the same computation through
+the pure-PyTorch path in float64 on the CPU, except ``moe`` and ``attention`` on CUDA, whose
+``impl="reference"`` path runs there in float32 (a float64 CPU pass over 32k tokens at model
+widths takes minutes). Shapes at
 ``--size model`` are Qwen3.5-35B-A3B's (hidden 2048, 256 experts top-8 of intermediate 512; 16
 query / 2 kv heads of 256; GDN 16 key / 32 value heads of 128, conv width 4), at the all-hit 32k
 request's sizes (576 live tokens) and the cold 32k prefill's (32,768 tokens). ``--size tiny`` is a
@@ -15,8 +17,9 @@ few tokens of narrow widths (the CPU smoke test).
 Rows: ``op, case, impl`` (what the public function ran: ``auto`` on the device), ``tokens``,
 ``first_call_ms`` (compiles and autotuning included), ``ms`` (median of ``--repeats``; CUDA events
 behind a sleep kernel, so the kernels rather than the launch latency), ``ms_samples``,
-``tflops`` where a FLOP count is given, ``max_abs_err`` / ``rel_err`` (Frobenius) against the
-float64 reference.
+``tflops`` where a FLOP count is given, ``max_abs_err`` / ``rel_err`` (Frobenius) of the output
+against the reference (``state_rel_err``: of the final state, where the op returns one),
+``reference`` (where and in which dtype it ran).
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ def _errors(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, float]:
             "rel_err": float((a - b).norm() / b.norm().clamp_min(1e-300))}
 
 
+def _reference_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the ``impl="reference"`` oracle on the inputs' device (see the module docstring)."""
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
 def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen)
 
@@ -64,8 +72,9 @@ def _moe_cases(size: str, device: torch.device, dtype: torch.dtype):
         def run(dev=dev):
             return moe_experts(*dev)
 
-        def reference(x=x, weights=weights, ids=ids):
-            return moe_experts(x.double(), gate_up.double(), down.double(), weights.double(), ids, impl="reference")
+        def reference(dev=dev):
+            ref = _reference_dtype(device)
+            return moe_experts(*(t.to(ref) for t in dev[:4]), dev[4], impl="reference")
 
         yield f"T={tokens}", tokens, 6.0 * tokens * top_k * hidden * inter, run, reference
 
@@ -97,9 +106,9 @@ def _attention_cases(size: str, device: torch.device, dtype: torch.dtype):
         def run(dq=dq, dk=dk, dv=dv, dev_layout=dev_layout, layout=layout):
             return varlen_attention(dq, dk, dv, **dev_layout, **layout)
 
-        def reference(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, pos_q=pos_q, pos_k=pos_k):
-            return varlen_attention(q.double(), k.double(), v.double(), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                                    positions_q=pos_q, positions_k=pos_k, impl="reference")
+        def reference(dq=dq, dk=dk, dv=dv, dev_layout=dev_layout):
+            ref = _reference_dtype(device)
+            return varlen_attention(dq.to(ref), dk.to(ref), dv.to(ref), **dev_layout, impl="reference")
 
         pairs = float((pos_q + 1).sum())
         yield f"{case} Tq={num_q} Tk={num_k}", num_q, 4.0 * heads * head_dim * pairs, run, reference
@@ -198,7 +207,10 @@ def bench_op(name: str, size: str, device: torch.device, dtype: torch.dtype, rep
     for case, tokens, flops, run, reference in OPS[name](size, device, dtype):
         first_ms, samples = time_calls_ms(run, device, repeats)
         out, ref = run(), reference()
+        on_device = name in ("moe", "attention")
         row = {"op": name, "case": case, "impl": "auto", "tokens": tokens, "first_call_ms": first_ms,
+               "reference": f"{device.type if on_device else 'cpu'} "
+                            f"{str(_reference_dtype(device) if on_device else torch.float64).replace('torch.', '')}",
                "ms": median(samples), "ms_samples": samples,
                "tflops": flops / (median(samples) * 1e-3) / 1e12 if flops and median(samples) else None,
                **_errors(_first(out), _first(ref))}

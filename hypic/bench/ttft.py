@@ -57,7 +57,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import random
 import time
 import traceback
@@ -66,10 +65,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from hypic.bench.common import add_model_arguments, load_bench_model, provenance
+from hypic.bench.common import add_model_arguments, device_name, load_bench_model, provenance, synchronize
 from hypic.bench.floor import H200_PEAK_BYTES_PER_S, H200_PEAK_FLOPS, WorkModel
 from hypic.bench.rag_trace import RagTrace, RagTraceConfig
-from hypic.bench.ttft_mode import ModeBench, Sample, synchronize
+from hypic.bench.ttft_mode import ModeBench, Sample
 from hypic.bench.ttft_report import (format_table, mean, merge_reports, parse_bytes, percentile, write_json,
                                      write_plots)
 from hypic.pic.modes import COLD_INLINE, COLD_STANDALONE, MODES, get_mode, validate_seam
@@ -398,10 +397,7 @@ class TtftBench:
         return self.results
 
     def report(self) -> Dict:
-        if self.device.type == "cuda":
-            device = torch.cuda.get_device_name(self.device)
-        else:
-            device = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        device = device_name(self.device)
         cfg = asdict(self.config)
         return {"device": device, "model": self.model_name, "dtype": str(self.dtype).replace("torch.", ""),
                 "torch": torch.__version__, "config": cfg, **self.provenance,

@@ -9,6 +9,7 @@ from typing import Optional, Union
 
 import torch
 
+from hypic.bench.common import synchronize
 from hypic.bench.floor import H200_PEAK_BYTES_PER_S, H200_PEAK_FLOPS, WorkModel
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.modes import PICConfig
@@ -47,11 +48,6 @@ class Sample:
     flops: float
     bytes: float
     floor_s: float
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class ModeBench:
