@@ -29,7 +29,6 @@ import torch
 
 from hypic.engine.engine import LLMEngine
 from hypic.engine.sampling import SamplingParams
-from hypic.runner.segment_parallel import SegmentParallelConfig
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hypic", "models", "configs",
                       "qwen3_5_35b_a3b.json")
@@ -70,7 +69,7 @@ def main():
     for m in counts:
         engine = LLMEngine(model, dtype=dtype, device=device, load_format=load_format, seed=0,
                            max_num_batched_tokens=2 * prompt_tokens + 1024, segment_cache_bytes=None,
-                           segment_parallel=SegmentParallelConfig(num_workers=m) if m > 1 else None)
+                           segment_workers=m)
         vocab = engine.spec.vocab_size
         try:
             for mode in (("full_recompute", "hypic") if m == 1 else ("hypic",)):
