@@ -20,6 +20,9 @@ def llm():
 
 def test_top_level_exports():
     assert hypic.LLM is LLM and hypic.SamplingParams is SamplingParams
+    from hypic.config import EngineConfig
+
+    assert hypic.EngineConfig is EngineConfig
 
 
 def test_generate_prompt_forms_and_output_shape(llm):
