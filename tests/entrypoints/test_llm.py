@@ -5,6 +5,7 @@ import torch
 
 import hypic
 from hypic import LLM, SamplingParams
+from hypic.config import ENGINE_OPTIONS, EngineConfig
 from hypic.assets.make_seeded_tiny import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -19,10 +20,7 @@ def llm():
 
 
 def test_top_level_exports():
-    assert hypic.LLM is LLM and hypic.SamplingParams is SamplingParams
-    from hypic.config import EngineConfig
-
-    assert hypic.EngineConfig is EngineConfig
+    assert hypic.LLM is LLM and hypic.SamplingParams is SamplingParams and hypic.EngineConfig is EngineConfig
 
 
 def test_generate_prompt_forms_and_output_shape(llm):
@@ -103,8 +101,6 @@ def test_bad_input_raises_and_leaves_engine_clean(llm):
 
 def test_llm_takes_every_engine_option():
     """``LLM(...)`` takes every field of EngineConfig by its flat name, one to one, or a config."""
-    from hypic.config import ENGINE_OPTIONS, EngineConfig
-
     kwargs = dict(model="tiny", dtype="float32", device="cpu", seed=1, load_format="dummy", max_model_len=64,
                   pic_mode="hypic", seam=4, cold_policy="standalone", max_num_batched_tokens=64, max_num_seqs=4,
                   segment_cache_bytes=1 << 20, host_cache_bytes=1 << 20, segment_workers=1, segment_backend="gloo",
