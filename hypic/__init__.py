@@ -1,7 +1,7 @@
 """hypic: a serving engine for hybrid linear/full-attention LLMs with position-independent caching."""
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["EngineConfig", "LLM", "SamplingParams", "__version__"]
 
 
 def __getattr__(name):
@@ -10,6 +10,10 @@ def __getattr__(name):
         from hypic.entrypoints.llm import LLM
 
         return LLM
+    if name == "EngineConfig":
+        from hypic.config import EngineConfig
+
+        return EngineConfig
     if name == "SamplingParams":
         from hypic.engine.sampling import SamplingParams
 

@@ -303,11 +303,10 @@ def run_task(
     decoding up to ``max_tokens``, stopping at the tokenizer's end-of-sequence tokens."""
     from hypic.engine.engine import LLMEngine
     from hypic.engine.sampling import SamplingParams
-    from hypic.pic.modes import PICConfig
 
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens: must be an int >= 1, got {max_tokens!r}")
-    engine = LLMEngine(model_path, dtype=dtype, device=device, seed=seed, pic=PICConfig(),
+    engine = LLMEngine(model_path, dtype=dtype, device=device, seed=seed,
                        max_num_seqs=max(batch_size, 1), segment_cache_bytes=None)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)
     overrides = configuration.engine_overrides()

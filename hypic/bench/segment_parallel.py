@@ -32,7 +32,6 @@ from hypic.bench.common import add_model_arguments, median, provenance, write_re
 from hypic.bench.ttft_report import percentile
 from hypic.engine.engine import LLMEngine, resolve_device
 from hypic.engine.sampling import SamplingParams
-from hypic.runner.segment_parallel import SegmentParallelConfig
 
 FIRST_TOKEN = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             engine = LLMEngine(folder, dtype=args.dtype, device=str(device), load_format=args.load_format,
                                seed=args.seed, max_num_batched_tokens=2 * prompt_tokens + 1024,
                                segment_cache_bytes=None,
-                               segment_parallel=SegmentParallelConfig(num_workers=m) if m > 1 else None)
+                               segment_workers=m)
             vocab = engine.spec.vocab_size
             try:
                 for mode in (("full_recompute", "hypic") if m == 1 else ("hypic",)):

@@ -21,28 +21,22 @@ from pathlib import Path
 import torch
 
 from hypic.assets import resolve_model_path
+from hypic.config import DTYPES, EngineConfig
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.outputs import RequestOutput
-from hypic.engine.request import Request
+from hypic.engine.request import PicState, Request
 from hypic.engine.sampling import SamplingParams, sample
-from hypic.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from hypic.engine.scheduler import ScheduledBatch, Scheduler
 from hypic.engine.tokenizer import Tokenizer
 from hypic.runner.pic_runner import PicRunner
-from hypic.runner.segment_parallel import SegmentParallelConfig, start_segment_workers
+from hypic.runner.segment_parallel import start_segment_workers
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model
 from hypic.pic.keys import Keyer, KeyNamespace
-from hypic.pic.modes import COLD_CANONICAL, PICConfig
+from hypic.pic.modes import COLD_CANONICAL
 from hypic.pic.plan import plan_request, segment_keys
 from hypic.pic.segments import PIC_SEP, SegmentedPrompt, build_segmented_prompt
 from hypic.pic.store import SegmentStore, StoreStats
-
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
-}
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -63,12 +57,12 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype is None or dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     if isinstance(dtype, torch.dtype):
-        if dtype not in _DTYPES.values():
+        if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be a floating dtype, got {dtype}")
         return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise ValueError(f"dtype {dtype!r} is not one of: auto, {', '.join(_DTYPES)}")
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype {dtype!r} is not one of: auto, {', '.join(DTYPES)}")
 
 
 @dataclass
@@ -82,49 +76,38 @@ class EngineStats:
 
 
 class LLMEngine:
-    """Continuous-batching generation over one model.
+    """Continuous-batching generation over one model, configured by an
+    :class:`~hypic.config.EngineConfig`.
 
-    model: a checkpoint folder or an embedded name ("tiny"). dtype: "auto" | "float32" |
-    "bfloat16" | "float16" | "float64" or a torch dtype. device: "auto" | "cpu" | "cuda[:i]".
-    max_model_len: prompt + output tokens per request (default: the model's
-    max_position_embeddings). seed: seeds the per-request generators of requests that do not
-    set their own seed (and dummy weights). load_format: "safetensors" or "dummy".
-    segment_parallel: spread cold standalone segments over that many processes, each with a
-    replica of the model on its own device (:mod:`hypic.runner.segment_parallel`); the engine
-    holds the process group until :meth:`shutdown`.
+    ``LLMEngine(config)``, or the flat options of :meth:`EngineConfig.from_kwargs
+    <hypic.config.EngineConfig.from_kwargs>` as keywords (``LLMEngine("tiny", seed=0,
+    max_num_seqs=8)``: a first positional argument that is not a config is the model). With
+    segment workers (``segment_workers > 1``) cold standalone segments are spread over that many
+    processes, each with a replica of the model on its own device
+    (:mod:`hypic.runner.segment_parallel`); the engine holds the process group until
+    :meth:`shutdown`.
     """
 
-    def __init__(
-        self,
-        model: str | Path = "tiny",
-        *,
-        dtype: str | torch.dtype | None = "auto",
-        device: str | torch.device | None = "auto",
-        max_model_len: int | None = None,
-        seed: int = 0,
-        max_num_batched_tokens: int = 2048,
-        max_num_seqs: int = 64,
-        load_format: str = "safetensors",
-        pic: PICConfig | None = None,
-        pic_all_prompts: bool = False,
-        segment_cache_bytes: int | None = 8 << 30,
-        host_cache_bytes: int = 0,
-        segment_parallel: SegmentParallelConfig | None = None,
-    ) -> None:
-        if segment_parallel is not None and not isinstance(segment_parallel, SegmentParallelConfig):
-            raise ValueError(f"segment_parallel must be a SegmentParallelConfig or None, got "
-                             f"{type(segment_parallel).__name__}")
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-        self.model_path = resolve_model_path(model)
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+    def __init__(self, config: EngineConfig | str | Path | None = None, /, **kwargs) -> None:
+        if isinstance(config, EngineConfig):
+            if kwargs:
+                raise ValueError(f"pass an EngineConfig or keyword options, not both (got {', '.join(kwargs)})")
+        else:
+            if config is not None:
+                kwargs = {"model": config, **kwargs}
+            config = EngineConfig.from_kwargs(**kwargs)
+        self.config = config
+        model_cfg, cache_cfg = config.model, config.cache
+        seed, load_format = model_cfg.seed, model_cfg.load_format
+        self.model_path = resolve_model_path(model_cfg.model)
+        self.device = resolve_device(model_cfg.device)
+        self.dtype = resolve_dtype(model_cfg.dtype, self.device)
         # Check cheap arguments against config.json before loading any weights.
         limit = load_spec(str(self.model_path)).max_position_embeddings
-        if max_model_len is None:
-            max_model_len = limit
-        elif not isinstance(max_model_len, int) or isinstance(max_model_len, bool) or not 1 <= max_model_len <= limit:
-            raise ValueError(f"max_model_len must be an int in [1, {limit}] (max_position_embeddings), got {max_model_len!r}")
+        max_model_len = limit if model_cfg.max_model_len is None else model_cfg.max_model_len
+        if max_model_len > limit:
+            raise ValueError(f"max_model_len must be an int in [1, {limit}] (max_position_embeddings), "
+                             f"got {max_model_len!r}")
         self.max_model_len = max_model_len
         has_tokenizer = (self.model_path / "tokenizer.json").is_file()
         self.tokenizer = Tokenizer(self.model_path) if has_tokenizer else None
@@ -134,7 +117,8 @@ class LLMEngine:
         eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.spec.eos_token_ids
         self.eos_token_ids = tuple(eos_ids)
         self.scheduler = Scheduler(
-            SchedulerConfig(max_model_len, max_num_batched_tokens, max_num_seqs),
+            config.scheduler,
+            max_model_len=max_model_len,
             eos_token_ids=self.eos_token_ids,
             detokenize=self.tokenizer.decode if self.tokenizer else None,
         )
@@ -143,27 +127,23 @@ class LLMEngine:
         self._request_counter = itertools.count()
         self.stats = EngineStats()
         # Position-independent caching: segmented prompts (PIC_SEP text, a list of segments, or
-        # every prompt when ``pic_all_prompts``) are planned against the segment store with the
-        # ``pic`` defaults and prefilled in one step by the PIC runner; the rest takes the plain path.
-        if pic is None:
-            pic = PICConfig()
-        if not isinstance(pic, PICConfig):
-            raise ValueError(f"pic must be a PICConfig or None, got {type(pic).__name__}")
-        self.pic = pic
-        self.pic_all_prompts = bool(pic_all_prompts)
-        self.store = SegmentStore(segment_cache_bytes, host_cache_bytes, device=self.device)
+        # every prompt when the config names a mode) are planned against the segment store with
+        # the ``pic`` defaults and prefilled in one step by the PIC runner; the rest takes the
+        # plain path.
+        self.pic = config.pic
+        self.store = SegmentStore(cache_cfg.segment_cache_bytes, cache_cfg.host_cache_bytes, device=self.device)
         model_id = f"{self.model_path.resolve()}|{load_format}|{seed if load_format == 'dummy' else ''}"
         self.keyer = Keyer(KeyNamespace(model_id, str(self.dtype).replace("torch.", "")))
-        self.pic_runner = PicRunner(self.model, self.spec, self.store, self.device, self.dtype)
-        self.segment_workers = None
-        if segment_parallel is not None:
-            self.segment_workers = start_segment_workers(
-                segment_parallel, self.spec, model_dir=str(self.model_path), dtype=self.dtype, device=self.device,
-                load_format=load_format, seed=seed)
-            self.pic_runner.segment_parallel = self.segment_workers
+        enforce_eager = config.kernel.enforce_eager
+        self.pic_runner = PicRunner(self.model, self.spec, self.store, self.device, self.dtype,
+                                    enforce_eager=enforce_eager)
+        self.segment_workers = start_segment_workers(
+            config.parallel, self.spec, model_dir=str(self.model_path), dtype=self.dtype, device=self.device,
+            load_format=load_format, seed=seed, enforce_eager=enforce_eager)
+        self.pic_runner.segment_parallel = self.segment_workers
         # CUDA graphs of the layers' row-wise phases for every batch size the scheduler can form
-        # (GPU only; HYPIC_CUDA_GRAPHS=0 skips this).
-        self.pic_runner.capture_graphs(max_num_batched_tokens)
+        # (GPU only; none under enforce_eager).
+        self.pic_runner.capture_graphs(config.scheduler.max_num_batched_tokens)
 
     def shutdown(self) -> None:
         """Stop the segment workers (if any) and leave their process group; idempotent."""
@@ -199,10 +179,12 @@ class LLMEngine:
         if segmented is not None:
             policy = self.pic.resolve(mode=mode, seam=seam, cold_policy=cold_policy)
             prompt_text = prompt if isinstance(prompt, str) else None
-            request = Request(request_id, list(segmented.token_ids), sampling_params, prompt=prompt_text)
-            request.pic_prompt, request.pic_policy = segmented, policy
-            request.pic_tenant_salt = tenant_salt
-            request.prefill_cost = self._expected_live_tokens(request, segmented, policy, tenant_salt)
+            # keyed once (keying hashes every token): for the scheduler charge and the plan
+            keys = (segment_keys(segmented, policy, self.keyer, tenant_salt)
+                    if policy.mode.uses_segment_store else None)
+            pic = PicState(segmented, policy, self._expected_live_tokens(segmented, policy, keys),
+                           tenant_salt=tenant_salt, segment_keys=keys)
+            request = Request(request_id, list(segmented.token_ids), sampling_params, prompt=prompt_text, pic=pic)
         else:
             prompt_text, prompt_ids = self._prompt_token_ids(prompt, request_id)
             request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text)
@@ -218,11 +200,11 @@ class LLMEngine:
         """The prompt's segments when it is a PIC request, else None (plain path)."""
         if isinstance(prompt, dict) and "segments" in prompt:
             pieces = prompt["segments"]
-        elif isinstance(prompt, str) and (PIC_SEP in prompt or self.pic_all_prompts or overridden):
+        elif isinstance(prompt, str) and (PIC_SEP in prompt or self.pic.every_prompt or overridden):
             pieces = prompt
         elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (str, list, tuple)) for p in prompt):
             pieces = list(prompt)
-        elif (self.pic_all_prompts or overridden) and not isinstance(prompt, dict):
+        elif (self.pic.every_prompt or overridden) and not isinstance(prompt, dict):
             pieces = [self._prompt_token_ids(prompt, request_id)[1]]  # token ids: one query piece
         else:
             return None
@@ -232,16 +214,15 @@ class LLMEngine:
         except ValueError as e:
             raise ValueError(f"request {request_id}: {e}") from None
 
-    def _expected_live_tokens(self, request: Request, prompt: SegmentedPrompt, policy, tenant_salt) -> int:
-        """Scheduler charge of a PIC request: its tokens minus the bodies already stored, plus
-        the standalone pass over cold segments that writes canonical entries (``canonical``).
-        The segment keys are kept on the request for its plan (keying hashes every token)."""
-        if not policy.mode.uses_segment_store:
+    def _expected_live_tokens(self, prompt: SegmentedPrompt, policy, keys) -> int:
+        """Scheduler charge of a PIC request: its tokens minus the bodies already stored (by
+        their store ``keys``), plus the standalone pass over cold segments that writes canonical
+        entries (``canonical``)."""
+        if keys is None:
             return prompt.num_tokens
-        request.pic_segment_keys = segment_keys(prompt, policy, self.keyer, tenant_salt)
         canonical = policy.cold_policy == COLD_CANONICAL
         live = len(prompt.query)
-        for seg, key in zip(prompt.segments, request.pic_segment_keys):
+        for seg, key in zip(prompt.segments, keys):
             w = policy.seam_tokens(len(seg))
             hit = key is not None and key in self.store
             live += w if hit else len(seg)
@@ -367,10 +348,11 @@ class LLMEngine:
         plans = []
         try:
             for r in requests:
+                pic = r.pic
                 plans.append(plan_request(
-                    r.pic_prompt, r.pic_policy, store=self.store, keyer=self.keyer,
-                    max_model_len=self.max_model_len, tenant_salt=r.pic_tenant_salt,
-                    request_id=r.request_id, segment_keys=r.pic_segment_keys,
+                    pic.prompt, pic.policy, store=self.store, keyer=self.keyer,
+                    max_model_len=self.max_model_len, tenant_salt=pic.tenant_salt,
+                    request_id=r.request_id, segment_keys=pic.segment_keys,
                 ))
             results = self.pic_runner.prefill(plans)
         finally:

@@ -11,9 +11,17 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from hypic.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: this module stays importable without torch
+    import torch
+
+    from hypic.engine.context import SequenceCache
+    from hypic.pic.keys import StoreKey
+    from hypic.pic.modes import RequestPolicy
+    from hypic.pic.segments import SegmentedPrompt
 
 
 class RequestStatus(enum.Enum):
@@ -57,11 +65,27 @@ class RequestMetrics:
         return self.finished_time - self.arrival_time
 
 
+@dataclass(frozen=True)
+class PicState:
+    """What a PIC request (a segmented prompt) carries into its plan, built once by the engine
+    when it queues the request: the prompt's segments and query, the resolved mode / seam / cold
+    policy, the tenant salt of its store keys, the keys of its segments (computed once, for the
+    scheduler charge, and reused by the plan; None for a mode without a segment store), and
+    ``prefill_cost``: the tokens the scheduler charges its one-step prefill (its live tokens)."""
+
+    prompt: "SegmentedPrompt"
+    policy: "RequestPolicy"
+    prefill_cost: int
+    tenant_salt: Optional[str] = None
+    segment_keys: Optional[Tuple[Optional["StoreKey"], ...]] = None
+
+
 class Request:
     """One prompt being served. ``num_computed_tokens`` counts tokens whose state is in the cache.
 
-    ``cache`` and ``generator`` are opaque here (set by the engine): the per-sequence model cache
-    and the request's ``torch.Generator``.
+    ``cache`` and ``generator`` are set by the engine: the per-sequence model cache and the
+    request's ``torch.Generator``. ``pic``: set for a PIC request, which is prefilled in one
+    step through the PIC runner (:attr:`atomic_prefill`).
     """
 
     def __init__(
@@ -72,6 +96,7 @@ class Request:
         *,
         prompt: str | None = None,
         arrival_time: float | None = None,
+        pic: PicState | None = None,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -84,6 +109,8 @@ class Request:
                 f"request {request_id}: sampling_params must be SamplingParams, "
                 f"got {type(sampling_params).__name__}"
             )
+        if pic is not None and not isinstance(pic, PicState):
+            raise ValueError(f"request {request_id}: pic must be a PicState or None, got {type(pic).__name__}")
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -100,21 +127,13 @@ class Request:
         # text of [prefix_offset, read_offset) is already in output_text.
         self.detok_prefix_offset = 0
         self.detok_read_offset = 0
-        self.cache: Any = None
-        self.generator: Any = None
-        # A PIC request (segmented prompt + policy, set by the engine) is prefilled in one step
-        # through the PIC runner; ``prefill_cost`` is the token budget it is charged.
-        self.pic_prompt: Any = None
-        self.pic_policy: Any = None
-        self.pic_tenant_salt: str | None = None
-        # store keys of pic_prompt's segments (hypic.pic.plan.segment_keys), computed once when
-        # the request is queued and reused by its plan
-        self.pic_segment_keys: Any = None
-        self.prefill_cost: int | None = None
+        self.cache: Optional["SequenceCache"] = None
+        self.generator: Optional["torch.Generator"] = None
+        self.pic = pic
 
     @property
     def atomic_prefill(self) -> bool:
-        return self.pic_prompt is not None
+        return self.pic is not None
 
     @property
     def num_prompt_tokens(self) -> int:

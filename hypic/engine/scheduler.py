@@ -37,19 +37,21 @@ Detokenize = Callable[[list[int], bool], str]
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """max_model_len: prompt + output tokens per request. max_num_batched_tokens: token budget
-    of one prefill step. max_num_seqs: requests holding a cache at once (running + part-way
-    through prefill)."""
+    """max_num_batched_tokens: token budget of one prefill step (long plain prompts are chunked
+    to it). max_num_seqs: requests holding a cache at once (running + part-way through prefill).
+    Part of :class:`hypic.config.EngineConfig`."""
 
-    max_model_len: int
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            _check_positive_int(name, getattr(self, name))
+
+
+def _check_positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 @dataclass
@@ -82,14 +84,19 @@ class ScheduledBatch:
 
 
 class Scheduler:
+    """``max_model_len``: prompt + output tokens per request."""
+
     def __init__(
         self,
         config: SchedulerConfig,
         *,
+        max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         detokenize: Detokenize | None = None,
     ) -> None:
+        _check_positive_int("max_model_len", max_model_len)
         self.config = config
+        self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenize = detokenize
         self.waiting: deque[Request] = deque()
@@ -98,10 +105,10 @@ class Scheduler:
     # ---- admission -------------------------------------------------------------------------
     def check_request(self, request: Request) -> None:
         """Raise ValueError if ``request`` can never be served (nothing is enqueued)."""
-        if request.num_prompt_tokens > self.config.max_model_len:
+        if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(
                 f"request {request.request_id}: prompt has {request.num_prompt_tokens} tokens, "
-                f"longer than the maximum context length max_model_len={self.config.max_model_len}"
+                f"longer than the maximum context length max_model_len={self.max_model_len}"
             )
         if request.sampling_params.stop and self.detokenize is None:
             raise ValueError(
@@ -173,7 +180,7 @@ class Scheduler:
             if request.atomic_prefill:
                 # Prefilled whole (the PIC runner plans the prompt at once); charged its expected
                 # live tokens. It waits for the next step unless it would run alone.
-                cost = request.prefill_cost if request.prefill_cost is not None else remaining
+                cost = request.pic.prefill_cost
                 if requests and cost > budget:
                     break
                 n = remaining
@@ -240,7 +247,7 @@ class Scheduler:
         num_new_chars = self._update_text(request)
         if params.stop and num_new_chars and self._check_stop_strings(request, num_new_chars, now):
             return
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
             request.finish(FINISH_LENGTH, None, now)
             self._update_text(request, flush=True)
 

@@ -3,6 +3,10 @@
     hypic generate --model tiny --prompt "the mentor of kolton is" [--max-tokens 32 --temperature 0 ...]
     hypic bench <name> ...
 
+Every command that builds an engine takes the engine's options one-to-one
+(:func:`hypic.config.add_engine_args`: ``--max-num-seqs``, ``--enforce-eager``, ...) and builds its
+config with :meth:`hypic.config.EngineConfig.from_cli_args`.
+
 The embedded ``tiny`` model reads only the synthetic suites' vocabulary (hypic/assets/tiny/README.md).
 
 ``bench`` is a subcommand group: one subcommand per entry of
@@ -17,24 +21,15 @@ import time
 from typing import Mapping, Optional, Sequence
 
 from hypic.bench.commands import BENCH_COMMANDS, BenchCommand
-from hypic.pic.modes import COLD_POLICIES
+from hypic.config import EngineConfig, add_engine_args
 from hypic.pic.segments import PIC_SEP
 
 
 # ---- generate -------------------------------------------------------------------------------
 
 
-def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="checkpoint folder or 'tiny' (embedded model)")
-    parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 | float64")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--load-format", default="safetensors", choices=["safetensors", "dummy"])
-
-
 def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_engine_arguments(parser)
+    add_engine_args(parser)
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for several prompts)")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template as a user turn")
@@ -44,15 +39,6 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument("--mode", default=None,
-                        help="segment-caching mode for every prompt: full_recompute | prefix_cache | addition | "
-                             "transition | transition_rope | hypic (default: hypic for prompts with <<PIC_SEP>>)")
-    parser.add_argument("--seam", default="8", help="seam window: int tokens or a fraction in (0, 1] (default 8)")
-    parser.add_argument("--cold-policy", default="inline", choices=list(COLD_POLICIES),
-                        help="cold segments: inline (exact, context-bound entries), standalone (canonical "
-                             "entries first, then all-HIT) or canonical (exact now, canonical entries after)")
-    parser.add_argument("--segment-workers", type=int, default=1,
-                        help="processes (one device each) that prefill standalone cold segments in parallel")
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -69,12 +55,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     t0 = time.perf_counter()
-    seam = float(args.seam) if "." in args.seam else int(args.seam)
-    llm = LLM(
-        model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-        max_model_len=args.max_model_len, load_format=args.load_format,
-        pic_mode=args.mode, seam=seam, cold_policy=args.cold_policy, segment_workers=args.segment_workers,
-    )
+    llm = LLM(EngineConfig.from_cli_args(args))
     try:
         return _generate_and_print(llm, args, params, time.perf_counter() - t0)
     finally:
@@ -86,7 +67,7 @@ def _generate_and_print(llm, args: argparse.Namespace, params, load_s: float) ->
     if args.chat:
         conversations = [[{"role": "user", "content": p}] for p in args.prompt]
         outputs = llm.chat(conversations, params, use_tqdm=False)
-    elif args.mode is not None or any(PIC_SEP in p for p in args.prompt):
+    elif args.pic_mode is not None or any(PIC_SEP in p for p in args.prompt):
         # Segmented prompts run one after another, so later ones reuse what earlier ones cached.
         outputs = [llm.generate(p, params, use_tqdm=False)[0] for p in args.prompt]
     else:

@@ -5,13 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
+from hypic.config import EngineConfig
 from hypic.engine.engine import LLMEngine
 from hypic.engine.outputs import RequestOutput
 from hypic.engine.sampling import SamplingParams
-from hypic.runner.segment_parallel import SegmentParallelConfig
-from hypic.pic.modes import PICConfig
 from hypic.pic.segments import PIC_SEP, build_segmented_prompt, split_chat_template
 
 Prompt = str | list[int] | dict
@@ -26,46 +23,17 @@ class LLM:
     ...                    SamplingParams(temperature=0, max_tokens=8))
     >>> out[0].outputs[0].text, out[0].outputs[0].finish_reason, out[0].metrics.ttft
 
-    Arguments as :class:`~hypic.engine.engine.LLMEngine`.
+    Keywords: every field of :class:`~hypic.config.EngineConfig` by its flat name
+    (:data:`hypic.config.ENGINE_OPTIONS`: model, dtype, device, seed, load_format, max_model_len,
+    pic_mode, seam, cold_policy, max_num_batched_tokens, max_num_seqs, segment_cache_bytes,
+    host_cache_bytes, segment_workers, segment_backend, segment_devices, segment_timeout_s,
+    enforce_eager), or an ``EngineConfig`` as the only argument. ``pic_mode`` None: segment
+    caching, in mode hypic, only for prompts that carry segments (``<<PIC_SEP>>`` text or
+    ``{"segments": [...]}``); a mode name applies to every prompt.
     """
 
-    def __init__(
-        self,
-        model: str | Path = "tiny",
-        *,
-        dtype: str | torch.dtype | None = "auto",
-        device: str | torch.device | None = "auto",
-        seed: int = 0,
-        max_model_len: int | None = None,
-        max_num_batched_tokens: int = 2048,
-        max_num_seqs: int = 64,
-        load_format: str = "safetensors",
-        pic_mode: str | None = None,
-        seam: int | float = 8,
-        cold_policy: str = "inline",
-        segment_cache_bytes: int | None = 8 << 30,
-        host_cache_bytes: int = 0,
-        segment_workers: int = 1,
-    ) -> None:
-        # pic_mode=None: segment caching only for prompts that carry segments (<<PIC_SEP>> text or
-        # {"segments": [...]}), in mode "hypic"; a mode name applies to every prompt.
-        pic = PICConfig(mode=pic_mode or "hypic", seam=seam, cold_policy=cold_policy)
-        self.llm_engine = LLMEngine(
-            model,
-            dtype=dtype,
-            device=device,
-            seed=seed,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            load_format=load_format,
-            pic=pic,
-            pic_all_prompts=pic_mode is not None,
-            segment_cache_bytes=segment_cache_bytes,
-            host_cache_bytes=host_cache_bytes,
-            # segment_workers > 1: cold standalone segments are prefilled over that many processes
-            segment_parallel=SegmentParallelConfig(num_workers=segment_workers) if segment_workers != 1 else None,
-        )
+    def __init__(self, model: str | Path | EngineConfig = "tiny", **kwargs: Any) -> None:
+        self.llm_engine = LLMEngine(model, **kwargs)
         self._request_counter = 0
 
     def shutdown(self) -> None:

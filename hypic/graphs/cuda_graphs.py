@@ -16,7 +16,8 @@ phase of every layer shares one set of static input and output buffers per bucke
 copied in right before a replay and the graph copies its results into the outputs, in stream
 order. An input that was an earlier phase's output buffer when the phase was captured (the
 residual from the previous layer, ``z`` and the gates' ``b, a`` from the layer's first phase) is
-read from that buffer in place, without the copy (``HYPIC_GRAPH_ADOPT``).
+read from that buffer in place, without the copy: all-hit 32k 60.53 ms against 63.30 with every
+input copied, 8k 33.62 against 34.59 (H200, interleaved in one process; docs/decisions.md).
 **A replay returns views of those output buffers**: they are valid until the next replay
 of the same phase function at the same bucket (any layer), so a caller consumes them, or copies
 what it keeps, before that phase runs again. The decoder layers do (a layer's phase outputs are
@@ -26,8 +27,8 @@ All graphs share one memory pool, so a later capture reuses what an earlier phas
 itself. A phase whose capture fails (e.g. a host sync
 in an eager fallback path) runs eagerly from then on. One :class:`TokenGraphs` serves a device
 for the whole process (:func:`make_token_graphs`); a layer's graphs go when the layer is freed.
-``HYPIC_CUDA_GRAPHS=0`` turns graphs off; :meth:`hypic.runner.pic_runner.PicRunner.capture_graphs`
-captures every bucket at start-up.
+The engine's ``enforce_eager`` setting (:class:`hypic.config.KernelConfig`) turns graphs off;
+:meth:`hypic.runner.pic_runner.PicRunner.capture_graphs` captures every bucket at start-up.
 """
 
 from __future__ import annotations
@@ -38,39 +39,11 @@ from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 
-from hypic.envs import env_switch
 from hypic.ops.fused import recording_graph
 from hypic.ops.linear._checks import concrete_device
 
-ENV = "HYPIC_CUDA_GRAPHS"
 DEFAULT_BUCKETS: Tuple[int, ...] = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
                                     1536, 2048)
-
-
-ADOPT_ENV = "HYPIC_GRAPH_ADOPT"
-
-
-GROUP_ENV = "HYPIC_GRAPH_GROUP_OUTPUTS"
-
-
-def group_outputs_enabled() -> bool:
-    """``HYPIC_GRAPH_GROUP_OUTPUTS`` (default 1): outputs of a phase that are views of one tensor
-    (the column blocks of a fused projection's GEMM) are copied out of the graph as that tensor's
-    one span into one buffer, and returned as the same views of it (:func:`_output_groups`);
-    0 copies each output into a contiguous buffer of its own (read at capture time)."""
-    return env_switch(GROUP_ENV)
-
-
-def adopt_enabled() -> bool:
-    """``HYPIC_GRAPH_ADOPT`` (default 1): a phase captured over another phase's replay output
-    reads that buffer in place (:meth:`TokenGraphs._adoptable`) instead of copying it into a
-    static input of its own before every replay; 0 copies every input, as before session 21
-    (read at capture time)."""
-    return env_switch(ADOPT_ENV)
-
-
-def graphs_enabled() -> bool:
-    return env_switch(ENV)
 
 
 def pick_bucket(buckets: Sequence[int], num_tokens: int) -> Optional[int]:
@@ -254,9 +227,8 @@ class TokenGraphs:
         if inputs is None:
             inputs = self._inputs[in_key] = tuple(
                 torch.zeros(size, *t.shape[1:], dtype=t.dtype, device=self.device) for t in tensors)
-        if adopt_enabled():
-            adopted = [self._adoptable(t, size) for t in tensors]
-            inputs = tuple(static if buf is None else buf for static, buf in zip(inputs, adopted))
+        adopted = [self._adoptable(t, size) for t in tensors]
+        inputs = tuple(static if buf is None else buf for static, buf in zip(inputs, adopted))
         for static, t in zip(inputs, tensors):
             if not _holds(static, t):
                 static[:t.shape[0]].copy_(t)
@@ -279,7 +251,7 @@ class TokenGraphs:
             if not all(isinstance(o, torch.Tensor) and o.dim() > 0 and o.shape[0] == size for o in warm):
                 self._fail(fn, fn_key, "outputs are not tensors with one row per token")
                 return None
-            groups = _output_groups(warm) if group_outputs_enabled() else tuple((i,) for i in range(len(warm)))
+            groups = _output_groups(warm)
             layout = _layout(warm, groups)
             out_key = (in_key, groups, layout)
             buffers = self._outputs.get(out_key)
@@ -364,11 +336,11 @@ _SHARED: Dict[torch.device, TokenGraphs] = {}
 
 
 def make_token_graphs(device: torch.device) -> Optional[TokenGraphs]:
-    """The process's :class:`TokenGraphs` for ``device`` when it is CUDA and graphs are enabled,
-    else None. One per device: graphs are keyed by the layers they replay, so every runner of a
-    model shares them (and their memory pool) instead of capturing its own."""
+    """The process's :class:`TokenGraphs` for ``device`` when it is CUDA, else None. One per
+    device: graphs are keyed by the layers they replay, so every runner of a model shares them
+    (and their memory pool) instead of capturing its own."""
     device = torch.device(device)
-    if device.type != "cuda" or not graphs_enabled():
+    if device.type != "cuda":
         return None
     device = concrete_device(device)
     if device not in _SHARED:
@@ -376,4 +348,4 @@ def make_token_graphs(device: torch.device) -> Optional[TokenGraphs]:
     return _SHARED[device]
 
 
-__all__ = ["DEFAULT_BUCKETS", "ENV", "TokenGraphs", "graphs_enabled", "make_token_graphs", "pick_bucket"]
+__all__ = ["DEFAULT_BUCKETS", "TokenGraphs", "make_token_graphs", "pick_bucket"]

@@ -3,7 +3,7 @@
 A cached PIC request is host-bound below ~32k tokens: on the H200 host, queueing an all-hit 8k
 request took 66.0 ms of its 66.7 ms TTFT, and the linear layers' eager cores took most of it
 (``short_conv`` 0.52 ms and ``linear_attention`` 0.95 ms of host time per layer, for a few Triton
-launches at 60-90 us each; benchmarks/host_time_h200.py, session 10). The row-wise phases are
+launches at 60-90 us each; measured by benchmarks/host_time_h200.py). The row-wise phases are
 already graphs (:mod:`hypic.graphs.cuda_graphs`), but the cores read the request's layout
 (span bounds, chain tables, chunk indices), so they cannot be captured once at start-up.
 
@@ -22,8 +22,8 @@ host-read tables' values, so every host-side decision of a core and every shape 
 later forward of that signature builds its index tables into the kept layout's device buffer,
 and its every layer, the first two included, replays. Those first two otherwise cost ~9 ms of an
 all-hit 32k request on the H200 (layer 0's cores eager, layer 1's captured, with the GPU waiting
-for the host; session 15 call 3 timeline: 5.3 and 7.5 ms against 1.8 for every later linear
-layer; with the graphs kept, session 18 call 1: 2.3 and 1.6 ms, TTFT 69.5 ms). The all-hit
+for the host; a timeline of graphs made per forward: 5.3 and 7.5 ms against 1.8 for every
+later linear layer; with the graphs kept: 2.3 and 1.6 ms, TTFT 69.5 ms). The all-hit
 requests of one pool in new orders share a signature; requests of other segment counts or
 lengths do not. What a graph reads besides its inputs and the layout's tables (tables derived
 from them on the host, :mod:`hypic.ops.linear._layout_tables`) lives as long as the kept layout
@@ -34,75 +34,34 @@ A call whose inputs do not fit the capture (an input that was read in place move
 dtype changed, an input became None) runs eagerly; a core whose capture fails (e.g. a host sync
 in its path) runs eagerly for the rest of the forward. A core is never captured at its first
 call: on torch 2.11 a capture that fails leaves the graph pool unusable for every later capture
-(session 18 call 1, ``benchmarks/graph_capture_probe_h200.py``), and the first call of new shapes
+(``benchmarks/graph_capture_probe_h200.py``), and the first call of new shapes
 may compile or autotune. **Outputs are the graph's own buffers**, rewritten by the next replay
 of the same core: consume them, or clone what is kept, before the core runs again.
 """
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from hypic.envs import env_switch
-
-ENV = "HYPIC_LAYER_GRAPHS"
-
-
-def layer_graphs_enabled() -> bool:
-    """``HYPIC_LAYER_GRAPHS`` (default 1; 0 runs every core eagerly, for A/B measurements)."""
-    return env_switch(ENV)
-
-
-WRITE_ENV = "HYPIC_WRITE_GRAPHS"
-
-
-def write_graphs_enabled() -> bool:
-    """``HYPIC_WRITE_GRAPHS`` (default 1): a forward with writes whose live tokens fit the
-    row-wise graphs (a cached request with a few missed segments, as in a RAG trace) replays its
-    cores too, from graphs of its own (never kept across forwards); 0 runs such a forward's cores
-    eagerly, as before session 19, for A/B runs. Before, every RAG request with a miss ran its 30
-    linear layers' conv and chain cores eagerly. Measured on the H200 (session 19 call 3,
-    ``benchmarks/rag_ab_h200.py --force-misses 1``: RAG 32k requests with one document segment
-    missed and written, the values interleaved in one process): p50 96.40 ms against 98.29 over
-    6 requests each (the forward is GPU-bound, ~83 ms of kernels); under the profiler the GPU
-    idled 39.9 ms of a 122.8 ms span against 145.7 of 228.2."""
-    return env_switch(WRITE_ENV)
-
-
-FRESH_ENV = "HYPIC_FRESH_GRAPHS"
-FRESH_MODES = ("auto", "always")
-FRESH_EAGER_LIVE_TOKENS = 512  # auto: a forward of this many live tokens on a new layout runs eagerly
-
-
-def fresh_graphs_mode() -> str:
-    """``HYPIC_FRESH_GRAPHS``: whether a forward that writes nothing, on a layout whose graphs
-    will not be kept (seen for the first time, as nearly every RAG request's is), captures its
-    cores. ``auto`` (default): not with :data:`FRESH_EAGER_LIVE_TOKENS` or more live tokens; such
-    a forward is GPU-bound (~1.85 ms of GPU time per layer at a RAG 32k request's 671 live
-    tokens, against ~1.1-1.9 ms of eager host time), so eager launches stay ahead of the GPU,
-    and a capture (~2.5-3 ms of host time for the two cores, at the second linear layer, the GPU
-    only ~1 ms behind) leaves the GPU waiting. Fewer live tokens (an 8k prompt's ~200) leave the
-    forward host-bound and its graphs pay. ``always``: every such forward captures, as before
-    session 20. Forwards with writes capture either way (``HYPIC_WRITE_GRAPHS``; session 19
-    measured them faster with graphs), as does a kept layout (its graphs serve later forwards).
-
-    Measured on the H200, RAG 32k requests on new layouts, settings interleaved in one process
-    (``benchmarks/rag_ab_h200.py``, 8 requests each): every core eager 79.59 ms p50 against
-    82.23 captured at the second call (session 20 call 1), 79.16 against 82.16 captured at the
-    third (call 3, an event-based rule that captured once the GPU had reached the previous
-    call's work; it fired at the third call every time and was dropped). With this rule the TTFT
-    bench's RAG 32k requests took 88.81 ms (call 4) on a machine whose host was ~40% slower
-    (plan 1.09 against 0.78 ms), against 84.25 with captures (call 2, another machine): eager
-    launches cost host time per layer, so a slow host can make such a forward host-bound; not
-    yet set side by side on one slow host."""
-    value = os.environ.get(FRESH_ENV, "auto")
-    if value not in FRESH_MODES:
-        raise ValueError(f"{FRESH_ENV} must be one of {FRESH_MODES}, got {value!r}")
-    return value
+# A forward that writes nothing, on a layout whose graphs will not be kept (seen for the first
+# time, as nearly every RAG request's is), runs its cores eagerly from this many live tokens on.
+# Such a forward is GPU-bound (~1.85 ms of GPU time per layer at a RAG 32k request's 671 live
+# tokens, against ~1.1-1.9 ms of eager host time), so eager launches stay ahead of the GPU, and a
+# capture (~2.5-3 ms of host time for the two cores, at the second linear layer, the GPU only
+# ~1 ms behind) leaves it waiting. Fewer live tokens (an 8k prompt's ~200) leave the forward
+# host-bound and its graphs pay. Forwards with writes capture either way (a RAG 32k request
+# with one segment missed and written: p50 96.40 ms with core graphs against 98.29 eager, H200;
+# benchmarks/rag_ab_h200.py), as does a kept layout (its graphs serve later forwards). Measured
+# on the H200, RAG 32k requests on new layouts, eager against captured at the second call,
+# interleaved in one process (benchmarks/rag_ab_h200.py): 79.59 against 82.23 ms, 79.16 against
+# 82.16, and 69.17 against 71.66 on later code (docs/decisions.md). On a host ~40% slower (plan
+# 1.09 against 0.78 ms) the TTFT bench's RAG 32k took 88.81 ms under this rule against 84.25
+# with captures on another machine: eager launches cost host time per layer, so a slow host can
+# make such a forward host-bound; the two were not set side by side on one slow host.
+FRESH_EAGER_LIVE_TOKENS = 512
 
 
 Signature = Optional[Tuple[int, Tuple[int, ...], Tuple[int, ...], torch.dtype]]
@@ -165,13 +124,14 @@ class _Slot:
 class LayerReplays:
     """Per-forward graphs of cores ``fn(*inputs)`` (tensors or None) run once per layer.
 
-    ``run(name, fn, *inputs, stable=...)``: call 1 eager, call 2 captured then replayed, later
-    calls replayed. An input listed in ``stable`` (positions the caller expects at one address in
-    every layer, e.g. a row-wise phase's static output buffer) whose address, shape and strides
-    were the same in calls 1 and 2 is read in place; any other is copied into a static copy
-    before each replay. (A fresh tensor may land at the address its predecessor was freed from,
-    so an address seen twice alone does not make an input stable.) ``fn`` must be a function of its inputs alone for this forward (what it reads
-    otherwise, e.g. the layout's index tensors, must stay as it is until the forward ends)."""
+    ``run(name, fn, *inputs, stable=...)``: the first call eager, the second captured then
+    replayed, later ones replayed. An input listed in ``stable`` (positions the caller expects at
+    one address in every layer, e.g. a row-wise phase's static output buffer) whose address,
+    shape and strides were the same in the first two calls is read in place; any other is
+    copied into a static copy before each replay. (A fresh tensor may land at the address its
+    predecessor was freed from, so an address seen twice alone does not make an input stable.)
+    ``fn`` must be a function of its inputs alone for this forward (what it reads otherwise,
+    e.g. the layout's index tensors, must stay as it is until the forward ends)."""
 
     def __init__(self, backend) -> None:
         self.backend = backend
@@ -233,18 +193,8 @@ class LayerReplays:
         return output
 
 
-KEPT_ENV = "HYPIC_KEPT_LAYOUTS"
-MAX_KEPT_LAYOUTS = 4  # layouts whose graphs are kept across forwards (each ~the outputs of two cores)
-
-
-def kept_layouts() -> int:
-    """``HYPIC_KEPT_LAYOUTS`` (default 4): how many layouts' core graphs are kept across forwards;
-    0: a forward neither uses nor keeps any (it captures its own, as before), while what is kept
-    stays for later forwards (an A/B in one process, one request per value in turn)."""
-    value = os.environ.get(KEPT_ENV, str(MAX_KEPT_LAYOUTS))
-    if not value.isdigit():
-        raise ValueError(f"{KEPT_ENV} must be an integer >= 0, got {value!r}")
-    return int(value)
+# Layouts whose core graphs are kept across forwards (each ~the outputs of two cores).
+MAX_KEPT_LAYOUTS = 4
 
 
 class _Kept:
@@ -268,29 +218,24 @@ class LayoutGraphs:
     **A signature is kept from its second forward on** (among the last :data:`SEEN_SIGNATURES`
     seen): the all-hit requests of one pool share theirs, while a RAG trace's requests rarely
     do (their segment counts and lengths differ), and their graphs are then dropped at the next
-    forward as before keeping existed, instead of holding memory and evicting layouts that do
-    repeat. (Session 18 call 3 measured hypic's RAG requests 97.3 / 50.7 ms at 32k / 8k with every
-    layout kept, against 87.9 / 45.5 in sessions 15-16 on other machines; the cause is not
-    pinned down, and this admission rule was not run on the device.)"""
+    forward, instead of holding memory and evicting layouts that do repeat. (With every layout
+    kept, hypic's RAG requests measured 97.3 / 50.7 ms at 32k / 8k on the H200, against 87.9 /
+    45.5 without keeping on other machines; the cause is not pinned down, and this admission
+    rule has not been timed on the device.)"""
 
-    def __init__(self, max_layouts: Optional[int] = None) -> None:
-        if max_layouts is not None and (not isinstance(max_layouts, int) or max_layouts < 0):
-            raise ValueError(f"max_layouts must be an int >= 0 or None, got {max_layouts!r}")
-        self._max_layouts = max_layouts
+    def __init__(self, max_layouts: int = MAX_KEPT_LAYOUTS) -> None:
+        if not isinstance(max_layouts, int) or isinstance(max_layouts, bool) or max_layouts < 0:
+            raise ValueError(f"max_layouts must be an int >= 0, got {max_layouts!r}")
+        self.max_layouts = max_layouts
         self._kept: "OrderedDict[tuple, _Kept]" = OrderedDict()
         self._seen: "OrderedDict[tuple, None]" = OrderedDict()  # signatures seen once, newest last
         self.num_reused = 0  # forwards that found their layout's graphs kept
-
-    @property
-    def max_layouts(self) -> int:
-        """As given, or :func:`kept_layouts` (read at every call) when None."""
-        return kept_layouts() if self._max_layouts is None else self._max_layouts
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def buffer_for(self, signature: tuple) -> Optional[torch.Tensor]:
-        if self.max_layouts == 0:  # keeping is off for now: what is kept stays for later
+        if self.max_layouts == 0:
             return None
         kept = self._kept.get(signature)
         return None if kept is None else kept.layout.index_device
@@ -303,7 +248,7 @@ class LayoutGraphs:
 
     def replays_for(self, layout, make: Callable[[], LayerReplays]) -> LayerReplays:
         limit = self.max_layouts
-        if limit == 0:
+        if limit == 0:  # nothing is kept
             return make()
         signature = layout.index_signature
         kept = self._kept.get(signature)
@@ -326,6 +271,5 @@ class LayoutGraphs:
         return replays
 
 
-__all__ = ["CudaGraphBackend", "ENV", "FRESH_EAGER_LIVE_TOKENS", "FRESH_ENV", "FRESH_MODES", "KEPT_ENV",
-           "fresh_graphs_mode", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS", "SEEN_SIGNATURES",
-           "WRITE_ENV", "kept_layouts", "layer_graphs_enabled", "write_graphs_enabled"]
+__all__ = ["CudaGraphBackend", "FRESH_EAGER_LIVE_TOKENS", "LayerReplays", "LayoutGraphs", "MAX_KEPT_LAYOUTS",
+           "SEEN_SIGNATURES"]

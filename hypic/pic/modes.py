@@ -13,7 +13,8 @@
 
 ``transition_rope_recompute`` (the published system's name for the full method) is an alias of
 ``hypic``. Modes are chosen per engine (:class:`PICConfig`) and may be overridden per request
-(:meth:`PICConfig.resolve`).
+(:meth:`PICConfig.resolve`). An engine without a mode of its own (``PICConfig.mode`` None, the
+default) serves prompts that carry segments in ``hypic`` mode and every other prompt plainly.
 
 Seam window ``w``: an ``int >= 0`` is a token count; a ``float`` in (0, 1] is a fraction of the
 segment, ``w_eff = ceil(w * L)`` (with a 1e-9 tolerance so 0.3 * 10 is 3, not 4). Either way
@@ -40,6 +41,7 @@ COLD_STANDALONE = "standalone"
 COLD_CANONICAL = "canonical"
 COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE, COLD_CANONICAL)
 DEFAULT_SEAM = 8
+DEFAULT_MODE = "hypic"
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def seam_tokens(seam: SeamSetting, num_tokens: int) -> int:
 
 def validate_cold_policy(policy: str) -> str:
     if policy not in COLD_POLICIES:
-        raise ValueError(f"unknown cold policy {policy!r}; valid: {', '.join(COLD_POLICIES)}")
+        raise ValueError(f"unknown cold policy {policy!r}; cold_policy must be one of: {', '.join(COLD_POLICIES)}")
     return policy
 
 
@@ -126,16 +128,24 @@ class RequestPolicy:
 
 @dataclass(frozen=True)
 class PICConfig:
-    """Engine-wide defaults; :meth:`resolve` applies per-request overrides."""
+    """Engine-wide defaults; :meth:`resolve` applies per-request overrides. ``mode`` None:
+    :data:`DEFAULT_MODE` for prompts that carry segments, the plain path for the rest; a mode
+    name: that mode for every prompt (:attr:`every_prompt`)."""
 
-    mode: str = "hypic"
+    mode: Optional[str] = None
     seam: SeamSetting = DEFAULT_SEAM
     cold_policy: str = COLD_INLINE
 
     def __post_init__(self):
-        get_mode(self.mode)
+        if self.mode is not None:
+            get_mode(self.mode)
         validate_seam(self.seam)
         validate_cold_policy(self.cold_policy)
+
+    @property
+    def every_prompt(self) -> bool:
+        """Whether every prompt is served through segment caching (a mode was named)."""
+        return self.mode is not None
 
     def resolve(
         self,
@@ -145,7 +155,7 @@ class PICConfig:
     ) -> RequestPolicy:
         """Per-request policy. Modes with a fixed seam (addition, transition, transition_rope) use
         it; an explicit conflicting per-request ``seam`` is an error rather than silently ignored."""
-        spec = get_mode(self.mode if mode is None else mode)
+        spec = get_mode(mode if mode is not None else self.mode or DEFAULT_MODE)
         policy = validate_cold_policy(self.cold_policy if cold_policy is None else cold_policy)
         if seam is not None:
             validate_seam(seam)

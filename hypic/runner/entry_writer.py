@@ -1,16 +1,21 @@
-"""Store entries of a forward's writes, their tensors copied layer by layer while the forward runs.
+"""Store entries of a forward's writes, copied from the layers' records after the forward.
 
 A cold prefill of 64 segments records, per linear layer, each segment's summary (T and S, 2 MiB
 each in fp32 at Qwen3.5-35B-A3B widths) and conv tail, and per attention layer its K/V rows:
-~8 GiB of entries. Copied after the forward, by one multi-tensor copy per dtype, that took 5.0 ms
-of GPU time after the forward's last kernel on the H200 (session 18 call 1: ``multi_tensor_apply``
-in ``benchmarks/cold_diff_h200.py``'s table, of a 47.5 ms summary overhead), and every layer's
-records lived until then. The writer is told when each layer's records are complete; by
-:func:`entry_writes_mode` it then either keeps them for one copy after the forward (the
-default), or copies the layer's rows into the entries' buffers at once, on a side stream while
-the next layers compute, and releases the layer's summaries (their memory reused only after the
-copy has run: ``record_stream``). The second mode was faster on a cold 32k prompt and slower
-on smaller forwards with writes (:func:`entry_writes_mode` has the numbers).
+~8 GiB of entries. The writer is told when each layer's records are complete and keeps them; after
+the forward it copies every write's rows into the entries' buffers, one multi-tensor copy per
+dtype on the forward's stream (5.0 ms of GPU time at that prompt on the H200). Copying each
+layer's rows as the layer ended instead, on a side stream, measured 720.35 ms against 724.72 on
+the cold 32k request (full_recompute 682.75; interleaved, 4 rounds whose spreads overlap), and on
+the forward's own stream 876.29 (two of four requests at 1,150 and 1,022 ms); a host-bound forward
+with a few writes pays the per-layer copies' host work in full (docs/decisions.md).
+
+A cold batch's linear layers write their segment writes' summaries (T, S) straight into the
+entries' rows instead (:meth:`EntryWriter.summary_targets`): cold 32k 712.92 ms against 716.60
+with the summaries returned and copied (full_recompute 681.11; H200, interleaved, 4 rounds), and
+the forward's peak memory loses every layer's summary records (64 writes x 30 layers x 4 MiB =
+7.5 GiB at that prompt). A layer whose op returns its summaries (the PyTorch reference, or a
+batch with checkpoints) has them copied like the other fields.
 
 Each entry owns one buffer per field (``transition``, ``state``, ``tail`` over its linear layers,
 ``key``, ``value`` over its attention layers), so evicting the entry frees exactly its bytes, and
@@ -20,53 +25,9 @@ its tensors are that buffer's rows; its conv tails are noted as one buffer's row
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Sequence
 
 import torch
-
-from hypic.envs import env_switch
-
-ENV = "HYPIC_ENTRY_WRITES"
-MODES = ("side", "inline", "after")
-
-
-def entry_writes_mode() -> str:
-    """``HYPIC_ENTRY_WRITES``: ``after`` (default: every copy after the forward, on its stream,
-    every layer's records kept until then), ``side`` (each layer's rows copied on a side stream
-    as the layer records them, its summaries released then) or ``inline`` (the same copies on the
-    forward's stream).
-
-    Why ``after`` is the default (H200, session 18 call 3): ``side`` took the cold 32k request's
-    summary overhead from +6.1% to +5.5% (720.35 against 724.72 ms, full_recompute 682.75;
-    interleaved in one process, 4 rounds), but in the same call's TTFT run ``prefix_cache``'s
-    8k requests (16 checkpoint writes each) took 247.6 / 258.3 ms against 187.6 / 177.4 in
-    session 16, and hypic's RAG requests (a few cold segments written, host-bound) 97.3 / 50.7 ms
-    against 87.9 / 45.5; ``inline`` had two of four cold 32k requests at 1,022 and 1,150 ms.
-    The cause is not pinned down (no device time was left to isolate it): the per-layer host
-    work of the copies, which a host-bound forward pays in full, and releasing each layer's
-    records while later layers allocate are the candidates."""
-    value = os.environ.get(ENV, "after")
-    if value not in MODES:
-        raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
-    return value
-
-IN_PLACE_ENV = "HYPIC_ENTRY_IN_PLACE"
-
-
-def entry_in_place() -> bool:
-    """``HYPIC_ENTRY_IN_PLACE`` (default 1): a cold forward's linear layers write their segment
-    writes' summaries (T, S) straight into the store entries' rows (:meth:`EntryWriter.summary_targets`);
-    0: the op returns them and the writer copies them like the other fields (A/B runs).
-
-    Measured on the H200 (session 20 call 2, ``benchmarks/cold_diff_h200.py --ab-env
-    HYPIC_ENTRY_IN_PLACE``, the cold 32k request interleaved in one process, 4 rounds):
-    ``full_recompute`` 681.11 ms, in place 712.92 (+4.7%), copied 716.60 (+5.2%). Besides the
-    copy's GPU time, the forward's peak memory loses the records of every layer's summaries
-    (64 writes x 30 layers x 4 MiB = 7.5 GiB at that prompt), which the copy after the forward
-    needed alive."""
-    return env_switch(IN_PLACE_ENV)
-
 
 from hypic.runner.pic_context import _LazyItems, remember_tail_rows
 from hypic.runner.layout import WRITE_CHECKPOINT, PackedLayout
@@ -95,10 +56,8 @@ class EntryWriter:
         # segment writes' T stored as bf16 planes for the walks that will read them
         # (hypic/ops/linear/t_planes.py), packed in finish(): decided once per forward
         self._presplit = bool(self.writes) and presplit_wanted(device)
-        self.mode = entry_writes_mode()
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" and self.mode == "side" else None
-        # mode "after": each layer's records as it ends (nothing done per layer: a cached request
-        # with a few cold segments is host-bound), collected and copied in finish()
+        # each layer's records as it ends (nothing done per layer: a cached request with a few cold
+        # segments is host-bound), collected and copied in finish()
         self._stashed: List[tuple] = []
         # per write: field -> (buffer, its rows); allocated at the first layer that fills it
         self._buffers: List[Dict[str, tuple]] = [{} for _ in self.writes]
@@ -109,7 +68,7 @@ class EntryWriter:
         self._targets: Optional[List[SummaryTable]] = None
         self._in_place = set()
         # only when every write stores a summary (a checkpoint stores a state)
-        self._targets_on = (bool(self.writes) and entry_in_place()
+        self._targets_on = (bool(self.writes)
                             and all(w.kind != WRITE_CHECKPOINT for _, _, w in self.writes))
 
     # ---------------------------------------------------------------------------------------------
@@ -173,29 +132,19 @@ class EntryWriter:
         return [SummaryTable(row(j), None if addresses is None else addresses[j]) for j in range(count)]
 
     def linear_done(self, layer_idx: int, rec) -> None:
-        if self._take(self._check_new(layer_idx, self._linear_row, "linear"), rec, self._linear):
-            # every write's rows are queued: the summaries are needed no more (the decode caches
-            # take the tails and final states, which stay)
-            rec.write_summaries = None
-            rec.write_states = None
+        self._take(self._check_new(layer_idx, self._linear_row, "linear"), rec, self._linear)
 
     def attention_done(self, layer_idx: int, rec) -> None:
         self._take(self._check_new(layer_idx, self._attention_row, "attention"), rec, self._attention)
 
-    def _take(self, j: int, rec, collect) -> bool:
-        """Copy what ``collect(j, rec)`` gives now, or in :meth:`finish` under mode ``after``;
-        whether now."""
-        if not self.writes:
-            return False
-        if self.mode == "after":
+    def _take(self, j: int, rec, collect) -> None:
+        """Keep layer row ``j``'s record for :meth:`finish`, which copies what ``collect(j, rec)``
+        gives."""
+        if self.writes:
             self._stashed.append((collect, j, rec))
-            return False
-        self._copy(*collect(j, rec))
-        return True
 
     def _linear(self, j: int, rec) -> tuple:
-        """``(dsts, srcs, bases)``: every write's copies of linear layer row ``j``'s records, and
-        the tensors those sources are views of."""
+        """``(dsts, srcs)``: every write's copies of linear layer row ``j``'s records."""
         count = len(self.linear_layers)
         tails = rec.tails.unbind(0)
         summaries = None
@@ -209,13 +158,9 @@ class EntryWriter:
             t, s = rec.write_summaries.parts()
             # row i of each as a one-span summary ([1, ...]), by one call each
             summaries = (t.unsqueeze(1).unbind(0), s.unsqueeze(1).unbind(0))
-            bases = [t, s, rec.tails]
-        else:
-            bases = [rec.tails]
         states = None
         if rec.write_states is not None:
             states = rec.write_states.unbind(0)
-            bases.append(rec.write_states)
         dsts: List[torch.Tensor] = []
         srcs: List[torch.Tensor] = []
         for i, (_, _, w) in enumerate(self.writes):
@@ -228,10 +173,10 @@ class EntryWriter:
             for field, src in pairs:
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
-        return dsts, srcs, bases
+        return dsts, srcs
 
     def _attention(self, j: int, rec) -> tuple:
-        """``(dsts, srcs, bases)`` of attention layer row ``j``'s K/V (every write's rows)."""
+        """``(dsts, srcs)`` of attention layer row ``j``'s K/V (every write's rows)."""
         count = len(self.attention_layers)
         dsts: List[torch.Tensor] = []
         srcs: List[torch.Tensor] = []
@@ -239,44 +184,33 @@ class EntryWriter:
             for field, src in (("key", rec.keys[a:z]), ("value", rec.values[a:z])):
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
-        return dsts, srcs, [rec.keys, rec.values]
+        return dsts, srcs
 
-    def _copy(self, dsts: List[torch.Tensor], srcs: List[torch.Tensor], bases: Sequence[torch.Tensor]) -> None:
-        """``dsts[i] <- srcs[i]``, one multi-tensor copy per dtype; on CUDA under mode ``side`` on
-        the side stream, after what the current stream has queued (which made the sources), the
-        sources' memory kept from reuse until the copy has run."""
+    @staticmethod
+    def _copy(dsts: List[torch.Tensor], srcs: List[torch.Tensor]) -> None:
+        """``dsts[i] <- srcs[i]``, one multi-tensor copy per dtype, on the current stream."""
         by_dtype: Dict[torch.dtype, tuple] = {}
         for d, s in zip(dsts, srcs):
             pair = by_dtype.setdefault(d.dtype, ([], []))
             pair[0].append(d)
             pair[1].append(s)
-        if self._stream is None:
-            for d, s in by_dtype.values():
-                torch._foreach_copy_(d, s)
-            return
-        self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
-        with torch.cuda.stream(self._stream):
-            for d, s in by_dtype.values():
-                torch._foreach_copy_(d, s)
-        for t in bases:
-            t.record_stream(self._stream)
+        for d, s in by_dtype.values():
+            torch._foreach_copy_(d, s)
 
     # ---------------------------------------------------------------------------------------------
     def finish(self) -> List[SegmentEntry]:
         missing = [layer for layer in self.linear_layers + self.attention_layers if layer not in self._done]
         if self.writes and missing:
             raise ValueError(f"layers {missing} recorded nothing for the forward's writes")
-        if self._stashed:  # mode "after": every layer's rows now, in one copy per dtype
+        if self._stashed:  # every layer's rows now, in one copy per dtype
             dsts: List[torch.Tensor] = []
             srcs: List[torch.Tensor] = []
             for collect, j, rec in self._stashed:
-                d, s, _ = collect(j, rec)
+                d, s = collect(j, rec)
                 dsts += d
                 srcs += s
             self._stashed = []
-            self._copy(dsts, srcs, ())
-        if self._stream is not None:
-            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+            self._copy(dsts, srcs)
         packed = self._pack_transitions()
         entries = []
         for i, (_, _, w) in enumerate(self.writes):
@@ -322,4 +256,4 @@ def entry_writer(layout: PackedLayout, linear_layers: Sequence[int], attention_l
     return EntryWriter(layout, linear_layers, attention_layers, device) if layout.writes else None
 
 
-__all__ = ["ENV", "IN_PLACE_ENV", "EntryWriter", "MODES", "entry_in_place", "entry_writer", "entry_writes_mode"]
+__all__ = ["EntryWriter", "entry_writer"]

@@ -375,7 +375,7 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     # Tails in the recorded order: every write's (in `writes` order), then each request's final
     # conv state. (Appending a request's final tail after its own writes interleaved them in a
     # batch: write i of a later request then read another request's final tail, which gave the
-    # standalone pass's entries but the first wrong conv tails; session 13.)
+    # standalone pass's entries but the first wrong conv tails.)
     final_tail_for_request = [len(tail_ends) + b for b in range(len(final_tail_ends))]
     tail_ends = tail_ends + final_tail_ends
     tail_index = _tail_index(tail_ends, runs, w1, total_live)

@@ -4,8 +4,8 @@ Python pass over every element.
 
 Why: a cached request's host time before its first layer is pure GPU idle, and adds one for one
 to TTFT. On the H200 host an all-hit 32k request (64 segments of 512 tokens and a query) had its
-layout built 1.22 ms after planning; on this repository's CPU (session 25,
-``benchmarks/pre_layer0_host_cpu.py``) ``build_layout`` took 0.72 ms of the 0.83 between them
+layout built 1.22 ms after planning; on a 2-core CPU (``benchmarks/pre_layer0_host_cpu.py``)
+``build_layout`` took 0.72 ms of the 0.83 between them
 (one Python pass over 129 elements, then ~20 tables expanded into the index buffer). Yet the
 all-hit requests of one pool share almost all of it: a new order of the same segments and a new
 query of the same length change only the live tokens, which entry sits where (its K/V and

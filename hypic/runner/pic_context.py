@@ -258,7 +258,7 @@ class PicContext(ForwardContext):
         # Only segment writes read the summaries (row i: write i's span; [K, K] T and [K, V] S,
         # 4 MiB per span and layer at 35B-A3B widths), so none are formed for checkpoints alone:
         # at 128k tokens in 512-token segments every span's would be 30 GiB (out of memory on the
-        # H200, session 13, benchmarks/results/session13/call6).
+        # H200).
         if lay.any_segment_write:
             rec.write_summaries = live
         # State after each checkpoint: the next element's incoming state, or the final.

@@ -22,9 +22,8 @@ from hypic.engine.context import AttentionLayerCache as DecodeAttentionCache
 from hypic.engine.context import LinearLayerCache as DecodeLinearCache
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.graphs.cuda_graphs import make_token_graphs
-from hypic.runner.entry_writer import entry_in_place, entry_writer
-from hypic.graphs.layer_graphs import (FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs,
-                                       fresh_graphs_mode, layer_graphs_enabled, write_graphs_enabled)
+from hypic.runner.entry_writer import entry_writer
+from hypic.graphs.layer_graphs import FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs
 from hypic.runner.layout_template import LayoutTemplates
 from hypic.runner.pic_context import PicContext
 from hypic.runner.layout import (
@@ -54,8 +53,11 @@ class PrefillResult:
 
 
 class PicRunner:
+    """``enforce_eager``: no CUDA graphs (:mod:`hypic.graphs`); on a CPU device there are none
+    either way."""
+
     def __init__(self, model: torch.nn.Module, spec: ModelSpec, store: Optional[SegmentStore],
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype, *, enforce_eager: bool = False) -> None:
         self.model = model
         self.spec = spec
         self.store = store
@@ -64,7 +66,7 @@ class PicRunner:
         self.linear_layers = [i for i, t in enumerate(spec.layer_types) if t == LINEAR_ATTENTION]
         self.attention_layers = [i for i, t in enumerate(spec.layer_types) if t != LINEAR_ATTENTION]
         self.skipped_writes = 0  # cold segments not recorded because the store could not hold them
-        self.graphs = make_token_graphs(self.device)  # None on CPU or with HYPIC_CUDA_GRAPHS=0
+        self.graphs = None if enforce_eager else make_token_graphs(self.device)  # None on CPU
         self._replays: Optional[LayerReplays] = None  # the last forward's core graphs
         self.layout_graphs = LayoutGraphs()  # core graphs kept across forwards, by layout signature
         self.layout_templates = LayoutTemplates()  # layouts' index tables by batch geometry
@@ -78,7 +80,7 @@ class PicRunner:
         """Capture the CUDA graphs of every row-wise phase for each bucket up to ``max_tokens``
         now (one dummy forward per bucket) instead of on first use inside a request, as vLLM does
         at start-up. Buckets already captured for this model are skipped. Returns the number of
-        graphs the process holds; 0 without graphs (CPU, ``HYPIC_CUDA_GRAPHS=0``)."""
+        graphs the process holds; 0 without graphs (CPU, ``enforce_eager``)."""
         if self.graphs is None:
             return 0
         done = self.graphs.warmed.setdefault(self.model, set())
@@ -281,7 +283,7 @@ class PicRunner:
         return logits, caches, ctx
 
     def _core_graphs_on(self) -> bool:
-        return self.graphs is not None and layer_graphs_enabled()
+        return self.graphs is not None
 
     def _replays_backend(self):
         return CudaGraphBackend(self.device, self.graphs.pool)
@@ -295,12 +297,12 @@ class PicRunner:
         kernels are long enough that launching them costs little), else None: for a forward
         that writes nothing, those of an earlier forward of the same layout signature when they
         are kept (:class:`LayoutGraphs`), else new ones, or none for a GPU-bound one
-        (``HYPIC_FRESH_GRAPHS``); for one that writes (a cached request with missed segments;
-        ``HYPIC_WRITE_GRAPHS``), new ones, never kept. Graphs are dropped here, when the next
-        forward starts, not when their forward returned with its replays possibly still queued."""
+        (:data:`~hypic.graphs.layer_graphs.FRESH_EAGER_LIVE_TOKENS`); for one that writes (a
+        cached request with missed segments), new ones, never kept. Graphs are dropped here,
+        when the next forward starts, not when their forward returned with its replays possibly
+        still queued."""
         self._replays = None
         if (not self._core_graphs_on() or layout.linear_one_run_per_request
-                or (layout.writes and not write_graphs_enabled())
                 or layout.input_ids.shape[0] > self._max_core_graph_tokens()):
             return None
         if layout.writes:
@@ -309,8 +311,8 @@ class PicRunner:
             self._replays = LayerReplays(self._replays_backend())
         else:
             replays = self.layout_graphs.replays_for(layout, lambda: LayerReplays(self._replays_backend()))
-            # graphs that die with this forward: not for a GPU-bound one (HYPIC_FRESH_GRAPHS)
-            if (not self.layout_graphs.keeps(layout) and fresh_graphs_mode() == "auto"
+            # graphs that die with this forward: not for a GPU-bound one
+            if (not self.layout_graphs.keeps(layout)
                     and layout.cu_live_host[-1] >= FRESH_EAGER_LIVE_TOKENS):
                 return None
             self._replays = replays
@@ -385,21 +387,19 @@ RECORD_PEAK_FACTOR = 3
 # The same multiple for a forward whose writes go in place (_writes_in_place): its linear layers
 # write T and S straight into the entries' rows (hypic/runner/entry_writer.py, summary_targets),
 # and its attention layers' K/V are copied once, after the forward, from the records the forward
-# keeps anyway. Session 23 on the H200, a 128k-token prompt in 512-token segments (256 entries,
-# 34 GB; a 40 GiB store, ~71 GB free beside the model): under the multiple 3 its cold forward
-# could record ~90 of them, and after the warm-up requests the all-hit ones still left 0.93 of
-# their tokens cached and took 1,001 ms (call 5); under 1 every entry was recorded, with no
-# out-of-memory, and they took 189 ms (call 6).
+# keeps anyway. On the H200, a 128k-token prompt in 512-token segments (256 entries, 34 GB; a
+# 40 GiB store, ~71 GB free beside the model): under the multiple 3 its cold forward could record
+# ~90 of them, and after the warm-up requests the all-hit ones still left 0.93 of their tokens
+# cached and took 1,001 ms; under 1 every entry was recorded, with no out-of-memory, and they
+# took 189 ms.
 IN_PLACE_PEAK_FACTOR = 1
 
 
 def _writes_in_place(plans: Sequence[RequestPlan]) -> bool:
-    """Whether a forward of ``plans`` writes its entries in place: summary targets on
-    (``HYPIC_ENTRY_IN_PLACE``) and a cold batch, every span a miss or the query, no prefix and
-    no prefix-cache checkpoints (the conditions of :meth:`EntryWriter.summary_targets` and of
-    the linear layers that take them, hypic/runner/pic_context.py)."""
-    if not entry_in_place():
-        return False
+    """Whether a forward of ``plans`` writes its entries in place: a cold batch, every span a
+    miss or the query, no prefix and no prefix-cache checkpoints (the conditions of
+    :meth:`EntryWriter.summary_targets` and of the linear layers that take them,
+    hypic/runner/pic_context.py)."""
     for plan in plans:
         if plan.policy.mode.uses_prefix_checkpoints:
             return False
@@ -425,7 +425,7 @@ def record_headroom_bytes(device: torch.device, num_live_tokens: int,
     a write exists up to ``peak_factor`` times at its peak (3 when its rows are copied from the
     forward's records, 1 when written in place) and the forward's activations come on top, so on
     the H200 a cold 128k-token prompt in 512-token segments ran out of memory under a 20 GiB
-    store with the model's 69 GB resident (session 13, benchmarks/results/session13/call7).
+    store with the model's 69 GB resident.
     Writes beyond it run live, unrecorded, as writes beyond the store's budget do."""
     if peak_factor < 1:
         raise ValueError(f"peak_factor must be >= 1, got {peak_factor}")

@@ -3,7 +3,7 @@
 Under the ``standalone`` cold policy every missed segment is prefilled alone at position 0
 (:meth:`hypic.runner.pic_runner.PicRunner._run_standalone`): its store entry depends on its own
 tokens only, so the segments are independent work. On one GPU that saves only the attention
-between segments (session 23 measured at most 1.24x on the all-cold 32k prompt, attention being
+between segments (measured at most 1.24x on the all-cold 32k prompt on the H200, attention being
 126.6 of 662.1 ms of its full prefill). Spread over ``m`` workers the linear and MoE work
 divides too: ``O(n |C|)`` becomes ``O(ceil(n / m) |C| + c)``, with ``c`` the combine, the
 all-hit forward of the request on the router (architecture.md section 2, the published system:
@@ -68,12 +68,16 @@ class SegmentParallelConfig:
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"backend must be 'auto', 'nccl' or 'gloo', got {self.backend!r}")
         if self.devices is not None:
-            if len(self.devices) != self.num_workers:
-                raise ValueError(f"devices must name one device per worker ({self.num_workers}), got {self.devices!r}")
+            if not isinstance(self.devices, tuple) or len(self.devices) != self.num_workers:
+                raise ValueError(f"devices must be a tuple naming one device per worker ({self.num_workers}), "
+                                 f"got {self.devices!r}")
             for d in self.devices:
-                torch.device(d)  # ValueError/RuntimeError for a malformed name
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+                try:
+                    torch.device(d)
+                except (RuntimeError, TypeError):
+                    raise ValueError(f"devices: {d!r} is not a device name (cpu, cuda, cuda:N)") from None
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be a number > 0, got {self.timeout_s!r}")
 
     def rank_devices(self, engine_device: torch.device) -> Tuple[torch.device, ...]:
         if self.devices is not None:
@@ -264,7 +268,7 @@ def _join(rank: int, world_size: int, init_method: str, backend: str, timeout_s:
 
 
 def _worker_main(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float, device: str,
-                 model_dir: str, dtype: str, load_format: str, seed: int) -> None:
+                 model_dir: str, dtype: str, load_format: str, seed: int, enforce_eager: bool) -> None:
     from hypic.runner.pic_runner import PicRunner
     from hypic.models.loader import load_model
 
@@ -274,15 +278,17 @@ def _worker_main(rank: int, world_size: int, init_method: str, backend: str, tim
     try:
         spec, model = load_model(model_dir, dtype=getattr(torch, dtype), device=dev, load_format=load_format,
                                  seed=seed)
-        serve(PicRunner(model, spec, None, dev, getattr(torch, dtype)), control, dev)
+        serve(PicRunner(model, spec, None, dev, getattr(torch, dtype), enforce_eager=enforce_eager), control, dev)
     finally:
         dist.destroy_process_group()
 
 
 def start_segment_workers(config: SegmentParallelConfig, spec, *, model_dir: str, dtype: torch.dtype,
-                          device: torch.device, load_format: str, seed: int) -> Optional[SegmentParallel]:
-    """Spawn ranks ``1..m-1`` (each loads ``model_dir`` on its device) and join them as rank 0;
-    None for ``num_workers`` 1. The caller's process then holds the default process group."""
+                          device: torch.device, load_format: str, seed: int,
+                          enforce_eager: bool = False) -> Optional[SegmentParallel]:
+    """Spawn ranks ``1..m-1`` (each loads ``model_dir`` on its device, its runner without CUDA
+    graphs under ``enforce_eager``) and join them as rank 0; None for ``num_workers`` 1. The
+    caller's process then holds the default process group."""
     if config.num_workers == 1:
         return None
     if dist.is_initialized():
@@ -299,7 +305,8 @@ def start_segment_workers(config: SegmentParallelConfig, spec, *, model_dir: str
     for rank in range(1, config.num_workers):
         p = ctx.Process(target=_worker_main, daemon=True,
                         args=(rank, config.num_workers, init_method, backend, config.timeout_s, str(devices[rank]),
-                              str(model_dir), str(dtype).removeprefix("torch."), load_format, seed))
+                              str(model_dir), str(dtype).removeprefix("torch."), load_format, seed,
+                              enforce_eager))
         p.start()
         processes.append(p)
     try:

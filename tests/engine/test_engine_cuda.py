@@ -11,7 +11,7 @@ import torch
 from hypic import LLM, SamplingParams
 from hypic.data import PIC_SEP, SuiteConfig, generate_suite
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = pytest.mark.cuda
 
 
 def _prompts():
@@ -49,3 +49,10 @@ def test_generation_on_cuda_matches_cpu_with_graphs_in_prefill_and_decode(device
         assert out[:stop] == ref[:stop], (prompt[-60:], ref, out)
     # the reordered prompts reused the cached documents
     assert all(g.metrics.cached_tokens > 0 for g in got[half:])
+
+
+def test_enforce_eager_runs_without_graphs_on_cuda():
+    llm = LLM("tiny", dtype="float32", device="cuda", seed=0, enforce_eager=True)
+    assert llm.llm_engine.pic_runner.graphs is None
+    out = llm.generate("the mentor of kolton is", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -11,7 +11,6 @@ from hypic.assets.make_seeded_tiny import write_tiny_model
 from hypic.data.language import question_text
 from hypic.data.suites import DocumentPool
 from hypic.engine.engine import LLMEngine
-from hypic.pic.modes import PICConfig
 from hypic.pic.segments import PIC_SEP
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -105,7 +104,7 @@ def test_canonical_cold_policy_through_the_engine():
     charges = {}
     for policy in ("inline", "canonical"):
         engine.add_request(prompt, GREEDY, request_id=f"charge-{policy}", cold_policy=policy)
-        charges[policy] = engine.scheduler.waiting[-1].prefill_cost
+        charges[policy] = engine.scheduler.waiting[-1].pic.prefill_cost
         engine.abort_request(f"charge-{policy}")
     assert charges["canonical"] == charges["inline"] + doc_tokens
     (got,) = _run(engine, [prompt], cold_policy="canonical")
@@ -150,7 +149,7 @@ def test_bad_segmented_input_is_rejected_and_engine_keeps_serving(llm):
 
 
 def test_pic_and_plain_requests_share_a_batch():
-    engine = LLMEngine("tiny", seed=0, pic=PICConfig(mode="hypic"))
+    engine = LLMEngine("tiny", seed=0)
     doc, plain = _docs(n=1)[0], " ".join(_docs(n=2)[1:] + [_question("job", 1)])
     alone_plain = _run(LLMEngine("tiny", seed=0), [plain])[0]
     alone_pic = _run(LLMEngine("tiny", seed=0), [PIC_SEP.join([doc, _question()])])[0]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hypic.engine.request import Request, RequestStatus
+from hypic.engine.request import PicState, Request, RequestStatus
 from hypic.engine.sampling_params import SamplingParams
 from hypic.engine.scheduler import Scheduler, SchedulerConfig
 
@@ -28,7 +28,7 @@ def tok(text):
 
 def make_scheduler(max_model_len=64, budget=16, max_num_seqs=8):
     return Scheduler(
-        SchedulerConfig(max_model_len, budget, max_num_seqs), eos_token_ids=[EOS], detokenize=detok
+        SchedulerConfig(budget, max_num_seqs), max_model_len=max_model_len, eos_token_ids=[EOS], detokenize=detok
     )
 
 
@@ -52,9 +52,11 @@ def test_scheduler_modules_do_not_import_torch():
 
 def test_config_validation():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        SchedulerConfig(10, 0)
-    with pytest.raises(ValueError, match="max_model_len"):
         SchedulerConfig(0)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        SchedulerConfig(16, 0)
+    with pytest.raises(ValueError, match="max_model_len"):
+        Scheduler(SchedulerConfig(), max_model_len=0)
 
 
 def test_request_validation():
@@ -211,7 +213,7 @@ def test_prompt_too_long_is_rejected_and_others_continue():
 
 
 def test_stop_strings_need_a_detokenizer():
-    s = Scheduler(SchedulerConfig(16))
+    s = Scheduler(SchedulerConfig(), max_model_len=16)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         s.add(req("a", 2, stop=["x"]))
 
@@ -295,10 +297,9 @@ def test_random_workloads_keep_invariants(prompt_lens, max_tokens, arrival_steps
 
 
 def _atomic(rid, n_prompt, cost):
-    r = req(rid, n_prompt)
-    r.pic_prompt = object()  # any segmented prompt makes the prefill atomic
-    r.prefill_cost = cost
-    return r
+    params = SamplingParams(max_tokens=100)
+    # any PIC state makes the prefill atomic (the scheduler reads its cost alone)
+    return Request(rid, list(range(2, 2 + n_prompt)), params, pic=PicState(object(), object(), cost))
 
 
 def test_atomic_prefill_is_never_chunked_and_charged_its_cost():

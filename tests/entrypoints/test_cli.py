@@ -146,3 +146,16 @@ def test_module_entry_point_help():
     assert result.returncode == 0
     for flag in ["--model", "--prompt", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--dtype", "--device"]:
         assert flag in result.stdout
+
+
+def test_generate_takes_every_engine_option():
+    """``hypic generate`` has one flag per EngineConfig field and builds the engine from them."""
+    from hypic.config import ENGINE_OPTIONS, EngineConfig
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["generate", "--prompt", "x", "--max-num-seqs", "3", "--enforce-eager",
+                              "--segment-cache-bytes", "64MiB", "--pic-mode", "transition"])
+    assert all(hasattr(args, o.name) for o in ENGINE_OPTIONS)
+    config = EngineConfig.from_cli_args(args)
+    assert config == EngineConfig.from_kwargs(max_num_seqs=3, enforce_eager=True, segment_cache_bytes=64 << 20,
+                                              pic_mode="transition")

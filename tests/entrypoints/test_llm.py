@@ -5,6 +5,7 @@ import torch
 
 import hypic
 from hypic import LLM, SamplingParams
+from hypic.config import ENGINE_OPTIONS, EngineConfig
 from hypic.assets.make_seeded_tiny import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -19,7 +20,7 @@ def llm():
 
 
 def test_top_level_exports():
-    assert hypic.LLM is LLM and hypic.SamplingParams is SamplingParams
+    assert hypic.LLM is LLM and hypic.SamplingParams is SamplingParams and hypic.EngineConfig is EngineConfig
 
 
 def test_generate_prompt_forms_and_output_shape(llm):
@@ -96,3 +97,24 @@ def test_bad_input_raises_and_leaves_engine_clean(llm):
         llm.generate([[1, 99999]], GREEDY, use_tqdm=False)
     # and the engine still serves
     assert llm.generate("it was a", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+def test_llm_takes_every_engine_option():
+    """``LLM(...)`` takes every field of EngineConfig by its flat name, one to one, or a config."""
+    kwargs = dict(model="tiny", dtype="float32", device="cpu", seed=1, load_format="dummy", max_model_len=64,
+                  pic_mode="hypic", seam=4, cold_policy="standalone", max_num_batched_tokens=64, max_num_seqs=4,
+                  segment_cache_bytes=1 << 20, host_cache_bytes=1 << 20, segment_workers=1, segment_backend="gloo",
+                  segment_devices=("cpu",), segment_timeout_s=30.0, enforce_eager=True)
+    assert set(kwargs) == {o.name for o in ENGINE_OPTIONS}
+    llm = LLM(**kwargs)
+    engine = llm.llm_engine
+    assert engine.config == EngineConfig.from_kwargs(**kwargs) and engine.config.to_kwargs() == kwargs
+    assert engine.max_model_len == 64 and engine.store.device_budget_bytes == 1 << 20
+    assert engine.pic_runner.graphs is None
+    out = llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert out[0].metrics.live_tokens is not None  # pic_mode named: every prompt through segment caching
+    assert LLM(engine.config).llm_engine.config == engine.config
+    with pytest.raises(ValueError, match="not both"):
+        LLM(engine.config, seed=2)
+    with pytest.raises(ValueError, match="unknown engine option"):
+        LLM(max_num_seq=2)

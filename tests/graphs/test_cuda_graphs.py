@@ -7,14 +7,12 @@ import pytest
 import torch
 
 from hypic.engine.context import ForwardContext
-from hypic.graphs.cuda_graphs import ENV, TokenGraphs, graphs_enabled, make_token_graphs, pick_bucket
+from hypic.graphs.cuda_graphs import TokenGraphs, make_token_graphs, pick_bucket
 
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_buckets_and_switch(monkeypatch):
+def test_buckets():
     assert pick_bucket((8, 16, 64), 1) == 8
     assert pick_bucket((8, 16, 64), 16) == 16
     assert pick_bucket((8, 16, 64), 17) == 64
@@ -22,11 +20,6 @@ def test_buckets_and_switch(monkeypatch):
     assert make_token_graphs(torch.device("cpu")) is None
     with pytest.raises(ValueError, match="CUDA device"):
         TokenGraphs(torch.device("cpu"))
-    monkeypatch.setenv(ENV, "0")
-    assert not graphs_enabled()
-    monkeypatch.setenv(ENV, "yes")
-    with pytest.raises(ValueError, match=ENV):
-        graphs_enabled()
 
 
 def test_context_runs_the_block_eagerly_without_graphs():
@@ -50,7 +43,7 @@ def _moe_block(dtype):
     return model.model.layers[0].mlp
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
 def test_replays_equal_eager_for_every_size_and_padding():
     block = _moe_block(torch.bfloat16)
@@ -67,7 +60,7 @@ def test_replays_equal_eager_for_every_size_and_padding():
     assert torch.equal(graphs.run(block, big), block(big))
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
 def test_a_block_that_cannot_be_captured_runs_eagerly():
     class Syncing(torch.nn.Module):
@@ -82,7 +75,7 @@ def test_a_block_that_cannot_be_captured_runs_eagerly():
     assert torch.equal(graphs.run(block, x), block(x))  # still served, eagerly
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
 def test_multi_input_phases_of_every_layer_share_inputs_and_match_eager():
     from tests.runner.pic_helpers import tiny_model
@@ -111,7 +104,7 @@ def test_multi_input_phases_of_every_layer_share_inputs_and_match_eager():
     assert len(graphs._inputs) == 3 and graphs.num_captures == 6
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
 def test_a_phase_whose_outputs_are_not_rows_runs_eagerly():
     graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
@@ -124,7 +117,7 @@ def test_a_phase_whose_outputs_are_not_rows_runs_eagerly():
     assert "one row per token" in graphs.failed(total)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
 def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
     import gc
@@ -145,6 +138,8 @@ def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
     assert not graphs.failures(), graphs.failures()
     assert len(graphs._graphs) - before == phases * len(sizes)
     assert PicRunner(model, spec, None, torch.device("cuda"), torch.float32).graphs is graphs  # shared
+    eager = PicRunner(model, spec, None, torch.device("cuda"), torch.float32, enforce_eager=True)
+    assert eager.graphs is None and eager.capture_graphs(max_tokens=64) == 0
     runner.capture_graphs(max_tokens=64)  # nothing new
     assert len(graphs._graphs) - before == phases * len(sizes)
     del runner, model
@@ -152,7 +147,7 @@ def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
     assert len(graphs._graphs) == before  # the freed layers' graphs are dropped
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
 def test_replay_outputs_are_views_valid_until_the_next_replay_of_the_phase():
     """The contract callers rely on: no copy out of the graph, and the next replay of the same
@@ -171,7 +166,7 @@ def test_replay_outputs_are_views_valid_until_the_next_replay_of_the_phase():
     assert torch.allclose(kept.float(), block(x).float(), rtol=2e-2, atol=2e-3)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
 def test_recorded_glue_runs_compiled_and_matches_eager(monkeypatch):
     """A captured phase records the compiled glue (hypic.ops.fused.recording_graph): a norm and
@@ -205,18 +200,6 @@ def test_recorded_glue_runs_compiled_and_matches_eager(monkeypatch):
                 assert fused._COMPILED.get(math) not in (None, math), math.__name__
 
 
-def test_adopt_switch(monkeypatch):
-    from hypic.graphs.cuda_graphs import ADOPT_ENV, adopt_enabled
-
-    monkeypatch.delenv(ADOPT_ENV, raising=False)
-    assert adopt_enabled()
-    monkeypatch.setenv(ADOPT_ENV, "0")
-    assert not adopt_enabled()
-    monkeypatch.setenv(ADOPT_ENV, "no")
-    with pytest.raises(ValueError, match=ADOPT_ENV):
-        adopt_enabled()
-
-
 class _Scale(torch.nn.Module):
     def forward(self, x):
         return x * 2, x + 1
@@ -227,16 +210,12 @@ class _Mix(torch.nn.Module):
         return u * w + x
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
-@pytest.mark.parametrize("adopt", ["1", "0"])
-def test_a_phase_reads_an_earlier_phases_output_in_place(adopt, monkeypatch):
+def test_a_phase_reads_an_earlier_phases_output_in_place():
     """Phase B captured over phase A's replay outputs reads A's output buffers in place (no copy
-    before its replays) when HYPIC_GRAPH_ADOPT=1; any other input is copied into them, and every
-    flow, in any order, equals the eager phases."""
-    from hypic.graphs.cuda_graphs import ADOPT_ENV
-
-    monkeypatch.setenv(ADOPT_ENV, adopt)
+    before its replays); any other input is copied into them, and every flow, in any order,
+    equals the eager phases."""
     graphs = TokenGraphs(torch.device("cuda"), buckets=(16,))
     a, b = _Scale(), _Mix()
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -257,20 +236,8 @@ def test_a_phase_reads_an_earlier_phases_output_in_place(adopt, monkeypatch):
     entry_a = next(e for k, e in graphs._graphs.items() if k[0] == id(a))
     entry_b = next(e for k, e in graphs._graphs.items() if k[0] == id(b))
     adopted = [s.data_ptr() == o.data_ptr() for s, o in zip(entry_b.inputs[:2], entry_a.output)]
-    assert adopted == ([True, True] if adopt == "1" else [False, False])
+    assert adopted == [True, True]
     assert entry_b.inputs[2].data_ptr() not in {o.data_ptr() for o in entry_a.output}  # x: its own copy
-
-
-def test_group_outputs_switch(monkeypatch):
-    from hypic.graphs.cuda_graphs import GROUP_ENV, group_outputs_enabled
-
-    monkeypatch.delenv(GROUP_ENV, raising=False)
-    assert group_outputs_enabled()
-    monkeypatch.setenv(GROUP_ENV, "0")
-    assert not group_outputs_enabled()
-    monkeypatch.setenv(GROUP_ENV, "on")
-    with pytest.raises(ValueError, match=GROUP_ENV):
-        group_outputs_enabled()
 
 
 def test_column_blocks_of_one_tensor_are_copied_as_one_span():
@@ -311,15 +278,11 @@ def test_column_blocks_of_one_tensor_are_copied_as_one_span():
     assert _output_groups((y, y.t())) == ((0,), (1,))
 
 
-@needs_cuda
+@pytest.mark.cuda
 @torch.inference_mode()
-@pytest.mark.parametrize("group", ["1", "0"])
-def test_fused_projection_phase_replays_equal_eager(group, monkeypatch):
+def test_fused_projection_phase_replays_equal_eager():
     """A phase returning a fused GEMM's column blocks (as the GDN input projections do) replays
-    equal to eager, grouped (one copy per replay) or not, and a later phase adopts a grouped view."""
-    from hypic.graphs.cuda_graphs import GROUP_ENV
-
-    monkeypatch.setenv(GROUP_ENV, group)
+    equal to eager, grouped (one copy per replay), and a later phase adopts a grouped view."""
 
     class Project(torch.nn.Module):
         def __init__(self):
@@ -346,6 +309,6 @@ def test_fused_projection_phase_replays_equal_eager(group, monkeypatch):
         torch.testing.assert_close(graphs.run(u, z, b), u(want[1], want[2]), rtol=0, atol=0)
     entry = next(e for k, e in graphs._graphs.items() if k[0] == id(p))
     same_base = len({o.untyped_storage().data_ptr() for o in entry.output}) == 1
-    assert same_base == (group == "1")
+    assert same_base
     entry_u = next(e for k, e in graphs._graphs.items() if k[0] == id(u))
     assert entry_u.inputs[0].data_ptr() == entry.output[1].data_ptr()  # z read in place

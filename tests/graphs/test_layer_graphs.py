@@ -115,14 +115,6 @@ def test_shapes_that_change_between_the_first_two_calls_are_never_captured():
     assert replays.num_captures == 0 and "shapes" in replays.failures()["core"]
 
 
-def test_switch_is_validated(monkeypatch):
-    monkeypatch.setenv(layer_graphs.ENV, "2")
-    with pytest.raises(ValueError, match="HYPIC_LAYER_GRAPHS"):
-        layer_graphs.layer_graphs_enabled()
-    monkeypatch.setenv(layer_graphs.ENV, "0")
-    assert not layer_graphs.layer_graphs_enabled()
-
-
 def test_a_cached_request_with_replayed_conv_cores_matches_the_eager_forward(monkeypatch):
     # Every linear layer after the second replays the first conv core captured: the result must
     # equal the eager forward's (the core depends on its inputs and the layout alone, and the
@@ -205,26 +197,10 @@ def test_layout_graphs_keep_the_last_layouts_by_signature():
     none_kept = layer_graphs.LayoutGraphs(max_layouts=0)
     assert none_kept.replays_for(a, make) is made[-1]
     assert len(none_kept) == 0 and none_kept.buffer_for("A") is None
-    for bad in (-1, 1.5):
+    for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_layouts"):
             layer_graphs.LayoutGraphs(max_layouts=bad)
-
-
-def test_kept_layouts_switch(monkeypatch):
-    kept = layer_graphs.LayoutGraphs()
-    assert kept.max_layouts == layer_graphs.MAX_KEPT_LAYOUTS
-    for _ in range(2):
-        kept.replays_for(_Layout("A", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
-    monkeypatch.setenv(layer_graphs.KEPT_ENV, "0")  # read at every call: an A/B in one process
-    assert kept.buffer_for("A") is None
-    other = kept.replays_for(_Layout("B", torch.zeros(2, dtype=torch.long)), lambda: LayerReplays(RecordingBackend()))
-    assert other is not None and len(kept) == 1  # neither kept nor evicting what is
-    monkeypatch.setenv(layer_graphs.KEPT_ENV, "4")
-    assert kept.buffer_for("A") is not None
-    for bad in ("-1", "x", ""):
-        monkeypatch.setenv(layer_graphs.KEPT_ENV, bad)
-        with pytest.raises(ValueError, match="HYPIC_KEPT_LAYOUTS"):
-            layer_graphs.kept_layouts()
+    assert layer_graphs.LayoutGraphs().max_layouts == layer_graphs.MAX_KEPT_LAYOUTS
 
 
 def test_a_capture_holds_the_holder_of_its_forward():
@@ -294,19 +270,17 @@ def test_all_hit_forwards_of_one_signature_replay_every_layer_from_the_kept_grap
                 torch.testing.assert_close(a.recurrent_state, b.recurrent_state)
 
 
-@pytest.mark.parametrize("switch", ["1", "0"])
-def test_a_forward_with_writes_replays_graphs_of_its_own_never_kept(monkeypatch, switch):
-    # A cached request with missed segments (a RAG request) writes their entries: with
-    # HYPIC_WRITE_GRAPHS its cores replay graphs of its own (on the CPU the conv cores), which are
-    # never kept across forwards (what they read of the written spans is not in the layout's
-    # signature); its logits, caches and new entries equal an eager forward's. 0: no graphs.
+def test_a_forward_with_writes_replays_graphs_of_its_own_never_kept(monkeypatch):
+    # A cached request with missed segments (a RAG request) writes their entries: its cores
+    # replay graphs of its own (on the CPU the conv cores), which are never kept across forwards
+    # (what they read of the written spans is not in the layout's signature); its logits, caches
+    # and new entries equal an eager forward's.
     spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
     policy = PICConfig(mode="hypic", seam=4).resolve()
     old = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
     new = [random_segment(30, seed=40), random_segment(20, seed=41)]
     prompt = SegmentedPrompt(tuple(map(tuple, [old[0], new[0], old[1], old[2], new[1], old[3]])),
                              tuple(random_segment(10, seed=50)))
-    monkeypatch.setenv(layer_graphs.WRITE_ENV, switch)
     results = []
     for graphs_on in (True, False):
         store = SegmentStore(None, 0, device="cpu")
@@ -326,12 +300,9 @@ def test_a_forward_with_writes_replays_graphs_of_its_own_never_kept(monkeypatch,
         assert plan.cached_tokens > 0
         if graphs_on:
             replays = runner._replays
-            if switch == "0":
-                assert replays is None
-            else:
-                assert replays is not None and replays.num_captures >= 1 and replays.num_replays >= 1, \
-                    replays.failures()
-                assert len(runner.layout_graphs) == 0
+            assert replays is not None and replays.num_captures >= 1 and replays.num_replays >= 1, \
+                replays.failures()
+            assert len(runner.layout_graphs) == 0
         added = sorted(set(store.device_lru_order()) - before, key=repr)
         assert len(added) == 2
         entries = []
@@ -354,37 +325,23 @@ def test_a_forward_with_writes_replays_graphs_of_its_own_never_kept(monkeypatch,
             torch.testing.assert_close(att.key, eb.attention[layer].key)
 
 
-def test_write_graphs_switch_is_validated(monkeypatch):
-    monkeypatch.setenv(layer_graphs.WRITE_ENV, "yes")
-    with pytest.raises(ValueError, match="HYPIC_WRITE_GRAPHS"):
-        layer_graphs.write_graphs_enabled()
-
-
-@pytest.mark.parametrize("mode", ["auto", "always"])
-def test_a_large_forward_on_a_new_layout_runs_its_cores_eagerly(monkeypatch, mode):
-    # HYPIC_FRESH_GRAPHS=auto: a forward that writes nothing, on a layout seen for the first
-    # time, with at least FRESH_EAGER_LIVE_TOKENS live tokens (GPU-bound on the H200) captures
-    # nothing; its signature's second forward (kept) captures as before. "always": both capture.
+def test_a_large_forward_on_a_new_layout_runs_its_cores_eagerly(monkeypatch):
+    # A forward that writes nothing, on a layout seen for the first time, with at least
+    # FRESH_EAGER_LIVE_TOKENS live tokens (GPU-bound on the H200) captures nothing; its
+    # signature's second forward (kept) captures.
     from hypic.runner import pic_runner
 
     _, runner, run = _pool_runner("fresh")
 
     run([3, 2, 1, 0], 50)  # cold: caches every segment
     eager = [run([2, 0, 3, 1], 61), run([0, 2, 1, 3], 62)]  # no graphs (CPU): no signature seen
-    monkeypatch.setenv(layer_graphs.FRESH_ENV, mode)
     monkeypatch.setattr(runner, "_core_graphs_on", lambda: True)
     monkeypatch.setattr(runner, "_replays_backend", RecordingBackend)
     monkeypatch.setattr(runner, "_max_core_graph_tokens", lambda: 1 << 20)
     monkeypatch.setattr(pic_runner, "FRESH_EAGER_LIVE_TOKENS", 8)  # the tiny forward counts as large
     fresh = run([2, 0, 3, 1], 61)  # a new signature
-    if mode == "auto":
-        assert runner._replays is None
-    else:
-        assert runner._replays is not None and runner._replays.num_captures >= 1
+    assert runner._replays is None
     kept = run([0, 2, 1, 3], 62)  # the same signature again: kept, captured
     assert runner._replays is not None and runner._replays.num_captures >= 1 and len(runner.layout_graphs) == 1
     for got, want in zip((fresh, kept), eager):
         torch.testing.assert_close(got.logits, want.logits)
-    monkeypatch.setenv(layer_graphs.FRESH_ENV, "adaptive")  # tried in session 20, dropped
-    with pytest.raises(ValueError, match="HYPIC_FRESH_GRAPHS"):
-        layer_graphs.fresh_graphs_mode()

@@ -388,7 +388,7 @@ def test_store_matches_reference_model(ops, budget, host_budget):
     assert store.stats().held_entries == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned host tier + CUDA device tier")
+@pytest.mark.cuda  # pinned host tier + CUDA device tier
 def test_cuda_pinned_spill_and_async_promote_are_bit_identical():
     store = SegmentStore(device_budget_bytes=E, host_budget_bytes=4 * E, device="cuda")
     assert store.pin_host_memory

@@ -1,4 +1,4 @@
-"""Tests of hypic/runner/entry_writer.py: a forward's store entries, copied layer by layer."""
+"""Tests of hypic/runner/entry_writer.py: a forward's store entries, copied from its records."""
 
 from __future__ import annotations
 
@@ -20,13 +20,11 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("mode,writes", [("hypic", "side"), ("prefix_cache", "side"), ("hypic", "after"),
-                                         ("prefix_cache", "inline")])
-def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(tiny, monkeypatch, mode, writes):
-    monkeypatch.setenv(entry_writer.ENV, writes)
-    # Each layer's rows are copied when the layer has recorded them, and its summaries released
-    # then; an entry's tensors are the rows of one buffer per field (its bytes exactly), never
-    # shared with another entry or with the forward's records.
+@pytest.mark.parametrize("mode", ["hypic", "prefix_cache"])
+def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(tiny, monkeypatch, mode):
+    # Each layer's records are kept until the forward ends, then copied; an entry's tensors are
+    # the rows of one buffer per field (its bytes exactly), never shared with another entry or
+    # with the forward's records.
     spec, model = tiny
     rows = {}  # (write, layer, field) -> a copy of what the layer recorded
     in_place = set()  # layers whose op wrote the summaries into the entries
@@ -47,10 +45,9 @@ def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(ti
             else:
                 rows[i, layer_idx, "state"] = rec.write_states[i].clone()
         real_linear(self, layer_idx, rec)
-        # released once copied, except when every copy waits for the forward's end (nothing to
-        # release when the summaries were written in place)
-        assert (rec.write_summaries is None and rec.write_states is None) == (
-            writes != "after" or layer_idx in self._in_place)
+        # kept for the copy after the forward (nothing to keep when the summaries were written
+        # in place)
+        assert (rec.write_summaries is None and rec.write_states is None) == (layer_idx in self._in_place)
 
     def attention_done(self, layer_idx, rec):
         for i, (a, z) in enumerate(self.key_rows):
@@ -130,37 +127,6 @@ def test_writer_checks_its_calls(tiny):
     fresh = EntryWriter(seen["ctx"].layout, spec.linear_layer_ids, attention, torch.device("cpu"))
     with pytest.raises(ValueError, match="recorded nothing"):
         fresh.finish()
-
-
-def test_summaries_written_in_place_equal_the_copied_ones(tiny, monkeypatch):
-    """A cold forward's entries with the op writing T and S into their rows, and with the rows
-    returned and copied (``HYPIC_ENTRY_IN_PLACE=0``): the same bits, and the same next request."""
-    spec, model = tiny
-    segs = [random_segment(n, 900 + n) for n in (23, 17, 40)]
-    query = random_segment(5, 9)
-    got = {}
-    for value in ("1", "0"):
-        monkeypatch.setenv(entry_writer.IN_PLACE_ENV, value)
-        h = PicHarness(spec, model)
-        h.run(segs, query)
-        got[value] = ({e.key: e for e in h.store.snapshot()}, h.run(segs, query)[1].logits)
-    (placed, logits_placed), (copied, logits_copied) = got["1"], got["0"]
-    assert placed.keys() == copied.keys() and placed
-    for key, entry in placed.items():
-        for layer, cache in entry.linear.items():
-            for a, b in zip(cache.summary.parts(), copied[key].linear[layer].summary.parts()):
-                assert torch.equal(a, b)
-    assert torch.equal(logits_placed, logits_copied)
-    monkeypatch.setenv(entry_writer.IN_PLACE_ENV, "yes")
-    with pytest.raises(ValueError, match="HYPIC_ENTRY_IN_PLACE"):
-        entry_writer.entry_in_place()
-
-
-def test_mode_switch_is_validated(monkeypatch):
-    assert entry_writer.entry_writes_mode() == "after"
-    monkeypatch.setenv(entry_writer.ENV, "later")
-    with pytest.raises(ValueError, match="HYPIC_ENTRY_WRITES"):
-        entry_writer.entry_writes_mode()
 
 
 def test_segment_writes_store_t_packed_when_presplit(tiny, monkeypatch):

@@ -3,11 +3,15 @@ the approximations on reordered reuse."""
 
 from __future__ import annotations
 
+import functools
 import random
+from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 
+import hypic
 from hypic.engine.context import PlainContext
 from hypic.pic.modes import PICConfig
 from tests.runner.pic_helpers import PicHarness, full_logits, random_segment, tiny_model
@@ -289,10 +293,27 @@ def test_entry_size_estimate_is_exact_and_writes_beyond_the_budget_are_skipped(t
     assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
 
 
+# Package areas whose tensor ops _EngineOpCounter counts: the loop, the PIC runner and its
+# forward context, the graphs and the layers.
+_COUNTED_AREAS = ("engine", "runner", "graphs", "models")
+_PACKAGE_DIR = Path(hypic.__file__).resolve().parent
+
+
+@functools.lru_cache(maxsize=None)
+def _package_area(filename: str) -> Optional[str]:
+    """The first folder of ``filename`` inside the hypic package (``engine``, ``ops``, ...), None
+    outside it: by the package's own path, so a checkout inside a folder named ``hypic`` counts
+    the same."""
+    try:
+        return Path(filename).resolve().relative_to(_PACKAGE_DIR).parts[0]
+    except ValueError:
+        return None
+
+
 class _EngineOpCounter:
-    """Counts the aten ops whose innermost hypic frame is in hypic/engine or hypic/models (the
-    layers and the forward context), leaving out the ops/ kernels, whose CPU references loop over
-    chain steps by design (the GPU paths batch them)."""
+    """Counts the aten ops whose innermost hypic frame is in one of :data:`_COUNTED_AREAS`,
+    leaving out the ops/ kernels, whose CPU references loop over chain steps by design (the GPU
+    paths batch them)."""
 
     def __init__(self, skip=()):
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -305,11 +326,9 @@ class _EngineOpCounter:
 
                 if func.__name__.split(".")[0] in skip:
                     return func(*args, **(kwargs or {}))
-                frames = [f for f in traceback.extract_stack() if "/hypic/" in f.filename.replace("\\", "/")]
-                if frames:
-                    area = frames[-1].filename.replace("\\", "/").split("/hypic/")[-1].split("/")[0]
-                    if area in ("engine", "models"):
-                        counter.count += 1
+                areas = [a for a in map(_package_area, (f.filename for f in traceback.extract_stack())) if a]
+                if areas and areas[-1] in _COUNTED_AREAS:
+                    counter.count += 1
                 return func(*args, **(kwargs or {}))
 
         self.count = 0
@@ -318,9 +337,10 @@ class _EngineOpCounter:
 
 @pytest.mark.parametrize("mode", ["hypic", "addition"])
 def test_engine_issues_no_tensor_op_per_cached_segment(tiny, mode):
-    """Issue 6: per-segment work is batched, never a Python loop of tensor ops per segment per
-    layer. An all-hit request over 12 cached segments must cost the engine and model code the same
-    number of tensor ops as one over 4 (session 2's chain gather cost 12 more per segment here)."""
+    """Per-segment work is batched, never a Python loop of tensor ops per segment per layer. An
+    all-hit request over 12 cached segments must cost the engine, runner and model code the same
+    number of tensor ops as one over 4 (a chain gather per segment once cost 12 more per segment
+    here)."""
     spec, model = tiny
     counts = {}
     for n in (4, 12):
@@ -347,10 +367,10 @@ _NO_KERNEL_OPS = {"slice", "select", "view", "alias", "transpose", "t", "unsquee
 
 def test_cold_writes_cost_no_kernel_per_written_segment(tiny):
     """Recording the entries of cold segments copies views of the forward's records with one
-    multi-tensor copy per dtype: the engine and model code launch the same number of kernels for
-    12 written segments as for 4. Session 3's write path built an index tensor per segment per
-    linear layer, a host-to-device copy that synchronised each time on CUDA (1,920 syncs for 64
-    segments on the H200), and cloned every tensor twice."""
+    multi-tensor copy per dtype: the engine, runner and model code launch the same number of
+    kernels for 12 written segments as for 4. A write path that built an index tensor per segment
+    per linear layer made a host-to-device copy that synchronised each time on CUDA (1,920 syncs
+    for 64 segments on the H200), and cloned every tensor twice."""
     spec, model = tiny
     counts = {}
     for n in (4, 12):
@@ -429,18 +449,14 @@ def test_run_initial_conv_states_are_stacked_once_per_forward(tiny, mode):
         assert got.dtype == want.dtype and got.is_contiguous() and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("mode,in_place,keeps_summaries", [("prefix_cache", "1", False), ("hypic", "0", True),
-                                                           ("hypic", "1", False)])
-def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, mode, in_place, keeps_summaries):
+@pytest.mark.parametrize("mode", ["prefix_cache", "hypic"])
+def test_cold_records_keep_no_summaries(tiny, monkeypatch, mode):
     """A prefix-cache checkpoint needs the state after its segment, not the segment's summary:
     its forward must not keep every span's (T, S) alive until the writes (at 128k tokens in
     512-token segments that held 30 GiB and ran the H200 out of memory). A cold hypic forward's
-    segment summaries are written into the entries by the op (HYPIC_ENTRY_IN_PLACE, default), so
-    its records keep none either; with 0 they are recorded and copied."""
-    from hypic.runner import entry_writer
+    segment summaries are written into the entries by the op, so its records keep none either."""
     from hypic.runner.entry_writer import EntryWriter
 
-    monkeypatch.setenv(entry_writer.IN_PLACE_ENV, in_place)
     spec, model = tiny
     seen = []
     placed = []
@@ -456,8 +472,8 @@ def test_cold_records_keep_summaries_only_for_segment_writes(tiny, monkeypatch, 
     segs = [random_segment(n, 900 + n) for n in (23, 30, 17)]
     query = random_segment(5, 4)
     plan, res = h.run(segs, query)
-    assert seen and all((s is not None) == keeps_summaries for s in seen)
-    assert all(placed) == (mode == "hypic" and in_place == "1") and (any(placed) == all(placed))
+    assert seen and all(s is None for s in seen)
+    assert all(placed) == (mode == "hypic") and (any(placed) == all(placed))
     assert _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
     _, again = h.run(segs, query)  # the written entries serve the next request
     assert _max_err(again.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
@@ -480,28 +496,26 @@ def test_writes_beyond_the_device_headroom_are_skipped(tiny, monkeypatch):
     h = PicHarness(spec, model)  # an unbounded store: the headroom alone limits the writes
     query = random_segment(4, 3)
     plan, res = h.run([a, b, c], query)
-    # a cold forward writes its entries in place (HYPIC_ENTRY_IN_PLACE, on by default): each once
+    # a cold forward writes its entries in place: each once
     assert asked == [(plan.live_tokens, pic_runner.IN_PLACE_PEAK_FACTOR)]
     assert len(h.store) == 2 and h.runner.skipped_writes == 1
     assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
 
 
-@pytest.mark.parametrize("in_place", ["1", "0"])
-def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, monkeypatch, in_place):
+def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, monkeypatch):
     """The device headroom of a forward's writes takes each entry's bytes once when its linear
-    layers write the summaries straight into the entries (a cold forward, summary targets on),
-    else RECORD_PEAK_FACTOR times (the rows copied from the forward's records: a cached request
-    with a missed segment, HYPIC_ENTRY_IN_PLACE=0, or prefix-cache checkpoints)."""
+    layers write the summaries straight into the entries (a cold forward), else
+    RECORD_PEAK_FACTOR times (the rows copied from the forward's records: a cached request with a
+    missed segment, or prefix-cache checkpoints)."""
     from hypic.runner import pic_runner
 
-    monkeypatch.setenv("HYPIC_ENTRY_IN_PLACE", in_place)
     spec, model = tiny
     a, b, c = (random_segment(n, 900 + n) for n in (40, 30, 50))
     factors = []
     monkeypatch.setattr(pic_runner, "record_headroom_bytes",
                         lambda device, n, factor=pic_runner.RECORD_PEAK_FACTOR: factors.append(factor) or None)
     copied = pic_runner.RECORD_PEAK_FACTOR
-    cold = pic_runner.IN_PLACE_PEAK_FACTOR if in_place == "1" else copied
+    cold = pic_runner.IN_PLACE_PEAK_FACTOR
     h = PicHarness(spec, model)
     query = random_segment(4, 3)
     h.run([a, b], query)  # cold
@@ -513,7 +527,7 @@ def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, mo
     assert factors == [copied]
 
 
-def test_writes_in_place_follows_the_entry_writer_conditions(monkeypatch):
+def test_writes_in_place_follows_the_entry_writer_conditions():
     from types import SimpleNamespace
 
     from hypic.runner import pic_runner
@@ -524,13 +538,10 @@ def test_writes_in_place_follows_the_entry_writer_conditions(monkeypatch):
         return SimpleNamespace(policy=SimpleNamespace(mode=mode), spans=[SimpleNamespace(kind=k) for k in kinds])
 
     cold = plan(SpanKind.MISS, SpanKind.MISS, SpanKind.QUERY)
-    monkeypatch.setenv("HYPIC_ENTRY_IN_PLACE", "1")
     assert pic_runner._writes_in_place([cold, cold])
     assert not pic_runner._writes_in_place([cold, plan(SpanKind.HIT, SpanKind.MISS, SpanKind.QUERY)])
     assert not pic_runner._writes_in_place([plan(SpanKind.PREFIX, SpanKind.MISS, SpanKind.QUERY)])
     assert not pic_runner._writes_in_place([plan(SpanKind.MISS, SpanKind.QUERY, checkpoints=True)])
-    monkeypatch.setenv("HYPIC_ENTRY_IN_PLACE", "0")
-    assert not pic_runner._writes_in_place([cold])
 
 
 def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkeypatch):

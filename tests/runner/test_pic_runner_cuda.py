@@ -13,7 +13,7 @@ from hypic.pic.segments import SegmentedPrompt
 from hypic.pic.store import SegmentStore
 from tests.runner.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_model
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = pytest.mark.cuda
 
 
 class Harness:
@@ -62,7 +62,7 @@ def test_cached_request_on_cuda_matches_cpu_with_and_without_graphs():
                 diffs.append((i, name, float((x - y).abs().max()), float(y.abs().max())))
     # Graphs replay the row-wise phases' compiled glue (norms, the GDN gates) where the eager run
     # takes the eager ops: fp32 results a few ulps apart, which the gates' decays sum over the
-    # sequence. Measured on the H200 (session 26 call 2): layer 0's conv inputs 1.5e-7 apart
+    # sequence. Measured on the H200: layer 0's conv inputs 1.5e-7 apart
     # (relative to their scale), its recurrent state 6.9e-5, layer 2's 2.9e-4; a graph replaying
     # stale or wrong rows would be off by O(1).
     print("graphs vs eager, worst relative state diff:", max(d / scale for _, _, d, scale in diffs))
@@ -122,7 +122,7 @@ def test_requests_of_one_layout_signature_replay_the_kept_graphs_on_cuda():
 
 def test_cached_request_with_missed_segments_replays_graphs_of_its_own_on_cuda():
     # A cached request with missed segments (a RAG request) writes their entries. Its cores
-    # replay graphs of its own (HYPIC_WRITE_GRAPHS; never kept across forwards), and the written
+    # replay graphs of its own (never kept across forwards), and the written
     # summaries are formed from the missed spans' rows alone. Logits, decode caches and the new
     # entries match the same request run eagerly in a twin harness.
     spec, model = tiny_model(seed=3, layer_types=DEEP_LAYER_TYPES)

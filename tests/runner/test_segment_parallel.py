@@ -65,8 +65,10 @@ def test_config_is_validated():
     assert cfg.rank_devices(torch.device("cpu")) == (torch.device("cpu"),) * 3
     assert cfg.resolved_backend(torch.device("cpu")) == "gloo"
     assert cfg.resolved_backend(torch.device("cuda")) == "nccl"
-    with pytest.raises(ValueError, match="segment_parallel"):
+    with pytest.raises(ValueError, match="segment_parallel"):  # an unknown option names the valid ones
         LLMEngine("tiny", segment_parallel=2)
+    with pytest.raises(ValueError, match="num_workers"):
+        LLMEngine("tiny", segment_workers=0)
 
 
 def test_pack_unpack_roundtrip():
@@ -112,7 +114,7 @@ def test_cold_standalone_segments_over_two_processes():
     prompts = [PIC_SEP.join(docs + [_question("job", 1)]), PIC_SEP.join(docs[::-1] + [_question("lives", 0)])]
     base = LLMEngine("tiny", seed=0)
     want = _run(base, prompts[:1], cold_policy="standalone") + _run(base, prompts[1:], cold_policy="standalone")
-    engine = LLMEngine("tiny", seed=0, segment_parallel=SegmentParallelConfig(num_workers=2, timeout_s=120))
+    engine = LLMEngine("tiny", seed=0, segment_workers=2, segment_timeout_s=120)
     try:
         got = _run(engine, prompts[:1], cold_policy="standalone") + _run(engine, prompts[1:], cold_policy="standalone")
         workers = engine.segment_workers
