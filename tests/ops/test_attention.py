@@ -98,3 +98,52 @@ def test_validation(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         varlen_attention(**args)
+
+
+def _interleaved_case(gen, lens_q, lens_cached, hq, hkv, d, dv, dtype):
+    """Keys of each sequence: cached positions and the live queries' own positions interleaved
+    (live tokens fill random slots of [0, c + n), cached keys the rest), keys stored in a
+    random order - the PIC layout with a live token between reused segments."""
+    qs, ks, vs, pq, pk = [], [], [], [], []
+    for n, c in zip(lens_q, lens_cached):
+        slots = torch.randperm(c + n, generator=gen)
+        live = slots[:n].sort().values
+        pk.append(torch.cat([slots[n:], live])[torch.randperm(c + n, generator=gen)])
+        pq.append(live)
+        qs.append(torch.randn(n, hq, d, generator=gen, dtype=dtype))
+        ks.append(torch.randn(c + n, hkv, d, generator=gen, dtype=dtype))
+        vs.append(torch.randn(c + n, hkv, dv, generator=gen, dtype=dtype))
+    cu_q = torch.tensor([0] + list(lens_q)).cumsum(0)
+    cu_k = torch.tensor([0] + [n + c for n, c in zip(lens_q, lens_cached)]).cumsum(0)
+    return torch.cat(qs), torch.cat(ks), torch.cat(vs), cu_q, cu_k, torch.cat(pq), torch.cat(pk)
+
+
+def test_interleaved_pic_layout_into_nan_poisoned_buffers(monkeypatch):
+    """Live queries between cached keys, keys in a random order, sequences longer than a query
+    block; every buffer allocated uninitialised is NaN first, so an unwritten row would show."""
+    real_empty_like, real_empty = torch.empty_like, torch.empty
+
+    def nan_empty_like(*args, **kwargs):
+        out = real_empty_like(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    def nan_empty(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty_like", nan_empty_like)
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    gen = torch.Generator().manual_seed(11)
+    case = _interleaved_case(gen, [3, 0, 140], [9, 4, 20], 4, 2, 8, 8, torch.float64)
+    q, k, v, cu_q, cu_k, pq, pk = case
+    out = varlen_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, positions_q=pq, positions_k=pk,
+                           scale=0.3, block_size=64)
+    assert not bool(out.isnan().any())
+    torch.testing.assert_close(out, _naive(*case, 0.3), atol=1e-10, rtol=0)
+
+
+def test_impl_is_validated():
+    q = torch.zeros(2, 2, 8)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        varlen_attention(q, q, q, cu_seqlens_q=torch.tensor([0, 2]), cu_seqlens_k=torch.tensor([0, 2]),
+                         positions_q=torch.arange(2), positions_k=torch.arange(2), impl="flex")
