@@ -8,16 +8,17 @@ layout promises this with ``keys_by_position``.
 
 FlexAttention ran that case at 74 TFLOP/s on the H200 (all-hit 32k: 576 queries over 32.8k keys,
 1.98 ms per layer, against 0.656 ms here; the request 266.4 against 210.9 ms): its 128-row query
-tiles of one head give few programs, each walking all the keys. Here each program holds ``BLOCK_Q`` consecutive queries times the ``GROUP`` query heads of
-one kv head (GQA packed into the rows: a seam of 8 queries x 8 heads is one 64-row tile, which
-reads each key tile once for all of them) and one ``split`` of the keys; a second step merges
-the splits by their log-sum-exp. Blocks of queries never cross a request; key tiles past a
-block's last position are not visited.
+tiles of one head give few programs, each walking all the keys. Here each program holds
+``BLOCK_Q`` consecutive queries times the ``GROUP`` query heads of one kv head (GQA packed into
+the rows: a seam of 8 queries x 8 heads is one 64-row tile, which reads each key tile once for
+all of them) and one ``split`` of the keys; a second step merges the splits by their
+log-sum-exp. Blocks of queries never cross a request; key tiles past a block's last position
+are not visited.
 
 The reference is :func:`hypic.ops.attention.varlen_attention` with ``impl="reference"``.
-Triton is imported lazily (the kernel runs on CUDA tensors, and on CPU tensors only under Triton's
-interpreter, :func:`hypic.envs.triton_interpret`); the block table is built on the host from host ``cu_seqlens`` and
-cached per layout key (the attention layers of one forward share it).
+Triton is imported lazily (the kernel runs on CUDA tensors, and on CPU tensors only under
+Triton's interpreter, :func:`hypic.envs.triton_interpret`); the block table is built on the host
+from host ``cu_seqlens`` and cached per layout key (the attention layers of one forward share it).
 """
 
 from __future__ import annotations

@@ -24,12 +24,13 @@ prefills keep the grouped GEMM.
 Measured on the H200: the GEMMs alone at 576 tokens 0.29 ms (gate_up, 3.7 TB/s of weights) and
 0.16 ms (down, 3.3 TB/s) with the default tiles, the best of a sweep; in the all-hit 32k
 request's profile the 80 launches take 17.9-18.1 ms of GPU time, where the grouped GEMMs took
-21.3 ms. Variants for that regime were measured against this kernel and not taken (docs/decisions.md):
-the transposed product (the weight tile as the MMA's M operand, for Hopper's wgmma), a streaming
-kernel over several column tiles per program (with and without TMA descriptors), taller row
-blocks: at 576 tokens gate_up's current kernel was the fastest of 17 (0.2539 ms, 4.23 TB/s), the
-best down variant 0.1363 against 0.1386 ms, the whole MoE call 0.4765 against 0.4788 ms, and
-``block_m=64`` in the request within the rounds' spread.
+21.3 ms. Variants for that regime were measured against this kernel and not taken
+(docs/decisions.md): the transposed product (the weight tile as the MMA's M operand, for
+Hopper's wgmma), a streaming kernel over several column tiles per program (with and without TMA
+descriptors), taller row blocks. At 576 tokens gate_up's current kernel was the fastest of 17
+(0.2539 ms, 4.23 TB/s), the best down variant took 0.1363 against 0.1386 ms, the whole MoE layer
+as a graph replay 0.4765 against 0.4788 ms, and ``block_m=64`` left the request within the
+rounds' spread.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ arithmetic is not faithful). CUDA: against the reference path in bf16, with seve
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 import torch
 
+from hypic import envs
 from hypic.ops import attention_split
 from hypic.ops.attention import varlen_attention
 from hypic.ops.attention_split import split_blocks_host, split_supported
@@ -86,7 +86,7 @@ def test_dispatch_rules_on_cpu():
     """CPU tensors never take the kernel (outside Triton's interpreter); an explicit request
     says why, and the automatic choice runs the reference even with the layout promise."""
     q = torch.zeros(4, 8, 32, dtype=torch.bfloat16)
-    assert not split_supported(q, q, 2) or os.environ.get("TRITON_INTERPRET") == "1"  # CUDA only
+    assert not split_supported(q, q, 2) or envs.triton_interpret()  # CUDA only
     args = dict(cu_seqlens_q=torch.tensor([0, 4]), cu_seqlens_k=torch.tensor([0, 4]),
                 positions_q=torch.arange(4), positions_k=torch.arange(4))
     kv = torch.zeros(4, 2, 32, dtype=torch.bfloat16)

@@ -9,12 +9,12 @@ faithful). CUDA: bf16 at the 35B-A3B expert shapes.
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 import torch
 
+from hypic import envs
 from hypic.ops import moe_route
 from hypic.ops.moe import moe_experts, moe_routed, route_topk_softmax
 from tests.interpreter import interpreted_error
@@ -159,7 +159,7 @@ def compile_sm90(fn, types: dict, constexprs: dict, num_warps: int, aligned: set
 
 def _sm90_compiles():
     pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if envs.triton_interpret():
         pytest.skip("compiles for sm_90: needs Triton's JIT, not the interpreter")
     from hypic.ops import _moe_route_kernel
 
