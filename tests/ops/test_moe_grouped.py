@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import hypic.ops.moe as moe_module
 from hypic.ops.moe import moe_experts, route_topk_softmax
 from hypic.ops.moe_grouped import grouped_mm_supported
+from tests.ops.test_attention import poison_fresh_buffers
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -92,18 +93,7 @@ def test_exact_integer_case_fp32(top_k, impl):
 def test_nan_poisoned_fresh_buffers_are_fully_overwritten(impl, monkeypatch):
     """Every buffer allocated uninitialised is filled with NaN: a row the op fails to write
     (an empty expert, a dropped slot) would surface as NaN in the output."""
-    real_empty_like, real_empty = torch.empty_like, torch.empty
-
-    def nan_empty_like(*args, **kwargs):
-        out = real_empty_like(*args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    def nan_empty(*args, **kwargs):
-        out = real_empty(*args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    monkeypatch.setattr(torch, "empty_like", nan_empty_like)
-    monkeypatch.setattr(torch, "empty", nan_empty)
+    poison_fresh_buffers(monkeypatch)
     gen = torch.Generator().manual_seed(3)
     for top_k in (1, 8):
         x, gate_up, down, weights, ids = _random_case(gen, 9, 12, top_k, used_experts=range(2, 10))
