@@ -44,7 +44,8 @@ BLOCK_N = 64  # split lengths are multiples of this (and of every tuned key step
 MIN_SPLIT = 2048  # keys per program, at least
 MAX_SPLITS = 16  # splits per query block, at most
 # fp32 partial outputs of all splits: fewer splits beyond this (one split always runs, so a large
-# live set - cold segments among cached ones - takes one split, like one flash-attention pass)
+# live set - cold segments among cached ones - takes one split, like one flash-attention pass,
+# written straight into the output)
 MAX_PARTIAL_BYTES = 256 << 20
 _DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL = None
@@ -151,7 +152,10 @@ def split_prefix_attention(
     shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group, block_q)
     blocks, num_splits, split = _plan(cu_seqlens_q_host, cu_seqlens_k_host, block_q, q.device, layout_key, shape_key,
                                       num_q * num_heads * (value_dim + 1) * 4)
-    o_part = torch.empty(num_splits, num_q, num_heads, value_dim, device=q.device, dtype=torch.float32)
+    # one split: its normalised output is the result, stored straight into ``out`` (a large live
+    # set keeps no fp32 copy of it); several: fp32 partials, merged by their log-sum-exp
+    o_part = out if num_splits == 1 else torch.empty(num_splits, num_q, num_heads, value_dim, device=q.device,
+                                                     dtype=torch.float32)
     lse_part = torch.empty(num_splits, num_q, num_heads, device=q.device, dtype=torch.float32)
     grid = (blocks.shape[0], num_kv_heads, num_splits)
     kernel[grid](
@@ -160,7 +164,7 @@ def split_prefix_attention(
         HQ=num_heads, HKV=num_kv_heads, D=head_dim, DV=value_dim, GROUP=group, BLOCK_Q=block_q, **fixed,
     )
     if num_splits == 1:
-        return out.copy_(o_part[0])
+        return out
     return merge_splits_triton(o_part, lse_part, out)
 
 

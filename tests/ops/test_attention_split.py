@@ -71,7 +71,7 @@ def test_split_count_bounded_by_keys_and_partial_memory(monkeypatch):
     assert (splits, length) == (16, 2048)  # 32k keys in 2048-key splits
     _, splits, length = attention_split._plan([0, 30000], keys, 8, torch.device("cpu"), None, None,
                                               30000 * 16 * 257 * 4)
-    assert splits == 1 and length == 32768  # 30k queries: one split, 0.5 GB of partials at most
+    assert splits == 1 and length == 32768  # 30k queries: one split (0.5 GB of fp32 partials would be past the bound)
     _, splits, _ = attention_split._plan([0, 8], [0, 100], 8, torch.device("cpu"), None, None, 8 * 16 * 257 * 4)
     assert splits == 1
     monkeypatch.setattr(attention_split, "MIN_SPLIT", 1024)
