@@ -10,6 +10,10 @@
 * ``load_format="dummy"``: random weights at sane scales, generated directly on the target device
   (the model is built on the meta device and materialised there), so full-size shapes such as
   Qwen3.5-35B-A3B can be benchmarked without a download and without a CPU copy.
+* Once the weights are in place, the projections that share an input are fused into one GEMM
+  each (``fuse_projections``, e.g. :meth:`hypic.models.qwen3_next.Qwen3NextForCausalLM.fuse_projections`).
+* ``moe_backend``: how the routed experts run, ``"auto"`` (the kernels for the device) or
+  ``"torch"`` (the pure-PyTorch reference, for debugging); :data:`hypic.models.qwen3_next.MOE_BACKENDS`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from torch import nn
 
 from hypic.models.config import ModelSpec, load_spec, spec_from_config
+from hypic.models.qwen3_next import check_moe_backend
 from hypic.models.registry import model_class
 
 _SKIP_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
@@ -31,10 +36,11 @@ _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_pro
 LOAD_FORMATS = ("safetensors", "dummy")
 
 
-def build_empty_model(spec: ModelSpec, dtype: torch.dtype, device: Union[str, torch.device]) -> nn.Module:
+def build_empty_model(spec: ModelSpec, dtype: torch.dtype, device: Union[str, torch.device],
+                      moe_backend: str = "auto") -> nn.Module:
     """Model with uninitialised parameters of ``dtype`` allocated on ``device`` (no CPU copy)."""
     with torch.device("meta"):
-        model = model_class(spec.model_type)(spec)
+        model = model_class(spec.model_type)(spec, moe_backend=moe_backend)
     model = model.to(dtype=dtype)
     model = model.to_empty(device=torch.device(device))
     return model.eval().requires_grad_(False)
@@ -47,13 +53,15 @@ def load_model(
     device: Union[str, torch.device] = "cpu",
     load_format: str = "safetensors",
     seed: int = 0,
+    moe_backend: str = "auto",
 ) -> Tuple[ModelSpec, nn.Module]:
     """Read ``config.json`` and the weights of ``model_dir``; returns ``(spec, model)``."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     _check_dtype(dtype)
+    check_moe_backend(moe_backend)
     spec = load_spec(model_dir)
-    model = build_empty_model(spec, dtype, device)
+    model = build_empty_model(spec, dtype, device, moe_backend)
     if load_format == "dummy":
         init_dummy_weights(model, seed=seed)
     else:
@@ -68,28 +76,21 @@ def build_dummy_model(
     dtype: torch.dtype = torch.bfloat16,
     device: Union[str, torch.device] = "cpu",
     seed: int = 0,
+    moe_backend: str = "auto",
 ) -> Tuple[ModelSpec, nn.Module]:
     """``(spec, model)`` from a config dict alone, with seeded dummy weights on ``device``."""
     _check_dtype(dtype)
     spec = spec_from_config(config)
-    model = build_empty_model(spec, dtype, device)
+    model = build_empty_model(spec, dtype, device, moe_backend)
     init_dummy_weights(model, seed=seed)
     _fuse(model)
     return spec, model
 
 
-FUSE_ENV = "HYPIC_FUSE_PROJECTIONS"
-
-
 def _fuse(model: nn.Module) -> None:
-    """Projections that share an input as one GEMM each, once the weights are in place
-    (``fuse_projections``, e.g. :meth:`hypic.models.qwen3_next.Qwen3NextForCausalLM.fuse_projections`);
-    ``HYPIC_FUSE_PROJECTIONS=0`` keeps them apart (A/B runs, one process per value)."""
-    value = os.environ.get(FUSE_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{FUSE_ENV} must be 0 or 1, got {value!r}")
+    """Projections that share an input as one GEMM each, once the weights are in place."""
     fuse = getattr(model, "fuse_projections", None)
-    if fuse is not None and value == "1":
+    if fuse is not None:
         fuse()
 
 

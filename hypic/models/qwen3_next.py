@@ -27,13 +27,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
-from hypic.ops.moe import moe_routed
 from hypic.ops.fused import add_sigmoid_gated, gdn_gates, sigmoid_gate, swiglu
+from hypic.ops.moe import moe_routed
 from hypic.ops.norms import add_rms_norm_zero_centered, gated_rms_norm, l2_normalize, rms_norm_zero_centered
 from hypic.ops.rope import RotaryEmbedding, apply_rotary
 
 # transformers' l2norm inside the GDN kernels uses eps 1e-6 regardless of rms_norm_eps.
 QK_L2NORM_EPS = 1e-6
+# How the routed experts run: "auto" (the kernels hypic.ops.moe picks for the operands' device,
+# dtype and rows per expert; the reference on CPU) or "torch" (the pure-PyTorch reference
+# everywhere, for debugging a kernel).
+MOE_BACKENDS = {"auto": "auto", "torch": "reference"}
+
+
+def check_moe_backend(moe_backend: str) -> str:
+    """``moe_backend`` if it is one of :data:`MOE_BACKENDS`; a ValueError naming them if not."""
+    if moe_backend not in MOE_BACKENDS:
+        raise ValueError(f"moe_backend must be one of {tuple(MOE_BACKENDS)}, got {moe_backend!r}")
+    return moe_backend
 
 
 def _math_dtype(x: torch.Tensor) -> torch.dtype:
@@ -262,10 +273,12 @@ class Qwen3NextExperts(nn.Module):
 
 
 class Qwen3NextSparseMoeBlock(nn.Module):
-    """Softmax top-k routed experts plus a sigmoid-gated shared expert."""
+    """Softmax top-k routed experts plus a sigmoid-gated shared expert; ``moe_backend`` one of
+    :data:`MOE_BACKENDS`."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
         super().__init__()
+        self.moe_impl = MOE_BACKENDS[check_moe_backend(moe_backend)]
         self.top_k = spec.num_experts_per_tok
         self.renormalize = spec.norm_topk_prob
         self.gate = _linear(spec.hidden_size, spec.num_experts)
@@ -297,14 +310,14 @@ class Qwen3NextSparseMoeBlock(nn.Module):
                 shared, shared_gate = self.shared_expert(x), self.shared_expert_gate(x)
         # softmax top-k routing, the weights rounded to the activation dtype (as transformers mixes)
         out = moe_routed(x, logits, self.experts.gate_up_proj, self.experts.down_proj, self.top_k,
-                         self.renormalize)
+                         self.renormalize, impl=self.moe_impl)
         if self.has_shared:
             out = add_sigmoid_gated(out, shared, shared_gate)
         return out
 
 
 class Qwen3NextDecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
+    def __init__(self, spec: ModelSpec, layer_idx: int, moe_backend: str = "auto") -> None:
         super().__init__()
         self.layer_type = spec.layer_types[layer_idx]
         if self.layer_type == LINEAR_ATTENTION:
@@ -312,7 +325,7 @@ class Qwen3NextDecoderLayer(nn.Module):
         else:
             self.self_attn = Qwen3NextAttention(spec, layer_idx)
         if spec.moe_layers[layer_idx]:
-            self.mlp: nn.Module = Qwen3NextSparseMoeBlock(spec)
+            self.mlp: nn.Module = Qwen3NextSparseMoeBlock(spec, moe_backend)
         else:
             self.mlp = Qwen3NextMLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -355,11 +368,11 @@ class Qwen3NextDecoderLayer(nn.Module):
 
 
 class Qwen3NextModel(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
         super().__init__()
         self.spec = spec
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i, moe_backend) for i in range(spec.num_layers))
         self.norm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
         # Kept outside the module tree (plain dict, not a buffer) so meta-device construction and
         # to_empty() never leave the RoPE tables uninitialised; one instance per device.
@@ -395,22 +408,25 @@ class Qwen3NextModel(nn.Module):
 
 class Qwen3NextForCausalLM(nn.Module):
     """``logits = model(input_ids [T], positions [T], ctx)`` -> fp32 logits of the rows
-    ``ctx.select_logits_rows`` keeps (e.g. the last token of each span)."""
+    ``ctx.select_logits_rows`` keeps (e.g. the last token of each span). ``moe_backend``: how the
+    routed experts run (:data:`MOE_BACKENDS`)."""
 
     def fuse_projections(self) -> int:
         """Fuse the projections that share an input (each GDN layer's four input projections,
         each MoE block's router, shared-expert and shared-gate GEMMs) into one GEMM each, the
         parameters becoming views of the fused weights (:func:`fuse_linears`); returns how many
         modules are fused. Separate GEMMs of a cached request's few hundred rows are launch-bound:
-        on the H200 the router, shared-gate and GDN ``b``/``a`` GEMMs took 5.3-5.9 us each
-        (session 25 call 1's all-hit 32k profile, 140 of them)."""
+        on the H200 the router, shared-gate and GDN ``b``/``a`` GEMMs took 5.3-5.9 us each (140
+        of them in the all-hit 32k request's profile); fused, the GDN input GEMM took 1.26 ms
+        where its four took ~1.73, the MoE block's 0.32 where its four took ~1.04 (the request
+        56.34 against 56.67 ms p50, within the spread of runs; docs/decisions.md)."""
         return sum(bool(m.fuse_projections()) for m in self.modules()
                    if m is not self and hasattr(m, "fuse_projections"))
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
         super().__init__()
         self.spec = spec
-        self.model = Qwen3NextModel(spec)
+        self.model = Qwen3NextModel(spec, moe_backend)
         if not spec.tie_word_embeddings:
             self.lm_head = _linear(spec.hidden_size, spec.vocab_size)
 

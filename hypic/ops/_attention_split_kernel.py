@@ -37,7 +37,7 @@ def split_kv_prefix_attention_kernel(
     v,            # [Tk, Hkv, DV]
     pos_q,        # [Tq] int64: position of each query = index of its last visible key
     blocks,       # [NB, 4] int32: first query, number of queries, first key, number of keys
-    o_part,       # [S, Tq, Hq, DV] fp32 out: each split's normalised output
+    o_part,       # [S, Tq, Hq, DV] out: each split's normalised output (fp32; with one split the result)
     lse_part,     # [S, Tq, Hq] fp32 out: each split's log2-sum-exp (-inf: saw no key)
     scale_log2,   # softmax scale * log2(e)
     split_len,    # keys per split (a multiple of BLOCK_N)

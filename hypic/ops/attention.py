@@ -1,4 +1,4 @@
-"""Reference varlen causal attention by absolute position.
+"""Reference varlen causal attention by absolute position, and the dispatch to the GPU kernels.
 
 Queries of N sequences are packed ``[Tq, Hq, D]``; each sequence's keys are packed ``[Tk, Hkv, D]``
 (cached + live, in any order). A query at position ``p`` attends to the keys of **its own sequence**
@@ -8,45 +8,43 @@ segment and live keys interleave freely (architecture §2).
 Memory stays bounded: one sequence at a time, queries in blocks, one ``[block, keys]`` boolean
 mask per block handed to ``scaled_dot_product_attention`` - never an ``n x n`` mask over the batch.
 
-Dispatch: ``varlen_attention(..., impl="auto")`` runs this reference on CPU and the FlexAttention
-path (:mod:`hypic.ops.attention_flex`: one compiled call over the packed batch, no host sync) on
-CUDA for fp16/bf16/fp32 with power-of-two head dims >= 16. A caller that knows (from the layout,
-on the host: :func:`hypic.ops.attention_flash.index_causal_layout`) that causal-by-position equals
-causal-by-index passes ``index_causal=True`` (+ ``max_seqlen_q`` / ``max_seqlen_k``), and CUDA
-fp16/bf16 then uses FlashAttention's varlen kernel (:mod:`hypic.ops.attention_flash`).
-A square causal prefill of a few long sequences (cold prompts: queries are all the keys) whose
-caller passes host ``cu_seqlens`` takes cuDNN's kernel instead (:mod:`hypic.ops.attention_cudnn`).
-A caller whose sequences' keys are their positions in order (``keys_by_position``: a PIC request
-with cached segments) and who passes host ``cu_seqlens`` takes the split-KV kernel
-(:mod:`hypic.ops.attention_split`) over flex, on CUDA fp16/bf16 with power-of-two head dims and
-query heads per kv head, for at most ``MAX_AUTO_QUERIES`` (4096) live queries.
-``impl="reference"`` / ``"flex"`` / ``"flash"`` / ``"cudnn"`` / ``"split"`` force a path; the environment variable
-``HYPIC_ATTENTION_IMPL`` (same values) overrides ``"auto"`` for A/B measurements. The flex path
-reuses its block mask (and its value checks) while it is called with the very same layout tensors,
-unchanged, i.e. across the attention layers of one forward.
+Dispatch (``impl="auto"``), by what the caller vouches for about the layout and by the inputs'
+device, dtype and head dims:
+
+* ``index_causal`` (every sequence's keys are positions ``0..Lk-1`` in order and its queries the
+  last ``Lq`` of them, known on the host: :func:`hypic.ops.attention_flash.index_causal_layout`):
+  a square causal prefill of a few long sequences with host ``cu_seqlens`` takes cuDNN's kernel
+  (:mod:`hypic.ops.attention_cudnn`), other such layouts FlashAttention's varlen kernel
+  (:mod:`hypic.ops.attention_flash`), on CUDA fp16/bf16;
+* ``keys_by_position`` (keys are positions ``0..Lk-1`` in order, queries anywhere among them: a
+  PIC request with cached segments) with host ``cu_seqlens``: the split-KV kernel
+  (:mod:`hypic.ops.attention_split`) on CUDA fp16/bf16 with power-of-two head dims and query heads
+  per kv head. It replaced FlexAttention there: all-hit 32k request 210.9 against 266.4 ms, 0.656
+  against 1.980 ms per attention layer (H200; docs/decisions.md);
+* everything else (CPU tensors, fp32/fp64, other layouts): this reference.
+
+``impl="reference"`` runs the reference anywhere (the oracle of the kernels' tests, and a
+pure-PyTorch path for debugging); ``"flash"``, ``"cudnn"`` and ``"split"`` force a kernel and raise
+``ValueError`` where it cannot run.
 """
 
 from __future__ import annotations
 
-import os
-import weakref
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from hypic.ops.attention_cudnn import cudnn_square_causal_attention, cudnn_square_causal_supported
 from hypic.ops.attention_flash import flash_supported, flash_varlen_causal_attention
-from hypic.ops.attention_flex import build_varlen_block_mask, check_varlen_values, flex_varlen_attention
-from hypic.ops.attention_split import MAX_AUTO_QUERIES, split_prefix_attention, split_supported
+from hypic.ops.attention_split import split_prefix_attention, split_supported
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Elements of one [Hq, block, keys] score tile; bounds memory of the math backend on CPU.
 _MAX_TILE_ELEMENTS = 1 << 24
 # On CUDA the fused SDPA kernels never materialise scores: only the [block, keys] mask counts.
 _MAX_CUDA_MASK_ELEMENTS = 1 << 27
-_IMPLS = ("auto", "reference", "flex", "flash", "cudnn", "split")
-_FLEX_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+IMPLS = ("auto", "reference", "flash", "cudnn", "split")
 
 
 def _check_cu_shape(name: str, cu: torch.Tensor) -> None:
@@ -90,14 +88,14 @@ def varlen_attention(
     reads kv head ``h // (Hq // Hkv)``); ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[N+1]``;
     ``positions_q [Tq]``, ``positions_k [Tk]`` absolute positions. Returns ``[Tq, Hq, Dv]`` in q's
     dtype. Every query must see at least one key (itself, normally). ``block_size``: query rows
-    per step of the reference (ignored by the flex path). ``impl``: ``"auto"`` (flex on CUDA
-    where supported, else the reference), ``"reference"``, ``"flex"`` or ``"flash"``.
+    per step of the reference. ``impl``: ``"auto"`` (the module's dispatch), ``"reference"``,
+    ``"flash"``, ``"cudnn"`` or ``"split"`` (ValueError where the kernel cannot run).
     ``index_causal``: the caller vouches that every sequence's keys are positions ``0..Lk-1`` in
-    order and its queries the last ``Lq`` of them in order (enables ``"flash"``);
+    order and its queries the last ``Lq`` of them in order (enables ``"flash"`` and ``"cudnn"``);
     ``max_seqlen_q`` / ``max_seqlen_k``: host ints for the flash path (read back - a sync - if
     omitted). ``layout_key``: any object the caller keeps alive while the layout (cu_seqlens,
-    positions) stays the same - a forward context passes itself - so the flex path validates the
-    layout and builds its block mask once per forward instead of once per layer (None: every call).
+    positions) stays the same - a forward context passes itself - so the split-KV path builds its
+    block table once per forward instead of once per layer (None: every call).
     ``cu_seqlens_q_host`` / ``cu_seqlens_k_host``: host copies of the cumulative lengths; with
     ``index_causal`` they let a square causal prefill (each sequence's queries are all its keys,
     a few long sequences) take cuDNN's kernel (:mod:`hypic.ops.attention_cudnn`), about twice
@@ -106,8 +104,8 @@ def varlen_attention(
     ``0..Lk-1`` in order (queries anywhere among them, e.g. a cached request's seams); with host
     ``cu_seqlens`` CUDA fp16/bf16 then takes the split-KV kernel (:mod:`hypic.ops.attention_split`).
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a rank-3 tensor [T, H, D], got {getattr(t, 'shape', t)}")
@@ -139,15 +137,6 @@ def varlen_attention(
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
 
-    from_env = impl == "auto"
-    if from_env:
-        impl = os.environ.get("HYPIC_ATTENTION_IMPL", "auto")
-        if impl not in _IMPLS:
-            raise ValueError(f"HYPIC_ATTENTION_IMPL must be one of {_IMPLS}, got {impl!r}")
-        if (impl in ("flash", "cudnn") and not index_causal) or (impl == "split" and not keys_by_position):
-            # The variable is a preference for A/B runs: layouts flash cannot express (PIC
-            # requests with cached keys) keep the automatic choice instead of failing.
-            impl = "auto"
     square_ok = (
         index_causal and cu_seqlens_q_host is not None and cu_seqlens_k_host is not None
         and cudnn_square_causal_supported(q, v, cu_seqlens_q_host, cu_seqlens_k_host)
@@ -157,28 +146,22 @@ def varlen_attention(
         and split_supported(q, v, num_kv_heads)
     )
     if impl == "split" and not split_ok:
-        if not from_env:
-            raise ValueError(
-                "impl='split' needs keys_by_position=True, host cu_seqlens and CUDA fp16/bf16 with "
-                "power-of-two head dims and query heads per kv head (see hypic.ops.attention_split)"
-            )
-        impl = "auto"
+        raise ValueError(
+            "impl='split' needs keys_by_position=True, host cu_seqlens and CUDA fp16/bf16 with "
+            "power-of-two head dims and query heads per kv head (see hypic.ops.attention_split)"
+        )
     if impl == "cudnn" and not square_ok:
-        if not from_env:
-            raise ValueError(
-                "impl='cudnn' needs index_causal=True, host cu_seqlens with equal query and key lengths "
-                "per sequence, and CUDA sm90+ fp16/bf16 (see hypic.ops.attention_cudnn)"
-            )
-        impl = "auto"  # the variable is a preference: other layouts keep the automatic choice
+        raise ValueError(
+            "impl='cudnn' needs index_causal=True, host cu_seqlens with equal query and key lengths "
+            "per sequence, and CUDA sm90+ fp16/bf16 (see hypic.ops.attention_cudnn)"
+        )
     if impl == "auto":
         if square_ok:
             impl = "cudnn"
         elif index_causal and flash_supported(q, v):
             impl = "flash"
-        elif split_ok and q.is_cuda and num_q <= MAX_AUTO_QUERIES:
+        elif split_ok and q.is_cuda:
             impl = "split"
-        elif q.is_cuda and _flex_cuda_supported(q, v):
-            impl = "flex"
         else:
             impl = "reference"
     if impl == "cudnn":
@@ -200,10 +183,6 @@ def varlen_attention(
     if impl == "split":
         return split_prefix_attention(q, k, v, positions_q=positions_q, cu_seqlens_q_host=cu_seqlens_q_host,
                                       cu_seqlens_k_host=cu_seqlens_k_host, scale=scale, layout_key=layout_key)
-    if impl == "flex":
-        block_mask = _cached_block_mask(cu_seqlens_q, cu_seqlens_k, positions_q, positions_k, q.device, layout_key)
-        return flex_varlen_attention(q, k, v, block_mask=block_mask, scale=scale)
-
     _check_cu("cu_seqlens_q", cu_seqlens_q, num_q)
     _check_cu("cu_seqlens_k", cu_seqlens_k, num_k)
     out = q.new_empty(num_q, num_heads, v.shape[2])
@@ -248,39 +227,6 @@ def varlen_attention(
             )
             out[b0:b1] = o.transpose(0, 1)
     return out
-
-
-def _flex_cuda_supported(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Host-only test of what the compiled flex kernel handles (dtype, power-of-two head dims)."""
-    dims = (q.shape[2], v.shape[2])
-    return q.dtype in _FLEX_CUDA_DTYPES and all(d >= 16 and d & (d - 1) == 0 for d in dims)
-
-
-# One cached block mask: a weak reference to the caller's layout key, the shapes of the layout
-# tensors it was built from, and the mask.
-_mask_cache: Optional[Tuple[weakref.ref, Tuple[torch.Size, ...], object]] = None
-
-
-def _cached_block_mask(cu_q, cu_k, pos_q, pos_k, device: torch.device, layout_key: Optional[object]):
-    """Value-check the layout and build its block mask on ``device``, once per ``layout_key``.
-
-    The key is the caller's promise that the layout is unchanged; a new key object (the next
-    forward's context) or a different token count rebuilds. Inference tensors carry no version
-    counter, so tensor identity or versions cannot tell a reused layout apart.
-    """
-    global _mask_cache
-    layout = (cu_q, cu_k, pos_q, pos_k)
-    shapes = tuple(t.shape for t in layout)
-    if layout_key is not None and _mask_cache is not None:
-        key_ref, held_shapes, mask = _mask_cache
-        if key_ref() is layout_key and held_shapes == shapes:
-            return mask
-    # Layout tensors may live on the host (the reference reads them there); copy them over.
-    on_device = [t.to(device) for t in layout]
-    check_varlen_values(*on_device)
-    mask = build_varlen_block_mask(*on_device)
-    _mask_cache = (weakref.ref(layout_key), shapes, mask) if layout_key is not None else None
-    return mask
 
 
 def _expand_heads(x: torch.Tensor, groups: int) -> torch.Tensor:

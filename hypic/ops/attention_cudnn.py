@@ -3,8 +3,7 @@
 A cold prefill (``full_recompute``, a cold PIC request with every token live) attends each
 sequence's tokens to themselves, causally. On the H200 at Qwen3.5-35B-A3B's attention shape (16
 query heads, 2 KV heads, head dim 256, bf16) PyTorch's cuDNN SDPA backend runs that at 640 TFLOP/s
-where FlashAttention-2's varlen kernel reaches 316 (``benchmarks/attention_h200.py``;
-``benchmarks/results/session5/``): at 32k tokens, 13.7 against 27.8 ms per layer.
+where FlashAttention-2's varlen kernel reaches 316: at 32k tokens, 13.7 against 27.8 ms per layer.
 
 cuDNN's varlen entry point (``aten._cudnn_attention_forward`` with cumulative lengths) measured
 2-40x slower than flash there and gave wrong results with two sequences, so this path calls the

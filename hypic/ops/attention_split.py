@@ -7,104 +7,65 @@ position), so a query at position ``p`` attends to keys ``0 .. p`` of its own re
 layout promises this with ``keys_by_position``.
 
 FlexAttention ran that case at 74 TFLOP/s on the H200 (all-hit 32k: 576 queries over 32.8k keys,
-1.96 ms per layer): its 128-row query tiles of one head give few programs, each walking all the
-keys. Here each program holds ``BLOCK_Q`` consecutive queries times the ``GROUP`` query heads of
-one kv head (GQA packed into the rows: a seam of 8 queries x 8 heads is one 64-row tile, which
-reads each key tile once for all of them) and one ``split`` of the keys; a second step merges
-the splits by their log-sum-exp. Blocks of queries never cross a request; key tiles past a
-block's last position are not visited.
+1.98 ms per layer, against 0.656 ms here; the request 266.4 against 210.9 ms): its 128-row query
+tiles of one head give few programs, each walking all the keys. Here each program holds
+``BLOCK_Q`` consecutive queries times the ``GROUP`` query heads of one kv head (GQA packed into
+the rows: a seam of 8 queries x 8 heads is one 64-row tile, which reads each key tile once for
+all of them) and one ``split`` of the keys; a second step merges the splits by their
+log-sum-exp. Blocks of queries never cross a request; key tiles past a block's last position
+are not visited.
 
 The reference is :func:`hypic.ops.attention.varlen_attention` with ``impl="reference"``.
-Triton is imported lazily; the block table is built on the host from host ``cu_seqlens`` and
-cached per layout key (the attention layers of one forward share it).
+Triton is imported lazily (the kernel runs on CUDA tensors, and on CPU tensors only under
+Triton's interpreter, :func:`hypic.envs.triton_interpret`); the block table is built on the host
+from host ``cu_seqlens`` and cached per layout key (the attention layers of one forward share it).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 import weakref
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-ROWS_PER_PROGRAM = 128  # query rows (queries x heads of a group) per program, by default
-ROWS_ENV = "HYPIC_SPLIT_ROWS"
-ROWS_CHOICES = (64, 128)
+from hypic import envs
+
+# Query rows (queries x heads of a group) per program. Every program of a query block reads every
+# key tile its block sees, from L2 (a layer's K/V of a 32k prompt, 67 MB, is beyond it only once):
+# at the all-hit 32k shape 72 blocks of 64 rows (one seam's 8 queries x 8 heads each) read ~2.4 GB
+# per layer, so 128 rows (two seams; the first sees a few masked keys past its position) halve that
+# traffic at twice the registers per program. H200, interleaved in one process: all-hit 32k 60.53
+# ms p50 with 128 rows against 62.29 with 64, 8k 33.62 against 33.90 (docs/decisions.md).
+ROWS_PER_PROGRAM = 128
+MAX_GROUP = 64  # query heads per kv head, at most
 BLOCK_N = 64  # split lengths are multiples of this (and of every tuned key step)
 MIN_SPLIT = 2048  # keys per program, at least
 MAX_SPLITS = 16  # splits per query block, at most
-# fp32 partial outputs of all splits: fewer splits beyond this (one split always runs, so a huge
-# live set can still pass it; those keep flex under the automatic choice, see MAX_AUTO_QUERIES)
+# fp32 partial outputs of all splits: fewer splits beyond this (one split always runs, so a large
+# live set - cold segments among cached ones - takes one split, like one flash-attention pass,
+# written straight into the output)
 MAX_PARTIAL_BYTES = 256 << 20
-# The kernel was measured on a cached request's few live queries (576 over 32.8k keys: 0.66 ms per
-# layer against flex's 1.98). Larger live sets (cold segments among cached ones) keep flex, whose
-# 128-row tiles suit them and which was measured there; ``impl="split"`` still forces it.
-MAX_AUTO_QUERIES = 4096
 _DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL = None
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def rows_per_program() -> int:
-    """``HYPIC_SPLIT_ROWS``: query rows per program, 128 (default) or 64. Every program of a
-    query block reads every key tile its block sees, from L2 (a layer's K/V of a 32k prompt, 67
-    MB, is beyond it only once): at the all-hit 32k shape the 72 blocks of 64 rows (one seam's 8
-    queries x 8 heads each) read ~2.4 GB per layer, so 128 rows (two seams; the first sees a few
-    masked keys past its position) halve that traffic at twice the registers per program.
-    Measured on the H200 (session 21 call 2b, ``benchmarks/allhit_ab_h200.py --ab-settings``,
-    interleaved in one process): all-hit 32k 60.53 ms p50 with 128 rows against 62.29 with 64,
-    8k 33.62 against 33.90."""
-    value = os.environ.get(ROWS_ENV, str(ROWS_PER_PROGRAM))
-    if value not in tuple(str(c) for c in ROWS_CHOICES):
-        raise ValueError(f"{ROWS_ENV} must be one of {ROWS_CHOICES}, got {value!r}")
-    return int(value)
-
-
-CONFIG_ENV = "HYPIC_SPLIT_CONFIG"
-
-
-@functools.lru_cache(maxsize=8)
-def _env_config(spec: str) -> Tuple[dict, Optional[int]]:
-    """``HYPIC_SPLIT_CONFIG="BLOCK_N,warps,stages[,min_split]"``: one fixed launch configuration in
-    place of the autotuned ones (and keys per split at least ``min_split``), for A/B runs of a
-    whole forward (``benchmarks/attention_split_h200.py`` sweeps them one launch at a time)."""
-    parts = spec.split(",")
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        values = []
-    if len(values) not in (3, 4):
-        raise ValueError(f"{CONFIG_ENV} must be 'BLOCK_N,warps,stages[,min_split]' (integers), got {spec!r}")
-    block_n, warps, stages = values[:3]
-    min_split = values[3] if len(values) == 4 else None  # None: MIN_SPLIT at the call
-    if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 8:
-        raise ValueError(f"{CONFIG_ENV}: BLOCK_N a power of two >= 16, warps 1-16 (a power of two), stages 1-8; "
-                         f"got {spec!r}")
-    if min_split is not None and (min_split < BLOCK_N or min_split % BLOCK_N):
-        raise ValueError(f"{CONFIG_ENV}: min_split must be a positive multiple of {BLOCK_N}, got {min_split}")
-    return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, WHILE_LOOP=_interpreting()), min_split
-
-
 def _build_kernel():
     """The kernel, autotuned over key step and warps on GPU (keyed on head dims and group); one
-    fixed config under the interpreter, which cannot benchmark."""
+    fixed config under the interpreter, which cannot benchmark. A sweep of fixed configurations
+    (key step 32-128, 4 or 8 warps, 2 or 3 stages, 512-2048 keys per split) found none faster than
+    the autotuned pick at the all-hit 32k shape: 0.5275 ms a layer with its merge (H200)."""
     import triton
 
     from hypic.ops._attention_split_kernel import split_kv_prefix_attention_kernel as kernel
 
-    if _interpreting():
+    if envs.triton_interpret():
         return kernel, {"BLOCK_N": BLOCK_N, "num_warps": 4, "num_stages": 1, "WHILE_LOOP": True}
     configs = [
         triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
         triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=2),
         triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
-        # for 128-row blocks (HYPIC_SPLIT_ROWS; BLOCK_Q is in the key, so each is tuned apart)
         triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_N": 32}, num_warps=8, num_stages=3),
     ]
@@ -115,11 +76,11 @@ def _build_kernel():
 def split_supported(q: torch.Tensor, v: torch.Tensor, num_kv_heads: int) -> bool:
     """Host-only test of what the kernel handles: CUDA (or the Triton interpreter) fp16/bf16,
     power-of-two head dims in [16, 256], a power-of-two number of query heads per kv head <= 64."""
-    if not (q.is_cuda or _interpreting()) or q.dtype not in _DTYPES:
+    if not (q.is_cuda or (q.device.type == "cpu" and envs.triton_interpret())) or q.dtype not in _DTYPES:
         return False
     group = q.shape[1] // num_kv_heads
     dims_ok = all(16 <= d <= 256 and d & (d - 1) == 0 for d in (q.shape[2], v.shape[2]))
-    return dims_ok and group & (group - 1) == 0 and group <= min(ROWS_CHOICES)
+    return dims_ok and group & (group - 1) == 0 and group <= MAX_GROUP
 
 
 def split_blocks_host(cu_q_host: Sequence[int], cu_k_host: Sequence[int], block_q: int) -> np.ndarray:
@@ -140,8 +101,7 @@ def split_blocks_host(cu_q_host: Sequence[int], cu_k_host: Sequence[int], block_
 _plan_cache: Optional[Tuple[weakref.ref, tuple, tuple]] = None
 
 
-def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key, partial_bytes_per_split: int,
-          min_split: int):
+def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key, partial_bytes_per_split: int):
     global _plan_cache
     if layout_key is not None and _plan_cache is not None:
         key_ref, held, plan = _plan_cache
@@ -150,7 +110,7 @@ def _plan(cu_q_host, cu_k_host, block_q: int, device, layout_key, shape_key, par
     blocks = split_blocks_host(cu_q_host, cu_k_host, block_q)
     max_keys = int(blocks[:, 3].max()) if blocks.size else 0
     by_memory = max(1, MAX_PARTIAL_BYTES // max(1, partial_bytes_per_split))
-    num_splits = max(1, min(MAX_SPLITS, by_memory, math.ceil(max_keys / min_split)))
+    num_splits = max(1, min(MAX_SPLITS, by_memory, math.ceil(max_keys / MIN_SPLIT)))
     split = max(BLOCK_N, math.ceil(max(max_keys, 1) / num_splits / BLOCK_N) * BLOCK_N)
     table = torch.from_numpy(blocks)
     if device.type == "cuda":
@@ -185,21 +145,17 @@ def split_prefix_attention(
     if num_q == 0:
         return out
     group = num_heads // num_kv_heads
-    block_q = max(1, rows_per_program() // group)
-    spec = os.environ.get(CONFIG_ENV, "")
-    if spec:
-        from hypic.ops._attention_split_kernel import split_kv_prefix_attention_kernel as kernel
-
-        fixed, min_split = _env_config(spec)
-        min_split = MIN_SPLIT if min_split is None else min_split
-    else:
-        if _KERNEL is None:
-            _KERNEL = _build_kernel()
-        (kernel, fixed), min_split = _KERNEL, MIN_SPLIT
-    shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group, block_q, min_split)
+    block_q = max(1, ROWS_PER_PROGRAM // group)
+    if _KERNEL is None:
+        _KERNEL = _build_kernel()
+    kernel, fixed = _KERNEL
+    shape_key = (len(cu_seqlens_q_host), num_q, k.shape[0], group, block_q)
     blocks, num_splits, split = _plan(cu_seqlens_q_host, cu_seqlens_k_host, block_q, q.device, layout_key, shape_key,
-                                      num_q * num_heads * (value_dim + 1) * 4, min_split)
-    o_part = torch.empty(num_splits, num_q, num_heads, value_dim, device=q.device, dtype=torch.float32)
+                                      num_q * num_heads * (value_dim + 1) * 4)
+    # one split: its normalised output is the result, stored straight into ``out`` (a large live
+    # set keeps no fp32 copy of it); several: fp32 partials, merged by their log-sum-exp
+    o_part = out if num_splits == 1 else torch.empty(num_splits, num_q, num_heads, value_dim, device=q.device,
+                                                     dtype=torch.float32)
     lse_part = torch.empty(num_splits, num_q, num_heads, device=q.device, dtype=torch.float32)
     grid = (blocks.shape[0], num_kv_heads, num_splits)
     kernel[grid](
@@ -208,7 +164,7 @@ def split_prefix_attention(
         HQ=num_heads, HKV=num_kv_heads, D=head_dim, DV=value_dim, GROUP=group, BLOCK_Q=block_q, **fixed,
     )
     if num_splits == 1:
-        return out.copy_(o_part[0])
+        return out
     return merge_splits_triton(o_part, lse_part, out)
 
 
@@ -230,7 +186,7 @@ MERGE_BLOCK_ROWS = 16
 def merge_splits_triton(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """:func:`merge_splits_torch` in one Triton launch that reads the partials once (the torch
     merge's scale, sum and divide were ~11 launches and three passes over ``o_part``: 1.7 ms of
-    an all-hit 32k request's GPU time over 10 layers, session 8 call 3). ``out`` must be
+    an all-hit 32k request's GPU time over 10 layers on the H200). ``out`` must be
     contiguous with ``o_part[0]``'s shape."""
     num_splits, value_dim = o_part.shape[0], o_part.shape[-1]
     num_rows = o_part[0].numel() // value_dim
@@ -246,5 +202,5 @@ def merge_splits_triton(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch
     return out
 
 
-__all__ = ["MAX_AUTO_QUERIES", "merge_splits_torch", "merge_splits_triton", "split_prefix_attention", "split_supported",
+__all__ = ["merge_splits_torch", "merge_splits_triton", "split_prefix_attention", "split_supported",
            "split_blocks_host"]

@@ -1,26 +1,29 @@
 """Fusion of the memory-bound glue between the big kernels (norms, the MoE combine).
 
 In eager mode every elementwise step of a norm is one full pass over the activations: at a
-32k-token prefill of Qwen3.5-35B-A3B shapes these passes were a large share of the time
-(prefill_profile_h200.txt, session 2: ``mul`` 211 ms, ``copy_`` 145 ms, ``add_`` 88 ms of
-1,374 ms). On CUDA the small math functions of :mod:`hypic.ops.norms` and the MoE combine
+32k-token prefill of Qwen3.5-35B-A3B shapes these passes were a large share of the time (H200
+profile: ``mul`` 211 ms, ``copy_`` 145 ms, ``add_`` 88 ms of 1,374 ms). On CUDA the small math
+functions of :mod:`hypic.ops.norms` and the MoE combine
 (:func:`hypic.ops.moe_grouped.combine_slots_math`) run through ``torch.compile`` (one generated
-kernel each: read once, write once; dynamic shapes, since token counts change every step).
-``HYPIC_COMPILE_GLUE=0`` turns this off (the eager functions are the reference; tests compare
-the compiled graphs with them on CPU through inductor's C++ backend, and
-benchmarks/glue_check_h200.py on the GPU).
+kernel each: read once, write once; dynamic shapes, since token counts change every step). The
+eager functions are the reference: tests compare the compiled graphs with them on CPU through
+inductor's C++ backend. CPU tensors always run the eager functions.
 
-Measured on the H200 at 32k tokens (benchmarks/results/glue_check_h200.json): a norm takes
-0.23-0.66 ms compiled against 0.78-3.45 ms eager, and the whole plain prefill 787 ms against
-1,022 ms. SwiGLU and the sigmoid gates stay eager there: two-op chains, compiled they were no
-faster (0.41 vs 0.36 ms, 0.44 vs 0.35 ms).
+Measured on the H200 at 32k tokens: a norm takes 0.23-0.66 ms compiled against 0.78-3.45 ms
+eager, and the whole plain prefill 787 ms against 1,022 ms (docs/decisions.md). SwiGLU and the
+sigmoid gates stay eager there: two-op chains, compiled they were no faster (0.41 vs 0.36 ms,
+0.44 vs 0.35 ms).
 
 **Inside a CUDA graph** (:func:`recording_graph`: the row-wise phases' warm-up and capture,
 :mod:`hypic.graphs.cuda_graphs`) every glue function runs its compiled math at any size,
 ``graph_only`` ones included: a replay pays none of a compiled call's host cost, and each
 eager kernel it saves is a graph node fewer, ~2-4 us of GPU time at a cached request's few
 hundred rows (an eager norm is 4-9 kernels: casts, the weight's ``1 +``, the norm, the cast
-back). ``HYPIC_GRAPH_GLUE=0`` records the eager glue instead, for A/B runs.
+back). All-hit request with the compiled glue recorded against the eager glue recorded, each on
+graphs of its own, interleaved: 32k 64.14 against 70.26 ms, 8k 35.19 against 38.96 ms.
+
+A toolchain that cannot compile (no working Triton or C compiler) falls back to the eager math
+with one warning (:func:`compiled`).
 """
 
 from __future__ import annotations
@@ -33,30 +36,14 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from hypic.envs import env_switch
-
-COMPILE_ENV = "HYPIC_COMPILE_GLUE"
-# Below this many elements the eager math runs instead. A compiled call costs ~150-270 us of host
-# time (guards, the AOT wrapper, the launcher: session 5's all-hit profile, 241 compiled calls
-# for 65 ms of a ~240 ms host-bound request) while the passes it saves at that size take a few
-# microseconds of GPU time; at 32k tokens x 2048 (67M elements) it saves 0.5-2.8 ms per call.
+# Below this many elements the eager math runs instead (outside CUDA graphs). A compiled call
+# costs ~150-270 us of host time (guards, the AOT wrapper, the launcher: in an all-hit request's
+# profile 241 compiled calls took 65 ms of a ~240 ms host-bound request) while the passes it
+# saves at that size take a few microseconds of GPU time; at 32k tokens x 2048 (67M elements) it
+# saves 0.5-2.8 ms per call.
 MIN_COMPILED_ELEMENTS = 1 << 22
 _COMPILED: Dict[Callable, Callable] = {}
-
-
-def compile_glue_enabled() -> bool:
-    """Whether CUDA glue goes through the compiled math (``HYPIC_COMPILE_GLUE`` = 0 or 1, default 1)."""
-    return env_switch(COMPILE_ENV)
-
-
-GRAPH_ENV = "HYPIC_GRAPH_GLUE"
 _STATE = threading.local()  # .recording: depth of recording_graph() on this thread
-
-
-def graph_glue_enabled() -> bool:
-    """Whether glue recorded into a CUDA graph runs compiled at any size (``HYPIC_GRAPH_GLUE`` =
-    0 or 1, default 1; it needs ``HYPIC_COMPILE_GLUE=1`` as well)."""
-    return env_switch(GRAPH_ENV)
 
 
 @contextmanager
@@ -108,14 +95,12 @@ def compiled(fn: Callable) -> Callable:
 
 
 def dispatch(fn: Callable, x: torch.Tensor, eager: Optional[Callable] = None, graph_only: bool = False) -> Callable:
-    """The compiled ``fn`` for CUDA tensors when enabled: inside :func:`recording_graph` at any
-    size (unless ``HYPIC_GRAPH_GLUE=0``), elsewhere from ``MIN_COMPILED_ELEMENTS`` elements on
-    and not at all for ``graph_only`` functions (compiled, they were no faster eagerly); else
-    ``eager`` (default ``fn`` itself: an ``fn`` written for the compiler may have a cheaper eager
-    equivalent)."""
-    # The switches are read first, so a bad value is an error on every device.
-    if compile_glue_enabled() and x.is_cuda:
-        if _recording() and graph_glue_enabled():
+    """The compiled ``fn`` for CUDA tensors: inside :func:`recording_graph` at any size, elsewhere
+    from ``MIN_COMPILED_ELEMENTS`` elements on and not at all for ``graph_only`` functions
+    (compiled, they were no faster eagerly); else ``eager`` (default ``fn`` itself: an ``fn``
+    written for the compiler may have a cheaper eager equivalent)."""
+    if x.is_cuda:
+        if _recording():
             return compiled(fn)
         if not graph_only and x.numel() >= MIN_COMPILED_ELEMENTS:
             return compiled(fn)

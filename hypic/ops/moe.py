@@ -6,18 +6,17 @@ Expert weights use the fused layout a grouped GEMM consumes directly:
 over its contiguous group of rows - the same data movement a grouped-GEMM kernel does, so a GPU
 path can replace it behind the same signature.
 
-Dispatch: ``moe_experts(..., impl="auto")`` runs, on CUDA, the row-block Triton kernel
+Dispatch: ``moe_experts(..., impl="auto")`` runs, on CUDA tensors, the row-block Triton kernel
 (:mod:`hypic.ops.moe_rows`) when the experts get few rows each (a cached request's few hundred
 live tokens: the GEMMs only stream the weights) and the grouped-GEMM path
 (:mod:`hypic.ops.moe_grouped`) otherwise, each where its support check accepts the operands
-(both run without host syncs); this reference runs everywhere else.
-``impl="reference"`` / ``"grouped"`` / ``"rows"`` force a path; the environment variable
-``HYPIC_MOE_IMPL`` (same values) overrides ``"auto"`` for A/B measurements without code changes.
+(both run without host syncs); this reference runs everywhere else (CPU tensors included).
+``impl="reference"`` runs the reference anywhere (the kernels' oracle, and a pure-PyTorch path
+for debugging); ``"grouped"`` / ``"rows"`` force a kernel (ValueError where it cannot run).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Tuple
 
 import torch
@@ -25,11 +24,11 @@ import torch.nn.functional as F
 
 from hypic.ops.fused import dispatch
 from hypic.ops.moe_grouped import grouped_mm_supported, moe_experts_grouped
-from hypic.ops.moe_route import route_impl, routed_experts_rows
+from hypic.ops.moe_route import routed_experts_rows
 from hypic.ops.moe_rows import moe_experts_rows, rows_preferred, rows_supported
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_IMPLS = ("auto", "reference", "grouped", "rows")
+IMPLS = ("auto", "reference", "grouped", "rows")
 
 
 def route_topk_softmax(
@@ -74,9 +73,9 @@ def moe_routed(
     """A routed MoE layer: :func:`route_topk_softmax` of ``router_logits [T, E]``, the weights
     rounded to x's dtype (as transformers mixes), then :func:`moe_experts`. Where the experts run
     on the row-block path, routing, bucketing and mixing run as the fused launches of
-    :mod:`hypic.ops.moe_route` around its GEMMs (``HYPIC_MOE_ROUTE=torch``: the separate ops)."""
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    :mod:`hypic.ops.moe_route` around its GEMMs."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     _check_expert_operands(x, gate_up, down)
     if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
         raise ValueError("router_logits must be a rank-2 tensor [T, E]")
@@ -85,8 +84,7 @@ def moe_routed(
                          f"got {tuple(router_logits.shape)}")
     resolved = _resolve_impl(impl, x, gate_up, down, top_k)
     # fp64 logits keep the reference's fp64 softmax; a bad top_k gets route_topk_softmax's error
-    if resolved == "rows" and route_impl() == "fused" and router_logits.dtype in _FLOAT[:3] \
-            and 0 < top_k <= router_logits.shape[1]:
+    if resolved == "rows" and router_logits.dtype in _FLOAT[:3] and 0 < top_k <= router_logits.shape[1]:
         _require_rows(x, gate_up, down)
         return routed_experts_rows(x, router_logits, gate_up, down, top_k, renormalize)
     weights, ids = route_topk_softmax(router_logits, top_k, renormalize)
@@ -94,11 +92,8 @@ def moe_routed(
 
 
 def _resolve_impl(impl: str, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int) -> str:
-    """``impl`` with ``auto`` (and ``HYPIC_MOE_IMPL``) resolved as :func:`moe_experts` does."""
-    if impl == "auto":
-        impl = os.environ.get("HYPIC_MOE_IMPL", "auto")
-        if impl not in _IMPLS:
-            raise ValueError(f"HYPIC_MOE_IMPL must be one of {_IMPLS}, got {impl!r}")
+    """``impl`` with ``auto`` resolved as :func:`moe_experts` does (by the operands' device,
+    dtypes, strides and the rows per expert)."""
     if impl == "auto":
         if x.is_cuda and rows_preferred(x.shape[0] * top_k, gate_up.shape[0]) and rows_supported(x, gate_up, down):
             impl = "rows"
@@ -121,6 +116,8 @@ def _check_expert_operands(x: torch.Tensor, gate_up: torch.Tensor, down: torch.T
         raise ValueError(f"down must be [{num_experts}, {hidden}, {two_inter // 2}], got {tuple(down.shape)}")
     if gate_up.dtype != x.dtype or down.dtype != x.dtype:
         raise ValueError(f"expert weights ({gate_up.dtype}, {down.dtype}) must match x dtype {x.dtype}")
+    if gate_up.device != x.device or down.device != x.device:
+        raise ValueError(f"expert weights ({gate_up.device}, {down.device}) must be on x's device {x.device}")
 
 
 def _require_rows(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
@@ -148,8 +145,8 @@ def moe_experts(
     where supported; else the reference), ``"reference"``, ``"grouped"`` or ``"rows"``
     (ValueError if the operands are unsupported).
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     _check_expert_operands(x, gate_up, down)
     num_tokens, hidden = x.shape
     inter = down.shape[2]

@@ -12,9 +12,10 @@ expert in a Python loop, with a ``.tolist()`` of the per-expert counts). Here:
 4. the rows go back to (token, slot) order by a gather through the inverse permutation (a
    vectorised ``index_select``; ``index_copy_`` of the same rows took 3x as long on the H200) and
    the top-k mix is one batched ``[1, k] @ [k, H]`` product per token - deterministic (no
-   atomics) and accumulated in fp32 even for bf16 activations. On CUDA (unless ``HYPIC_COMPILE_GLUE=0``) the
-   gathers and the mix are one compiled pointwise kernel (:func:`combine_slots_math`): the
-   ``[T*k, H]`` rows are read once and only ``[T, H]`` is written.
+   atomics) and accumulated in fp32 even for bf16 activations. On CUDA (large inputs, and inside
+   CUDA graphs: :func:`hypic.ops.fused.dispatch`) the gathers and the mix are one compiled
+   pointwise kernel (:func:`combine_slots_math`): the ``[T*k, H]`` rows are read once and only
+   ``[T, H]`` is written.
 
 Weight layout: the model stores ``gate_up [E, 2I, H]`` and ``down [E, H, I]`` (``nn.Linear``
 orientation). ``_grouped_mm`` computes ``a @ b[e]`` with ``b [E, K, N]``; the transposed views
@@ -128,8 +129,8 @@ def sort_rows_by_expert(topk_ids: torch.Tensor, num_experts: int):
 def sort_key_dtype(num_experts: int) -> torch.dtype:
     """The narrowest integer dtype holding every expert id: CUDA's radix sort makes one pass per
     8 key bits, so uint8 keys (up to 256 experts) sort in one pass where int64 keys took eight
-    (the all-hit 32k request's 40 sorts were 320 radix-sort launches, 1.74 ms on the H200,
-    session 12). The ids are checked to lie in ``[0, E)`` first, so the cast is exact."""
+    (the all-hit 32k request's 40 sorts were 320 radix-sort launches, 1.74 ms on the H200).
+    The ids are checked to lie in ``[0, E)`` first, so the cast is exact."""
     if num_experts <= 256:
         return torch.uint8
     if num_experts <= 2 ** 15:

@@ -4,7 +4,7 @@
 impl="rows")`` with the weights rounded to the activations' dtype (the model's MoE block), in
 one call. The row-block GEMMs (:mod:`hypic.ops.moe_rows`) were already close to their byte floor
 at a cached request's few hundred tokens; what surrounded them was not: per layer of the all-hit
-32k request on the H200 (session 25 call 1, 40 MoE layers), the routing's softmax, ``topk`` and
+32k request on the H200 (40 MoE layers), the routing's softmax, ``topk`` and
 renormalisation took ~25 us of GPU time (``gatherTopK`` alone 15.6 us), the sort by expert and
 its bookkeeping (cast to uint8, a one-pass radix sort, ``searchsorted``, the range check and its
 async assert, ``order // k``, the inverse permutation's scatter over an ``arange``) ~30 us in a
@@ -24,24 +24,24 @@ dozen kernels, and the compiled combine 19.5 us: ~3 ms of the request. Here:
 
 The references are :func:`hypic.ops.moe.route_topk_softmax` and
 :func:`hypic.ops.moe_grouped.sort_rows_by_expert` / :func:`~hypic.ops.moe_grouped.combine_slots`;
-tests compare each launch with them under the Triton interpreter and on CUDA.
-``HYPIC_MOE_ROUTE=torch`` keeps the former path (those references' ops) for A/B runs.
+tests compare each launch with them under the Triton interpreter and on CUDA. Against those
+separate ops the whole MoE call, as a CUDA graph replay at 576 tokens on the H200, took 0.430
+against 0.513 ms (192 tokens 0.400 / 0.458, 1024 tokens 0.501 / 0.589; outputs bit-identical), and
+the all-hit 32k request 57.22 against 60.01 ms p50 (docs/decisions.md).
 """
 
 from __future__ import annotations
 
-import os
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
-from hypic.ops.moe_rows import RowsConfig, default_configs, rows_gemm
+from hypic.ops.moe_rows import default_config, rows_gemm
 
-ROUTE_ENV = "HYPIC_MOE_ROUTE"
-ROUTE_IMPLS = ("fused", "torch")
-# Launch defaults; each call's keyword arguments override them (benchmarks/moe_glue_h200.py
-# --route-configs / --bucket-configs time the alternatives). Session 25's kernel table had
-# route 16 us and bucket 17 us a layer on the H200 at 576 tokens, for a few us of work each.
+# Launch shapes. Per call at 576 tokens on the H200 the routing kernel takes 4.64 us and the
+# bucketing 5.76 us (the same on the model's stride-1,288 router columns); the alternatives timed
+# beside them (1-16 tokens and 1-4 warps a routing program, 512-1,024 tokens and 4-16 warps a
+# bucketing one) gave equal outputs, and these defaults stayed.
 # Routing: one warp a program, so that every reduction over a token's experts stays within the
 # warp whatever layout Triton gives the [tokens, experts] tile (with more warps a row wider
 # than one warp's vector loads, such as 512 experts, fp32 logits or unvectorised loads, is
@@ -51,25 +51,13 @@ ROUTE_BLOCK_TOKENS = 2
 ROUTE_NUM_WARPS = 1
 # Bucketing: up to 1,024 tokens (8,192 ids at top-8, the row-block path's whole range at 256
 # experts) in one tile of 8 warps: each expert's program loads the ids once, counts them with
-# one reduction and numbers its tokens with one scan over the tokens (where the former kernel
-# read tiles of 1,024 ids ten times, one after another, with a scan over each). More tokens
-# take the tiled loop: a second compiled variant, the only other one (the token count is not
-# specialised, so CUDA graphs of any token count reuse the binaries compiled at warm-up).
+# one reduction and numbers its tokens with one scan over the tokens. More tokens take the tiled
+# loop: a second compiled variant, the only other one (the token count is not specialised, so
+# CUDA graphs of any token count reuse the binaries compiled at warm-up).
 BUCKET_BLOCK_TOKENS = 1024
 BUCKET_NUM_WARPS = 8
 MIX_BLOCK_COLS = 1024
-MAX_ROUTE_BLOCK_TOKENS = 64    # a [64, 256] tile already holds 512 fp32 a thread at one warp
-MAX_BUCKET_BLOCK_TOKENS = 4096  # [4096, 8] ids: 128 a thread at 8 warps (and < 2**15: the count packing)
-MAX_NUM_WARPS = 16
 _KERNELS = None
-
-
-def route_impl() -> str:
-    """``HYPIC_MOE_ROUTE``: ``fused`` (default, this module) or ``torch`` (the reference ops)."""
-    value = os.environ.get(ROUTE_ENV, "fused")
-    if value not in ROUTE_IMPLS:
-        raise ValueError(f"{ROUTE_ENV} must be one of {ROUTE_IMPLS}, got {value!r}")
-    return value
 
 
 def _kernels():
@@ -85,46 +73,16 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _power_of_two(name: str, value, low: int, high: int) -> int:
-    """``value`` if it is an int power of two in ``[low, high]``; a ValueError naming it if not."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or value > high \
-            or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two in [{low}, {high}], got {value!r}")
-    return value
-
-
-def _launch(block_tokens: Optional[int], num_warps: Optional[int], default_tokens: int, default_warps: int,
-            max_tokens: int) -> Tuple[int, int]:
-    return (_power_of_two("block_tokens", default_tokens if block_tokens is None else block_tokens, 1, max_tokens),
-            _power_of_two("num_warps", default_warps if num_warps is None else num_warps, 1, MAX_NUM_WARPS))
-
-
-def route_launch(block_tokens: Optional[int] = None, num_warps: Optional[int] = None) -> Tuple[int, int]:
-    """``(block_tokens, num_warps)`` of :func:`route_topk`, None taking the module defaults
-    (read at each call), validated."""
-    return _launch(block_tokens, num_warps, ROUTE_BLOCK_TOKENS, ROUTE_NUM_WARPS, MAX_ROUTE_BLOCK_TOKENS)
-
-
-def bucket_launch(block_tokens: Optional[int] = None, num_warps: Optional[int] = None) -> Tuple[int, int]:
-    """``(block_tokens, num_warps)`` of :func:`bucket_rows`, None taking the module defaults
-    (read at each call), validated. ``block_tokens`` is the tile: up to that many tokens run in
-    one."""
-    return _launch(block_tokens, num_warps, BUCKET_BLOCK_TOKENS, BUCKET_NUM_WARPS, MAX_BUCKET_BLOCK_TOKENS)
-
-
 def _stride_align(stride: int) -> int:
     """The largest power of two up to 16 dividing ``stride`` (1 for 0: a single row)."""
     return min(stride & -stride, 16) if stride > 0 else 1
 
 
-def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool, *, block_tokens: Optional[int] = None,
-               num_warps: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, K] fp32, ids [T, K] int32)``: the top ``top_k`` of the fp32 softmax of
-    ``router_logits [T, E]``, largest first, renormalised to sum 1 if asked (the contract of
-    :func:`hypic.ops.moe.route_topk_softmax`, with int32 ids). Inputs are checked by the caller.
-    ``block_tokens`` tokens a program of ``num_warps`` warps (:func:`route_launch`); the ids do
-    not depend on them, nor do the weights but for the softmax sum's rounding."""
-    block_tokens, num_warps = route_launch(block_tokens, num_warps)  # before Triton: errors on any machine
+    ``router_logits [T, E]``, largest first (of equal probabilities the lowest expert first),
+    renormalised to sum 1 if asked (the contract of :func:`hypic.ops.moe.route_topk_softmax`, with
+    int32 ids). Inputs are checked by the caller."""
     import triton
 
     num_tokens, num_experts = router_logits.shape
@@ -132,24 +90,21 @@ def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool, *, bl
     ids = torch.empty(num_tokens, top_k, device=router_logits.device, dtype=torch.int32)
     if num_tokens:
         logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
-        _kernels().route_topk_kernel[(triton.cdiv(num_tokens, block_tokens),)](
+        _kernels().route_topk_kernel[(triton.cdiv(num_tokens, ROUTE_BLOCK_TOKENS),)](
             logits, weights, ids, num_tokens, logits.stride(0), E=num_experts, EP=_pow2(num_experts), K=top_k,
-            KP=_pow2(top_k), BT=block_tokens, RENORM=renormalize, STRIDE_ALIGN=_stride_align(logits.stride(0)),
-            num_warps=num_warps,
+            KP=_pow2(top_k), BT=ROUTE_BLOCK_TOKENS, RENORM=renormalize,
+            STRIDE_ALIGN=_stride_align(logits.stride(0)), num_warps=ROUTE_NUM_WARPS,
         )
     return weights, ids
 
 
-def bucket_rows(ids: torch.Tensor, num_experts: int, *, block_tokens: Optional[int] = None,
-                num_warps: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def bucket_rows(ids: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ends [E], row_token [T*K], inverse [T*K])``, int64, for ``ids [T, K]`` (int32, every id
     in ``[0, E)`` and a token's K ids distinct, which :func:`route_topk` guarantees): the
     assignments stably sorted by expert (as :func:`hypic.ops.moe_grouped.sort_rows_by_expert`),
     sorted row r holding token ``row_token[r]``, assignment ``t * K + j`` at sorted row
-    ``inverse[t * K + j]``. One program of ``num_warps`` warps an expert, over tiles of
-    ``block_tokens`` tokens (:func:`bucket_launch`): up to that many tokens in one tile (the ids
-    read once), more in a loop over tiles (read twice); the results do not depend on them."""
-    block_tokens, num_warps = bucket_launch(block_tokens, num_warps)
+    ``inverse[t * K + j]``. One program an expert: up to ``BUCKET_BLOCK_TOKENS`` tokens in one
+    tile (the ids read once), more in a loop over tiles (read twice)."""
     num_tokens, top_k = ids.shape
     num_rows = num_tokens * top_k
     device = ids.device
@@ -157,8 +112,8 @@ def bucket_rows(ids: torch.Tensor, num_experts: int, *, block_tokens: Optional[i
     row_token = torch.empty(num_rows, device=device, dtype=torch.int64)
     inverse = torch.empty(num_rows, device=device, dtype=torch.int64)
     _kernels().bucket_rows_kernel[(num_experts,)](
-        ids.contiguous(), ends, row_token, inverse, num_tokens, K=top_k, KP=_pow2(top_k), BT=block_tokens,
-        SINGLE_TILE=num_tokens <= block_tokens, num_warps=num_warps,
+        ids.contiguous(), ends, row_token, inverse, num_tokens, K=top_k, KP=_pow2(top_k), BT=BUCKET_BLOCK_TOKENS,
+        SINGLE_TILE=num_tokens <= BUCKET_BLOCK_TOKENS, num_warps=BUCKET_NUM_WARPS,
     )
     return ends, row_token, inverse
 
@@ -180,7 +135,7 @@ def mix_rows(rows_out: torch.Tensor, inverse: torch.Tensor, weights: torch.Tenso
 
 
 def routed_experts_rows(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                        top_k: int, renormalize: bool, config: Optional[RowsConfig] = None) -> torch.Tensor:
+                        top_k: int, renormalize: bool) -> torch.Tensor:
     """``sum_j w[t, j] * SwiGLU_{e[t, j]}(x[t])`` with ``(w, e)`` the top-k routing of
     ``router_logits`` and w rounded to x's dtype: five launches, no host sync. Operands as
     :func:`hypic.ops.moe.moe_routed` (validated there). Returns a fresh ``[T, H]``."""
@@ -190,11 +145,11 @@ def routed_experts_rows(x: torch.Tensor, router_logits: torch.Tensor, gate_up: t
     if num_tokens == 0:
         return out
     num_rows = num_tokens * top_k
-    config, down_config = default_configs(num_rows, num_experts) if config is None else (config, config)
+    config = default_config(num_rows, num_experts)
     weights, ids = route_topk(router_logits, top_k, renormalize)
     ends, row_token, inverse = bucket_rows(ids, num_experts)
     hidden_rows = torch.empty(num_rows, two_inter // 2, device=x.device, dtype=x.dtype)
     rows_gemm(x, row_token, gate_up, hidden_rows, ends, swiglu=True, config=config)
     rows_out = torch.empty(num_rows, hidden, device=x.device, dtype=x.dtype)
-    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=down_config)
+    rows_gemm(hidden_rows, None, down, rows_out, ends, swiglu=False, config=config)
     return mix_rows(rows_out, inverse, weights, out)

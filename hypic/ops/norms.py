@@ -2,7 +2,7 @@
 
 All math is done in fp32 (or fp64 for fp64 inputs) and cast back to the input dtype, matching
 transformers' reference modules bit-for-bit in fp32. Each public function checks its inputs and
-runs its ``*_math`` function, compiled on CUDA unless ``HYPIC_COMPILE_GLUE=0``
+runs its ``*_math`` function, compiled for large CUDA inputs and inside CUDA graphs
 (:mod:`hypic.ops.fused`: in eager mode a norm is 6-8 passes over the activations).
 """
 

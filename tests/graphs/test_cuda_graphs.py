@@ -168,13 +168,13 @@ def test_replay_outputs_are_views_valid_until_the_next_replay_of_the_phase():
 
 @pytest.mark.cuda
 @torch.inference_mode()
-def test_recorded_glue_runs_compiled_and_matches_eager(monkeypatch):
+def test_recorded_glue_runs_compiled_and_matches_eager():
     """A captured phase records the compiled glue (hypic.ops.fused.recording_graph): a norm and
-    the MoE block's routing, combine, SwiGLU and gates, each compiled (not fallen back to its
-    eager math) and the replays close to the eager phase; HYPIC_GRAPH_GLUE=0 records the eager
-    glue (padding rows reach the experts, so the MoE's tiles may differ from the eager call's:
-    close, not equal, either way)."""
-    from hypic.ops import fused, moe, norms
+    the MoE block's combine, SwiGLU and gates, each compiled (not fallen back to its eager math)
+    and the replays close to the eager phase (padding rows reach the experts, so the MoE's tiles
+    may differ from the eager call's: close, not equal). The routing runs as the fused kernels of
+    hypic.ops.moe_route, no compiled glue."""
+    from hypic.ops import fused, norms
 
     block = _moe_block(torch.bfloat16)
     weight = torch.randn(256, device="cuda", dtype=torch.bfloat16) * 0.1
@@ -183,21 +183,14 @@ def test_recorded_glue_runs_compiled_and_matches_eager(monkeypatch):
         return block(norms.rms_norm_zero_centered(x, weight, 1e-6))
 
     gen = torch.Generator(device="cuda").manual_seed(3)
-    for value in ("1", "0"):
-        monkeypatch.setenv(fused.GRAPH_ENV, value)
-        graphs = TokenGraphs(torch.device("cuda"), buckets=(32,))
-        for n in (32, 11):
-            x = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
-            got, want = graphs.run(phase, x), phase(x)
-            assert graphs.failed(phase) is None
-            assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-3), (value, n)
-        if value == "1":
-            from hypic.ops import moe_route
-
-            # the fused routing (hypic.ops.moe_route, the default) runs no compiled routing glue
-            routing = (moe.route_topk_softmax_math,) if moe_route.route_impl() == "torch" else ()
-            for math in (norms.rms_norm_zero_centered_math, fused.swiglu_math, fused.add_sigmoid_gated_math) + routing:
-                assert fused._COMPILED.get(math) not in (None, math), math.__name__
+    graphs = TokenGraphs(torch.device("cuda"), buckets=(32,))
+    for n in (32, 11):
+        x = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+        got, want = graphs.run(phase, x), phase(x)
+        assert graphs.failed(phase) is None
+        assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-3), n
+    for math in (norms.rms_norm_zero_centered_math, fused.swiglu_math, fused.add_sigmoid_gated_math):
+        assert fused._COMPILED.get(math) not in (None, math), math.__name__
 
 
 class _Scale(torch.nn.Module):

@@ -175,16 +175,16 @@ def test_full_size_shapes_on_meta_device(config, billions):
     assert abs(total / 1e9 - billions) < 0.6, total
 
 
-def test_fusing_the_projections_is_switchable(monkeypatch):
-    """HYPIC_FUSE_PROJECTIONS: 1 (default) fuses the projections that share an input, 0 keeps
-    them apart (same weights, same names), anything else is refused."""
-    fused = build_dummy_model(TINY, dtype=torch.float32, seed=3)[1]
-    monkeypatch.setenv("HYPIC_FUSE_PROJECTIONS", "0")
-    plain = build_dummy_model(TINY, dtype=torch.float32, seed=3)[1]
-    has_fused = lambda m: any(getattr(x, "fused_in_proj", None) is not None for x in m.modules())  # noqa: E731
-    assert has_fused(fused) and not has_fused(plain)
-    a, b = fused.state_dict(), plain.state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    monkeypatch.setenv("HYPIC_FUSE_PROJECTIONS", "yes")
-    with pytest.raises(ValueError, match="HYPIC_FUSE_PROJECTIONS"):
-        build_dummy_model(TINY, dtype=torch.float32, seed=3)
+def test_moe_backend_is_validated_and_reaches_the_moe_blocks():
+    """``moe_backend="torch"`` runs the routed experts on the pure-PyTorch reference; the logits
+    equal the automatic choice's (the reference, on CPU). Other values are refused."""
+    spec, auto = build_dummy_model(TINY, dtype=torch.float32, seed=3)
+    _, torch_path = build_dummy_model(TINY, dtype=torch.float32, seed=3, moe_backend="torch")
+    impls = {m.moe_impl for m in torch_path.modules() if hasattr(m, "moe_impl")}
+    assert impls == {"reference"}
+    assert {m.moe_impl for m in auto.modules() if hasattr(m, "moe_impl")} == {"auto"}
+    assert torch.equal(_logits(spec, auto, list(range(10))), _logits(spec, torch_path, list(range(10))))
+    with pytest.raises(ValueError, match="moe_backend must be one of"):
+        build_dummy_model(TINY, dtype=torch.float32, moe_backend="triton")
+    with pytest.raises(ValueError, match="moe_backend must be one of"):
+        load_model("/nonexistent", moe_backend="fast")

@@ -20,16 +20,25 @@ def _naive(q, k, v, cu_q, cu_k, pos_q, pos_k, scale):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv)
 
 
-def _case(gen, lens_q, lens_k_extra, hq, hkv, d, dv, dtype, shuffle_keys):
+def _case(gen, lens_q, lens_k_extra, hq, hkv, d, dv, dtype, shuffle_keys, interleave=False):
     """Sequences whose keys are a cached prefix (positions 0..c-1, optionally shuffled) plus the
-    live queries' own keys at positions c..c+n-1."""
+    live queries' own keys at positions c..c+n-1; or, ``interleave``, cached positions and the
+    live queries' own interleaved (live tokens fill random slots of [0, c + n), cached keys the
+    rest), keys stored in a random order - the PIC layout with a live token between reused
+    segments."""
     qs, ks, vs, pq, pk = [], [], [], [], []
     for n, c in zip(lens_q, lens_k_extra):
-        positions = torch.arange(c + n)
-        if shuffle_keys:
-            positions = positions[torch.randperm(c + n, generator=gen)]
+        if interleave:
+            slots = torch.randperm(c + n, generator=gen)
+            live = slots[:n].sort().values
+            positions = torch.cat([slots[n:], live])[torch.randperm(c + n, generator=gen)]
+        else:
+            positions = torch.arange(c + n)
+            if shuffle_keys:
+                positions = positions[torch.randperm(c + n, generator=gen)]
+            live = torch.arange(c, c + n)
         pk.append(positions)
-        pq.append(torch.arange(c, c + n))
+        pq.append(live)
         qs.append(torch.randn(n, hq, d, generator=gen, dtype=dtype))
         ks.append(torch.randn(c + n, hkv, d, generator=gen, dtype=dtype))
         vs.append(torch.randn(c + n, hkv, dv, generator=gen, dtype=dtype))
@@ -38,19 +47,37 @@ def _case(gen, lens_q, lens_k_extra, hq, hkv, d, dv, dtype, shuffle_keys):
     return torch.cat(qs), torch.cat(ks), torch.cat(vs), cu_q, cu_k, torch.cat(pq), torch.cat(pk)
 
 
+def poison_fresh_buffers(monkeypatch):
+    """Every buffer allocated uninitialised (``torch.empty``, ``torch.empty_like``) is filled with
+    NaN: a row an op fails to write surfaces as NaN in its output."""
+    real_empty_like, real_empty = torch.empty_like, torch.empty
+
+    def nan_empty_like(*args, **kwargs):
+        out = real_empty_like(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    def nan_empty(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty_like", nan_empty_like)
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     lens=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 7)), min_size=1, max_size=4),
     heads=st.sampled_from([(4, 4), (4, 2), (6, 1)]),
     block=st.sampled_from([None, 1, 3]),
-    shuffle=st.booleans(),
+    layout=st.sampled_from(["sorted", "shuffled", "interleaved"]),
     seed=st.integers(0, 1000),
 )
-def test_matches_naive_dense(lens, heads, block, shuffle, seed):
+def test_matches_naive_dense(lens, heads, block, layout, seed):
     gen = torch.Generator().manual_seed(seed)
     lens_q = [n for n, _ in lens]
-    extra = [c for _, c in lens]  # cached keys before the live ones (sequences may have no queries)
-    q, k, v, cu_q, cu_k, pq, pk = _case(gen, lens_q, extra, heads[0], heads[1], 8, 5, torch.float64, shuffle)
+    extra = [c for _, c in lens]  # cached keys beside the live ones (sequences may have no queries)
+    q, k, v, cu_q, cu_k, pq, pk = _case(gen, lens_q, extra, heads[0], heads[1], 8, 5, torch.float64,
+                                        layout == "shuffled", interleave=layout == "interleaved")
     out = varlen_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, positions_q=pq, positions_k=pk,
                            scale=0.3, block_size=block)
     torch.testing.assert_close(out, _naive(q, k, v, cu_q, cu_k, pq, pk, 0.3), atol=1e-10, rtol=0)
@@ -98,3 +125,23 @@ def test_validation(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         varlen_attention(**args)
+
+
+def test_interleaved_pic_layout_into_nan_poisoned_buffers(monkeypatch):
+    """Live queries between cached keys, keys in a random order, sequences longer than a query
+    block, into NaN-poisoned buffers."""
+    poison_fresh_buffers(monkeypatch)
+    gen = torch.Generator().manual_seed(11)
+    case = _case(gen, [3, 0, 140], [9, 4, 20], 4, 2, 8, 8, torch.float64, False, interleave=True)
+    q, k, v, cu_q, cu_k, pq, pk = case
+    out = varlen_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, positions_q=pq, positions_k=pk,
+                           scale=0.3, block_size=64)
+    assert not bool(out.isnan().any())
+    torch.testing.assert_close(out, _naive(*case, 0.3), atol=1e-10, rtol=0)
+
+
+def test_impl_is_validated():
+    q = torch.zeros(2, 2, 8)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        varlen_attention(q, q, q, cu_seqlens_q=torch.tensor([0, 2]), cu_seqlens_k=torch.tensor([0, 2]),
+                         positions_q=torch.arange(2), positions_k=torch.arange(2), impl="flex")

@@ -81,7 +81,7 @@ def test_flash_dispatch_errors_on_cpu():
     torch.testing.assert_close(varlen_attention(q, k, v, **args, index_causal=True), ref, atol=0, rtol=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash varlen kernel is CUDA only")
+@pytest.mark.cuda
 def test_flash_kernel_matches_reference_on_cuda():
     gen = torch.Generator().manual_seed(2)
     case = _case(gen, [300, 1, 64], [0, 700, 129], 16, 2, 256, 256, torch.float32, False)

@@ -1,18 +1,18 @@
 """Tests of hypic.ops.attention_split: the split-KV kernel for queries over keys laid by position.
 
-CPU: the block table, the dispatch rules and errors; the Triton kernel itself through
+CPU: the block table, the split count, the dispatch rules and errors; the Triton kernel itself through
 ``TRITON_INTERPRET=1`` in a subprocess when Triton is installed (fp16: the interpreter's bf16
 arithmetic is not faithful). CUDA: against the reference path in bf16, with several splits.
 """
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 import torch
 
+from hypic import envs
 from hypic.ops import attention_split
 from hypic.ops.attention import varlen_attention
 from hypic.ops.attention_split import split_blocks_host, split_supported
@@ -64,91 +64,50 @@ def test_block_table_cuts_each_request_into_blocks():
     assert table.dtype.name == "int32"
 
 
-def test_split_count_bounded_by_keys_and_partial_memory():
+def test_split_count_bounded_by_keys_and_partial_memory(monkeypatch):
     attention_split._plan_cache = None
     keys = [0, 32768]
-    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None,
-                                              576 * 16 * 257 * 4, attention_split.MIN_SPLIT)
+    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None, 576 * 16 * 257 * 4)
     assert (splits, length) == (16, 2048)  # 32k keys in 2048-key splits
     _, splits, length = attention_split._plan([0, 30000], keys, 8, torch.device("cpu"), None, None,
-                                              30000 * 16 * 257 * 4, attention_split.MIN_SPLIT)
-    assert splits == 1 and length == 32768  # 30k queries: one split, 0.5 GB of partials at most
-    _, splits, _ = attention_split._plan([0, 8], [0, 100], 8, torch.device("cpu"), None, None, 8 * 16 * 257 * 4,
-                                         attention_split.MIN_SPLIT)
+                                              30000 * 16 * 257 * 4)
+    assert splits == 1 and length == 32768  # 30k queries: one split (0.5 GB of fp32 partials would be past the bound)
+    _, splits, _ = attention_split._plan([0, 8], [0, 100], 8, torch.device("cpu"), None, None, 8 * 16 * 257 * 4)
     assert splits == 1
-    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None,
-                                              576 * 16 * 257 * 4, 1024)
+    monkeypatch.setattr(attention_split, "MIN_SPLIT", 1024)
+    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None, 576 * 16 * 257 * 4)
     assert (splits, length) == (16, 2048)  # at most MAX_SPLITS
-    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None,
-                                              576 * 16 * 257 * 4, 4096)
+    monkeypatch.setattr(attention_split, "MIN_SPLIT", 4096)
+    _, splits, length = attention_split._plan([0, 576], keys, 8, torch.device("cpu"), None, None, 576 * 16 * 257 * 4)
     assert (splits, length) == (8, 4096)
 
 
-def test_fixed_config_switch(monkeypatch):
-    attention_split._env_config.cache_clear()
-    fixed, min_split = attention_split._env_config("128,8,3")
-    assert (fixed["BLOCK_N"], fixed["num_warps"], fixed["num_stages"], min_split) == (128, 8, 3, None)
-    assert attention_split._env_config("64,4,2,1024")[1] == 1024
-    for bad in ("64,4", "a,b,c", "48,4,2", "64,3,2", "64,4,0", "64,4,2,1000", "64,4,2,0", "1,2,3,4,5"):
-        with pytest.raises(ValueError, match=attention_split.CONFIG_ENV):
-            attention_split._env_config(bad)
-
-
 def test_dispatch_rules_on_cpu():
+    """CPU tensors never take the kernel (outside Triton's interpreter); an explicit request
+    says why, and the automatic choice runs the reference even with the layout promise."""
     q = torch.zeros(4, 8, 32, dtype=torch.bfloat16)
-    assert not split_supported(q, q, 2) or os.environ.get("TRITON_INTERPRET") == "1"  # CUDA only
+    assert not split_supported(q, q, 2) or envs.triton_interpret()  # CUDA only
     args = dict(cu_seqlens_q=torch.tensor([0, 4]), cu_seqlens_k=torch.tensor([0, 4]),
                 positions_q=torch.arange(4), positions_k=torch.arange(4))
     kv = torch.zeros(4, 2, 32, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="impl='split' needs"):
         varlen_attention(q, kv, kv, impl="split", **args)
-
-
-def test_environment_preference_falls_back_where_split_cannot_run(monkeypatch):
-    monkeypatch.setenv("HYPIC_ATTENTION_IMPL", "split")
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(4, 4, 16, generator=gen) for _ in range(3))
-    args = dict(cu_seqlens_q=torch.tensor([0, 4]), cu_seqlens_k=torch.tensor([0, 4]),
-                positions_q=torch.arange(4), positions_k=torch.arange(4))
     want = varlen_attention(q, k, v, impl="reference", **args)
-    # without the layout promise, and with it but on CPU fp32 (no kernel): the automatic choice
-    assert torch.equal(varlen_attention(q, k, v, **args), want)
     assert torch.equal(varlen_attention(q, k, v, keys_by_position=True, cu_seqlens_q_host=[0, 4],
                                         cu_seqlens_k_host=[0, 4], **args), want)
 
 
-@pytest.mark.parametrize("rows", ["64", "128"])
-def test_kernel_under_interpreter(rows, monkeypatch):
-    # 128 rows: a block holds all three seams of request 0 (its first rows masked past their
-    # positions while the block's later rows read on)
-    monkeypatch.setenv(attention_split.ROWS_ENV, rows)
+def test_kernel_under_interpreter():
+    # 128-row blocks: a block holds all three seams of request 0 (its first rows masked past
+    # their positions while the block's later rows read on)
     assert interpreted_error(CASE + "print(case(torch.float16, 'cpu'))\n") < 2e-3
 
 
-def test_rows_per_program_switch(monkeypatch):
-    monkeypatch.delenv(attention_split.ROWS_ENV, raising=False)
-    assert attention_split.rows_per_program() == 128
-    monkeypatch.setenv(attention_split.ROWS_ENV, "64")
-    assert attention_split.rows_per_program() == 64
-    monkeypatch.setenv(attention_split.ROWS_ENV, "96")
-    with pytest.raises(ValueError, match="HYPIC_SPLIT_ROWS must be one of"):
-        attention_split.rows_per_program()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
-@pytest.mark.parametrize("config", ["64,8,2,1024", "32,4,3"])  # BLOCK_N 128 at D 256: past shared memory
-def test_fixed_config_matches_reference_on_cuda(config, monkeypatch):
-    monkeypatch.setenv(attention_split.CONFIG_ENV, config)
-    namespace: dict = {}
-    exec(CASE, namespace)  # noqa: S102 - the same case as the interpreter test
-    assert namespace["case"](torch.bfloat16, "cuda", 16, 2, 256) < 2e-2
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
-@pytest.mark.parametrize("rows", ["64", "128"])
+@pytest.mark.cuda
 @pytest.mark.parametrize("heads", [(8, 2, 32), (16, 2, 256), (4, 4, 64)])
-def test_kernel_matches_reference_on_cuda(heads, rows, monkeypatch):
-    monkeypatch.setenv(attention_split.ROWS_ENV, rows)
+def test_kernel_matches_reference_on_cuda(heads, monkeypatch):
     monkeypatch.setattr(attention_split, "MIN_SPLIT", attention_split.MIN_SPLIT)  # restored after
     namespace: dict = {}
     exec(CASE, namespace)  # noqa: S102 - the same case as the interpreter test
@@ -178,7 +137,7 @@ def test_merge_kernel_under_interpreter():
     assert interpreted_error(MERGE_CASE + "print(merge_case('cpu', torch.float32))\n") < 1e-6
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+@pytest.mark.cuda
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_merge_kernel_matches_torch_merge_on_cuda(out_dtype):
     namespace: dict = {}

@@ -1,4 +1,4 @@
-"""The opt-in fused glue (hypic.ops.fused): compiled graphs against the eager reference math."""
+"""The fused glue (hypic.ops.fused): compiled graphs against the eager reference math, and the dispatch."""
 
 from __future__ import annotations
 
@@ -89,13 +89,8 @@ class _FakeCuda:
         return self._numel
 
 
-def test_switch_and_dispatch(monkeypatch):
-    monkeypatch.delenv(fused.COMPILE_ENV, raising=False)
-    assert fused.compile_glue_enabled() is True  # on by default (measured faster on the H200)
-    monkeypatch.setenv(fused.COMPILE_ENV, "0")
-    assert fused.compile_glue_enabled() is False
-    monkeypatch.setenv(fused.COMPILE_ENV, "1")
-    # CPU tensors keep the eager reference whatever the switch says (the fused path is for CUDA).
+def test_dispatch_by_device_and_size():
+    # CPU tensors keep the eager reference (the fused path is for CUDA).
     x = torch.randn(3, 8)
     assert fused.dispatch(norms.l2_normalize_math, x) is norms.l2_normalize_math
     assert torch.equal(norms.l2_normalize(x), norms.l2_normalize_math(x, 1e-6))
@@ -105,20 +100,12 @@ def test_switch_and_dispatch(monkeypatch):
     assert fused.dispatch(norms.l2_normalize_math, big) is fused.compiled(norms.l2_normalize_math)
     assert fused.dispatch(norms.l2_normalize_math, small) is norms.l2_normalize_math
     assert fused.dispatch(norms.l2_normalize_math, small, eager=norms.l2_normalize) is norms.l2_normalize
-    monkeypatch.setenv(fused.COMPILE_ENV, "0")
-    assert fused.dispatch(norms.l2_normalize_math, big) is norms.l2_normalize_math
-    monkeypatch.setenv(fused.COMPILE_ENV, "yes")
-    with pytest.raises(ValueError, match="HYPIC_COMPILE_GLUE must be 0 or 1"):
-        norms.l2_normalize(x)
 
 
-def test_dispatch_inside_a_graph_recording(monkeypatch):
+def test_dispatch_inside_a_graph_recording():
     """Inside recording_graph (a CUDA graph's warm-up and capture) CUDA glue of any size runs
     compiled, graph_only functions too; outside, graph_only functions stay eager at any size.
-    HYPIC_GRAPH_GLUE=0 (or HYPIC_COMPILE_GLUE=0) records the eager glue. CPU stays eager."""
-    for env in (fused.COMPILE_ENV, fused.GRAPH_ENV):
-        monkeypatch.delenv(env, raising=False)
-    assert fused.graph_glue_enabled() is True
+    CPU stays eager."""
     small, big = _FakeCuda(8), _FakeCuda(fused.MIN_COMPILED_ELEMENTS)
     math, eager = fused.swiglu_math, norms.l2_normalize
     assert fused.dispatch(math, big, graph_only=True) is math
@@ -128,18 +115,6 @@ def test_dispatch_inside_a_graph_recording(monkeypatch):
             assert fused.dispatch(math, small) is fused.compiled(math)
         assert fused.dispatch(math, small, graph_only=True) is fused.compiled(math)
         assert fused.dispatch(math, torch.randn(3, 8), graph_only=True) is math  # CPU: the reference
-        monkeypatch.setenv(fused.GRAPH_ENV, "0")
-        assert fused.dispatch(math, small, eager=eager) is eager
-        assert fused.dispatch(math, big, graph_only=True) is math
-        assert fused.dispatch(math, big) is fused.compiled(math)  # the size rule still holds
-        monkeypatch.setenv(fused.GRAPH_ENV, "1")
-        monkeypatch.setenv(fused.COMPILE_ENV, "0")
-        assert fused.dispatch(math, small) is math
-        monkeypatch.setenv(fused.COMPILE_ENV, "1")
-        monkeypatch.setenv(fused.GRAPH_ENV, "on")
-        with pytest.raises(ValueError, match="HYPIC_GRAPH_GLUE must be 0 or 1"):
-            fused.dispatch(math, small)
-        monkeypatch.setenv(fused.GRAPH_ENV, "1")
     assert fused.dispatch(math, small, eager=eager) is eager  # the context has ended
     with pytest.raises(RuntimeError, match="boom"):
         with fused.recording_graph():

@@ -1,7 +1,7 @@
 """The one-pass K/V gather (hypic.ops.kv_gather) against its reference (concatenate, rotate,
 gather).
 
-CPU: input checks and the dispatch rule (``HYPIC_KV_GATHER``); the Triton kernel through
+CPU: input checks and the dispatch rule; the Triton kernel through
 ``TRITON_INTERPRET=1`` in a subprocess when Triton is installed, into NaN-poisoned outputs,
 bit-identical to the reference. CUDA: bf16 at the engine's all-hit shape and odd shapes.
 """
@@ -18,7 +18,7 @@ from tests.interpreter import interpreted_error
 
 CASE = textwrap.dedent("""
     import torch
-    from hypic.ops.kv_gather import PieceTable, gather_kv, gather_kv_reference, piece_format
+    from hypic.ops.kv_gather import PieceTable, gather_kv, gather_kv_reference, kernel_refusal, piece_format
     from hypic.ops.rope import RotaryEmbedding
 
     def pieces_in(buffer_rows, lengths, heads, dim, dtype, device, offset_elems, gen):
@@ -32,7 +32,7 @@ CASE = textwrap.dedent("""
         return out
 
     def case(dtype, device, lengths, num_live, heads=2, key_dim=32, value_dim=None, rotary_dim=8,
-             shifts=None, offset_elems=0, requests=2, seed=0, impl="triton", rotated_ulps=0):
+             shifts=None, offset_elems=0, requests=2, seed=0, rotated_ulps=0):
         gen = torch.Generator().manual_seed(seed)
         value_dim = key_dim if value_dim is None else value_dim
         k = torch.randn(num_live, heads, key_dim, generator=gen).to(dtype).to(device)
@@ -61,8 +61,8 @@ CASE = textwrap.dedent("""
             table = PieceTable(addresses, type(formats[0])(dtype, heads, key_dim, value_dim, align))
         want = gather_kv_reference(k, v, ck, cv, cu, key_index, shift_cos=cos, shift_sin=sin)
         out = (torch.full_like(want[0], float("nan")), torch.full_like(want[1], float("nan")))
-        got = gather_kv(k, v, ck, cv, cu, key_index, shift_cos=cos, shift_sin=sin, table=table, impl=impl,
-                        out=out)
+        assert kernel_refusal(k, v, table, cos, len(ck)) is None  # the kernel takes these inputs
+        got = gather_kv(k, v, ck, cv, cu, key_index, shift_cos=cos, shift_sin=sin, table=table, out=out)
         assert got[0] is out[0] and got[1] is out[1]
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and g.shape == w.shape and not torch.isnan(g).any()
@@ -136,25 +136,20 @@ def test_reference_on_cpu_matches_the_old_sequence():
 
 
 def test_dispatch_rule(monkeypatch):
-    monkeypatch.delenv(kv_gather.KV_GATHER_ENV, raising=False)
+    """CPU tensors take the reference (outside Triton's interpreter), whatever the table; the
+    refusal says why."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert kv_gather.kv_gather_impl() == "auto"
-    monkeypatch.setenv(kv_gather.KV_GATHER_ENV, "torch")
-    assert kv_gather.kv_gather_impl() == "torch"
-    assert kv_gather.kv_gather_impl("triton") == "triton"  # an explicit impl wins
-    monkeypatch.setenv(kv_gather.KV_GATHER_ENV, "fast")
-    with pytest.raises(ValueError, match=kv_gather.KV_GATHER_ENV):
-        kv_gather.kv_gather_impl()
-    monkeypatch.delenv(kv_gather.KV_GATHER_ENV)
     k = v = torch.zeros(2, 1, 4)
     one = [torch.zeros(1, 1, 4)]
     cu, index = torch.tensor([0, 1]), torch.tensor([2, 0, 1])
-    # auto on CPU: the reference, whatever the table
-    keys, _ = kv_gather.gather_kv(k, v, one, one, cu, index, impl="auto")
-    assert keys.shape == (3, 1, 4)
-    # triton on CPU (no interpreter): refused with the reason
-    with pytest.raises(ValueError, match="CUDA"):
-        kv_gather.gather_kv(k, v, one, one, cu, index, impl="triton")
+    assert "CUDA" in kv_gather.kernel_refusal(k, v, None, None, 1)
+    keys, values = kv_gather.gather_kv(k, v, one, one, cu, index)
+    assert keys.shape == values.shape == (3, 1, 4)
+    fp64 = torch.zeros(2, 1, 4, dtype=torch.float64)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "dtype" in kv_gather.kernel_refusal(fp64, fp64, None, None, 0)
+    assert "no table" in kv_gather.kernel_refusal(k, v, None, None, 1)
+    assert kv_gather.kernel_refusal(k, v, None, None, 0) is None  # every row live: nothing read in place
 
 
 def test_piece_format_and_alignment():
@@ -191,11 +186,9 @@ def test_bad_input():
         kv_gather.gather_kv(k, v, one, one, cu, index, shift_cos=torch.ones(1, 3), shift_sin=torch.ones(1, 3))
     with pytest.raises(ValueError, match="out"):
         kv_gather.gather_kv(k, v, one, one, cu, index, out=(torch.zeros(3, 1, 4), torch.zeros(2, 1, 4)))
-    with pytest.raises(ValueError, match="impl"):
-        kv_gather.gather_kv(k, v, one, one, cu, index, impl="fast")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.cuda
 @pytest.mark.parametrize("shape", [
     dict(lengths=[504] * 64, num_live=576, key_dim=256, rotary_dim=64, shifts=list(range(0, 64 * 8, 8))),
     dict(lengths=[5, 0, 7, 3], num_live=6, key_dim=96, rotary_dim=32, shifts=[4, 0, 9, -2], offset_elems=3),

@@ -9,23 +9,15 @@ faithful). CUDA: bf16 at the 35B-A3B expert shapes.
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
 import torch
 
+from hypic import envs
 from hypic.ops import moe_route
 from hypic.ops.moe import moe_experts, moe_routed, route_topk_softmax
 from tests.interpreter import interpreted_error
-
-
-def test_route_env_is_validated(monkeypatch):
-    monkeypatch.setenv(moe_route.ROUTE_ENV, "sorted")
-    with pytest.raises(ValueError, match=moe_route.ROUTE_ENV):
-        moe_route.route_impl()
-    monkeypatch.delenv(moe_route.ROUTE_ENV)
-    assert moe_route.route_impl() == "fused"
 
 
 def test_moe_routed_checks_its_operands():
@@ -137,7 +129,7 @@ def test_no_tokens_interpreted():
     assert interpreted_error(script) == 0.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [1, 192, 576, 1024])
 def test_fused_routing_cuda_bf16(tokens):
     namespace = {}
@@ -145,34 +137,6 @@ def test_fused_routing_cuda_bf16(tokens):
     # 35B-A3B routing and expert shapes (256 experts, top-8, H 2048, I 512)
     err = namespace["case"](torch.bfloat16, "cuda", tokens, 256, 8, 2048, 512, seed=tokens)
     assert err < 1e-2, err
-
-
-# --- launch configurations (block_tokens / num_warps of route_topk and bucket_rows) ---------------
-
-def test_launch_configs_are_validated(monkeypatch):
-    assert moe_route.route_launch() == (moe_route.ROUTE_BLOCK_TOKENS, moe_route.ROUTE_NUM_WARPS)
-    assert moe_route.bucket_launch() == (moe_route.BUCKET_BLOCK_TOKENS, moe_route.BUCKET_NUM_WARPS)
-    assert moe_route.route_launch(8, 2) == (8, 2) and moe_route.bucket_launch(1, 16) == (1, 16)
-    # the module defaults are read at each call
-    monkeypatch.setattr(moe_route, "ROUTE_BLOCK_TOKENS", 4)
-    monkeypatch.setattr(moe_route, "BUCKET_NUM_WARPS", 2)
-    assert moe_route.route_launch()[0] == 4 and moe_route.bucket_launch()[1] == 2
-    for bad in (0, 3, -2, 6, True, 2.0, "4", moe_route.MAX_ROUTE_BLOCK_TOKENS * 2):
-        with pytest.raises(ValueError, match="block_tokens must be a power of two"):
-            moe_route.route_launch(block_tokens=bad)
-    for bad in (0, 3, 12, moe_route.MAX_BUCKET_BLOCK_TOKENS * 2, 1.0):
-        with pytest.raises(ValueError, match="block_tokens must be a power of two"):
-            moe_route.bucket_launch(block_tokens=bad)
-    for bad in (0, 3, 32, False):
-        with pytest.raises(ValueError, match="num_warps must be a power of two"):
-            moe_route.route_launch(num_warps=bad)
-        with pytest.raises(ValueError, match="num_warps must be a power of two"):
-            moe_route.bucket_launch(num_warps=bad)
-    # checked before any launch (or Triton import): the same error on a CPU-only machine
-    with pytest.raises(ValueError, match="block_tokens"):
-        moe_route.route_topk(torch.zeros(2, 4), 2, True, block_tokens=3)
-    with pytest.raises(ValueError, match="num_warps"):
-        moe_route.bucket_rows(torch.zeros(2, 2, dtype=torch.int32), 4, num_warps=5)
 
 
 def test_stride_align():
@@ -195,7 +159,7 @@ def compile_sm90(fn, types: dict, constexprs: dict, num_warps: int, aligned: set
 
 def _sm90_compiles():
     pytest.importorskip("triton")
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if envs.triton_interpret():
         pytest.skip("compiles for sm_90: needs Triton's JIT, not the interpreter")
     from hypic.ops import _moe_route_kernel
 
@@ -210,11 +174,10 @@ def test_route_kernel_compiles_for_sm90_vectorised_within_a_warp(stride):
     ``redux.sync``, and no reduction through shared memory (one barrier at most, the store's)."""
     kernels = _sm90_compiles()
     types = dict(logits="*bf16", weights="*fp32", ids="*i32", num_tokens="i32", stride_logits="i32")
-    block_tokens, num_warps = moe_route.route_launch()
-    constexprs = dict(E=256, EP=256, K=8, KP=8, BT=block_tokens, RENORM=True,
+    constexprs = dict(E=256, EP=256, K=8, KP=8, BT=moe_route.ROUTE_BLOCK_TOKENS, RENORM=True,
                       STRIDE_ALIGN=moe_route._stride_align(stride))
     aligned = {"logits", "weights", "ids"} | ({"stride_logits"} if stride % 16 == 0 else set())
-    ptx = compile_sm90(kernels.route_topk_kernel, types, constexprs, num_warps, aligned).asm["ptx"]
+    ptx = compile_sm90(kernels.route_topk_kernel, types, constexprs, moe_route.ROUTE_NUM_WARPS, aligned).asm["ptx"]
     assert "ld.global.v4.b32" in ptx and "redux.sync.max" in ptx and "redux.sync.min" in ptx
     assert ptx.count("bar.sync") <= 1, ptx.count("bar.sync")
 
@@ -223,13 +186,12 @@ def test_route_kernel_compiles_for_sm90_vectorised_within_a_warp(stride):
 def test_bucket_kernel_compiles_for_sm90(single_tile):
     kernels = _sm90_compiles()
     types = dict(ids="*i32", ends="*i64", row_token="*i64", inverse="*i64", num_tokens="i32")
-    block_tokens, num_warps = moe_route.bucket_launch()
-    constexprs = dict(K=8, KP=8, BT=block_tokens, SINGLE_TILE=single_tile)
-    ptx = compile_sm90(kernels.bucket_rows_kernel, types, constexprs, num_warps,
+    constexprs = dict(K=8, KP=8, BT=moe_route.BUCKET_BLOCK_TOKENS, SINGLE_TILE=single_tile)
+    ptx = compile_sm90(kernels.bucket_rows_kernel, types, constexprs, moe_route.BUCKET_NUM_WARPS,
                        {"ids", "ends", "row_token", "inverse"}).asm["ptx"]
     assert "st.global" in ptx
 
-CONFIG_CASE = textwrap.dedent("""
+EDGE_CASE = textwrap.dedent("""
     import torch
     from hypic.ops import moe_route
     from hypic.ops.moe_grouped import sort_rows_by_expert
@@ -257,28 +219,23 @@ CONFIG_CASE = textwrap.dedent("""
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, ids
 
-    def check_route(logits, top_k, renormalize, configs):
+    def check_route(logits, top_k, renormalize):
         ref_w, ref_ids = reference_route(logits, top_k, renormalize)
-        worst = 0.0
-        for block_tokens, num_warps in configs:
-            w, ids = moe_route.route_topk(logits, top_k, renormalize, block_tokens=block_tokens, num_warps=num_warps)
-            assert ids.dtype == torch.int32 and w.dtype == torch.float32
-            assert torch.equal(ids.long(), ref_ids), (block_tokens, num_warps, ids, ref_ids)
-            err = float((w - ref_w).abs().max()) if w.numel() else 0.0
-            assert err < 1e-6, (block_tokens, num_warps, err)
-            worst = max(worst, err)
-        return ids, worst
+        w, ids = moe_route.route_topk(logits, top_k, renormalize)
+        assert ids.dtype == torch.int32 and w.dtype == torch.float32
+        assert torch.equal(ids.long(), ref_ids), (ids, ref_ids)
+        err = float((w - ref_w).abs().max()) if w.numel() else 0.0
+        assert err < 1e-6, err
+        return ids, err
 
-    def check_bucket(ids, num_experts, configs):
+    def check_bucket(ids, num_experts):
         top_k = ids.shape[1]
         order, ref_ends = sort_rows_by_expert(ids.long(), num_experts)
         ref_inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-        for block_tokens, num_warps in configs:
-            ends, row_token, inverse = moe_route.bucket_rows(ids, num_experts, block_tokens=block_tokens,
-                                                             num_warps=num_warps)
-            assert torch.equal(ends, ref_ends), (block_tokens, num_warps, ends, ref_ends)
-            assert torch.equal(row_token, order // top_k), (block_tokens, num_warps)
-            assert torch.equal(inverse, ref_inverse), (block_tokens, num_warps)
+        ends, row_token, inverse = moe_route.bucket_rows(ids, num_experts)
+        assert torch.equal(ends, ref_ends), (ends, ref_ends)
+        assert torch.equal(row_token, order // top_k)
+        assert torch.equal(inverse, ref_inverse)
 
     def distinct_logits(tokens, experts, gen):
         return torch.stack([torch.randperm(experts, generator=gen) for _ in range(tokens)]).float() / 16 - 8
@@ -288,17 +245,13 @@ CONFIG_CASE = textwrap.dedent("""
 """)
 
 
-def test_route_launch_configs_interpreted():
-    script = CONFIG_CASE + textwrap.dedent("""
+def test_route_edge_cases_interpreted():
+    script = EDGE_CASE + textwrap.dedent("""
         gen = torch.Generator().manual_seed(5)
-        configs = [(1, 1), (2, 1), (4, 1), (4, 2), (8, 2), (16, 4), (64, 1)]
         worst = 0.0
-        # tokens not a multiple of any block (37), experts and top-k not powers of two
-        for renormalize in (True, False):
-            worst = max(worst, check_route(distinct_logits(37, 12, gen).half(), 3, renormalize, configs)[1])
         # one token; top-1
-        worst = max(worst, check_route(distinct_logits(1, 12, gen), 3, True, configs)[1])
-        worst = max(worst, check_route(distinct_logits(5, 7, gen), 1, True, configs)[1])
+        worst = max(worst, check_route(distinct_logits(1, 12, gen), 3, True)[1])
+        worst = max(worst, check_route(distinct_logits(5, 7, gen), 1, True)[1])
         # ties: lowest expert first among equal probabilities (all equal; two equal pairs; a
         # top-k boundary inside a run of equal ones), fp32 and bf16 logits
         ties = torch.zeros(6, 10)
@@ -309,75 +262,63 @@ def test_route_launch_configs_interpreted():
         ties[5] = torch.tensor([-1e4, -1e4, 0., -1e4, 0., 0., -1e4, 0., 0., -1e4])
         for dtype in (torch.float32, torch.bfloat16):
             for top_k in (1, 4, 10):
-                worst = max(worst, check_route(ties.to(dtype), top_k, True, configs)[1])
-        # the 35B-A3B routing shape (256 experts, top-8), a token count past the largest block
-        worst = max(worst, check_route(distinct_logits(70, 256, gen).bfloat16(), 8, True, configs)[1])
+                worst = max(worst, check_route(ties.to(dtype), top_k, True)[1])
         # logits as a column block of a wider output (the MoE block's fused GEMM): row strides
         # 40 (a multiple of 8, not 16: the stride hint) and 37 (odd), and a transposed view
         # (copied to unit column stride first)
         wide = distinct_logits(19, 40, gen).half()
-        worst = max(worst, check_route(wide[:, 16:28], 3, True, configs)[1])
+        worst = max(worst, check_route(wide[:, 16:28], 3, True)[1])
         odd = distinct_logits(19, 37, gen)
-        worst = max(worst, check_route(odd[:, 5:17], 3, False, configs)[1])
-        worst = max(worst, check_route(distinct_logits(12, 19, gen).t(), 3, True, configs)[1])
+        worst = max(worst, check_route(odd[:, 5:17], 3, False)[1])
+        worst = max(worst, check_route(distinct_logits(12, 19, gen).t(), 3, True)[1])
         # NaN logits: still K distinct experts in range (bucket_rows relies on it)
         nan = distinct_logits(4, 12, gen)
         nan[0, 3] = float("nan")
         nan[1] = float("nan")
         nan[2, 0] = float("inf")
-        for block_tokens, num_warps in configs:
-            _, ids = moe_route.route_topk(nan, 5, True, block_tokens=block_tokens, num_warps=num_warps)
-            assert ((ids >= 0) & (ids < 12)).all() and all(len(set(r)) == 5 for r in ids.tolist()), ids
+        _, ids = moe_route.route_topk(nan, 5, True)
+        assert ((ids >= 0) & (ids < 12)).all() and all(len(set(r)) == 5 for r in ids.tolist()), ids
         print(worst)
     """)
     assert interpreted_error(script) < 1e-6
 
 
-def test_bucket_launch_configs_interpreted():
-    script = CONFIG_CASE + textwrap.dedent("""
+def test_bucket_edge_cases_interpreted():
+    script = EDGE_CASE + textwrap.dedent("""
         gen = torch.Generator().manual_seed(6)
-        default = [(None, None)]
-        small = [(1, 1), (4, 2), (16, 4), (64, 8), (1024, 16)]
-        # 37 tokens: several tiles with a partial last one (1, 4, 16 tokens a tile) and one partial
-        # tile (64, 1024); top-3 (padded to 4 slots), 12 experts, some of them empty
-        ids = distinct_ids(37, 12, 3, gen)
-        check_bucket(ids, 12, default + small)
+        # only experts 0, 5, 6 and 11 get rows
         banned = torch.stack([torch.tensor([0, 5, 6, 11])[torch.randperm(4, generator=gen)[:3]] for _ in range(37)])
-        check_bucket(banned.int(), 12, default + small)  # only experts 0, 5, 6 and 11 get rows
-        # token counts equal to a tile and one past it (the loop's boundary)
-        check_bucket(distinct_ids(16, 9, 2, gen), 9, [(16, 4), (8, 2), (4, 1)])
-        check_bucket(distinct_ids(17, 9, 2, gen), 9, [(16, 4), (8, 2), (32, 1)])
-        # one token; top-1; top-k = E (every expert once a token)
-        check_bucket(distinct_ids(1, 12, 3, gen), 12, default + small)
-        check_bucket(distinct_ids(23, 5, 1, gen), 5, default + small)
-        check_bucket(distinct_ids(9, 6, 6, gen), 6, default + small)
+        check_bucket(banned.int(), 12)
+        # one token; top-k = E (every expert once a token)
+        check_bucket(distinct_ids(1, 12, 3, gen), 12)
+        check_bucket(distinct_ids(9, 6, 6, gen), 6)
         # every token on the same experts (the ties of equal logits): the other experts empty
-        check_bucket(torch.arange(8, dtype=torch.int32).repeat(50, 1), 16, default + small)
-        # the 35B-A3B shape: 150 tokens of top-8 over 256 experts, one tile and the loop
-        check_bucket(distinct_ids(150, 256, 8, gen), 256, default + [(64, 8), (256, 4)])
-        # routed ids straight from route_topk (ties included) through every bucketing config
+        check_bucket(torch.arange(8, dtype=torch.int32).repeat(50, 1), 16)
+        # more tokens than one tile: the tiled loop, with a partial last tile
+        check_bucket(distinct_ids(moe_route.BUCKET_BLOCK_TOKENS + 77, 5, 2, gen), 5)
+        # routed ids straight from route_topk (ties included)
         logits = torch.zeros(30, 12)
         logits[::3, 5:] = 2.0
-        ids, _ = check_route(logits, 4, True, [(4, 1)])
-        check_bucket(ids, 12, default + small)
+        ids, _ = check_route(logits, 4, True)
+        check_bucket(ids, 12)
         # no tokens
-        ends, row_token, inverse = moe_route.bucket_rows(torch.zeros(0, 4, dtype=torch.int32), 6, block_tokens=4)
+        ends, row_token, inverse = moe_route.bucket_rows(torch.zeros(0, 4, dtype=torch.int32), 6)
         assert torch.equal(ends, torch.zeros(6, dtype=torch.int64)) and row_token.numel() == inverse.numel() == 0
         print(0.0)
     """)
     assert interpreted_error(script) == 0.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [1, 192, 576, 1024, 1500])
-def test_launch_configs_cuda(tokens):
+def test_route_and_bucket_on_the_models_layout_cuda(tokens):
     namespace = {}
-    exec(CONFIG_CASE, namespace)
+    exec(EDGE_CASE, namespace)
     gen = torch.Generator().manual_seed(tokens)
     logits = namespace["distinct_logits"](tokens, 256, gen).cuda()
     # the model's layout: the router's columns of the MoE block's fused GEMM output (stride 1,288)
     fused = torch.zeros(tokens, 1288, device="cuda", dtype=torch.bfloat16)
     fused[:, 1024:1280] = logits.bfloat16()
     for view in (logits.bfloat16(), fused[:, 1024:1280], logits):
-        ids, _ = namespace["check_route"](view, 8, True, [(None, None), (1, 1), (2, 1), (4, 1), (4, 2), (16, 4)])
-        namespace["check_bucket"](ids, 256, [(None, None), (256, 4), (512, 8), (1024, 8), (1024, 16), (2048, 16)])
+        ids, _ = namespace["check_route"](view, 8, True)
+        namespace["check_bucket"](ids, 256)
