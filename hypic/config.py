@@ -7,7 +7,7 @@
 * :class:`~hypic.engine.scheduler.SchedulerConfig` (max_num_batched_tokens, max_num_seqs),
 * :class:`CacheConfig` (the segment store's device and host tiers),
 * :class:`~hypic.runner.segment_parallel.SegmentParallelConfig` (segment workers),
-* :class:`KernelConfig` (enforce_eager).
+* :class:`KernelConfig` (enforce_eager, moe_backend).
 
 ``LLM(...)``, ``LLMEngine(...)``, ``hypic generate`` and every command that builds an engine take
 the same options one-to-one: :data:`ENGINE_OPTIONS` names each field once, with its flat name
@@ -31,6 +31,7 @@ import torch
 
 from hypic.engine.scheduler import SchedulerConfig
 from hypic.models.loader import LOAD_FORMATS
+from hypic.models.qwen3_next import MOE_BACKENDS
 from hypic.pic.modes import COLD_POLICIES, MODE_ALIASES, MODES, PICConfig, SeamSetting
 from hypic.runner.segment_parallel import SegmentParallelConfig
 
@@ -106,13 +107,18 @@ class CacheConfig:
 @dataclass(frozen=True)
 class KernelConfig:
     """``enforce_eager``: run every layer eagerly, without CUDA graphs (as vLLM's option; graphs
-    are on by default on CUDA, and a CPU device has none)."""
+    are on by default on CUDA, and a CPU device has none). ``moe_backend``: how routed experts
+    run, ``"auto"`` (the kernels for the device) or ``"torch"`` (the pure-PyTorch reference, for
+    debugging a kernel)."""
 
     enforce_eager: bool = False
+    moe_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
+        if self.moe_backend not in MOE_BACKENDS:
+            raise ValueError(f"moe_backend must be one of {tuple(MOE_BACKENDS)}, got {self.moe_backend!r}")
 
 
 @dataclass(frozen=True)
@@ -255,6 +261,9 @@ ENGINE_OPTIONS: Tuple[EngineOption, ...] = (
     EngineOption("segment_timeout_s", "parallel", "timeout_s",
                  "how long a segment workers' collective may wait (seconds)", float),
     EngineOption("enforce_eager", "kernel", "enforce_eager", "run without CUDA graphs"),
+    EngineOption("moe_backend", "kernel", "moe_backend",
+                 "routed experts: auto (the kernels for the device) | torch (the reference)",
+                 choices=tuple(MOE_BACKENDS)),
 )
 OPTIONS_BY_NAME: Dict[str, EngineOption] = {o.name: o for o in ENGINE_OPTIONS}
 

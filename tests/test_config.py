@@ -31,6 +31,7 @@ INVALID = {
     "segment_devices": (("cpu", "cpu"), "devices"),
     "segment_timeout_s": (0, "timeout_s"),
     "enforce_eager": ("yes", "enforce_eager"),
+    "moe_backend": ("triton", "moe_backend"),
 }
 
 # Per flat option: a valid value other than its default, and how it is written on the command line.
@@ -53,6 +54,7 @@ OTHER = {
     "segment_devices": (("cpu", "cpu"), "cpu,cpu"),
     "segment_timeout_s": (30.0, "30"),
     "enforce_eager": (True, None),
+    "moe_backend": ("torch", "torch"),
 }
 
 
@@ -89,7 +91,7 @@ def test_defaults():
     config = EngineConfig()
     assert config.model == ModelConfig() and config.pic == PICConfig() and config.cache == CacheConfig()
     assert config.scheduler == SchedulerConfig() and config.parallel == SegmentParallelConfig()
-    assert config.kernel == KernelConfig(enforce_eager=False)  # CUDA graphs on by default
+    assert config.kernel == KernelConfig(enforce_eager=False, moe_backend="auto")  # CUDA graphs on by default
     assert EngineConfig.from_kwargs() == config
     assert config.pic.mode is None and not config.pic.every_prompt
 

@@ -112,7 +112,8 @@ class LLMEngine:
         has_tokenizer = (self.model_path / "tokenizer.json").is_file()
         self.tokenizer = Tokenizer(self.model_path) if has_tokenizer else None
         self.spec, self.model = load_model(
-            str(self.model_path), dtype=self.dtype, device=self.device, load_format=load_format, seed=seed
+            str(self.model_path), dtype=self.dtype, device=self.device, load_format=load_format, seed=seed,
+            moe_backend=config.kernel.moe_backend,
         )
         eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.spec.eos_token_ids
         self.eos_token_ids = tuple(eos_ids)
@@ -139,7 +140,8 @@ class LLMEngine:
                                     enforce_eager=enforce_eager)
         self.segment_workers = start_segment_workers(
             config.parallel, self.spec, model_dir=str(self.model_path), dtype=self.dtype, device=self.device,
-            load_format=load_format, seed=seed, enforce_eager=enforce_eager)
+            load_format=load_format, seed=seed, enforce_eager=enforce_eager,
+            moe_backend=config.kernel.moe_backend)
         self.pic_runner.segment_parallel = self.segment_workers
         # CUDA graphs of the layers' row-wise phases for every batch size the scheduler can form
         # (GPU only; none under enforce_eager).

@@ -268,7 +268,8 @@ def _join(rank: int, world_size: int, init_method: str, backend: str, timeout_s:
 
 
 def _worker_main(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float, device: str,
-                 model_dir: str, dtype: str, load_format: str, seed: int, enforce_eager: bool) -> None:
+                 model_dir: str, dtype: str, load_format: str, seed: int, enforce_eager: bool,
+                 moe_backend: str) -> None:
     from hypic.runner.pic_runner import PicRunner
     from hypic.models.loader import load_model
 
@@ -277,7 +278,7 @@ def _worker_main(rank: int, world_size: int, init_method: str, backend: str, tim
     control = _join(rank, world_size, init_method, backend, timeout_s, dev)
     try:
         spec, model = load_model(model_dir, dtype=getattr(torch, dtype), device=dev, load_format=load_format,
-                                 seed=seed)
+                                 seed=seed, moe_backend=moe_backend)
         serve(PicRunner(model, spec, None, dev, getattr(torch, dtype), enforce_eager=enforce_eager), control, dev)
     finally:
         dist.destroy_process_group()
@@ -285,9 +286,9 @@ def _worker_main(rank: int, world_size: int, init_method: str, backend: str, tim
 
 def start_segment_workers(config: SegmentParallelConfig, spec, *, model_dir: str, dtype: torch.dtype,
                           device: torch.device, load_format: str, seed: int,
-                          enforce_eager: bool = False) -> Optional[SegmentParallel]:
+                          enforce_eager: bool = False, moe_backend: str = "auto") -> Optional[SegmentParallel]:
     """Spawn ranks ``1..m-1`` (each loads ``model_dir`` on its device, its runner without CUDA
-    graphs under ``enforce_eager``) and join them as rank 0; None for ``num_workers`` 1. The
+    graphs under ``enforce_eager``, its experts on ``moe_backend``) and join them as rank 0; None for ``num_workers`` 1. The
     caller's process then holds the default process group."""
     if config.num_workers == 1:
         return None
@@ -306,7 +307,7 @@ def start_segment_workers(config: SegmentParallelConfig, spec, *, model_dir: str
         p = ctx.Process(target=_worker_main, daemon=True,
                         args=(rank, config.num_workers, init_method, backend, config.timeout_s, str(devices[rank]),
                               str(model_dir), str(dtype).removeprefix("torch."), load_format, seed,
-                              enforce_eager))
+                              enforce_eager, moe_backend))
         p.start()
         processes.append(p)
     try:
