@@ -240,7 +240,8 @@ class Scheduler:
         num_new_chars = self._update_text(request)
         if params.stop and num_new_chars and self._check_stop_strings(request, num_new_chars, now):
             return
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+        limit = params.max_tokens
+        if (limit is not None and request.num_output_tokens >= limit) or request.num_tokens >= self.config.max_model_len:
             request.finish(FINISH_LENGTH, None, now)
             self._update_text(request, flush=True)
 
