@@ -2,6 +2,7 @@
 TestClient, and a real uvicorn server driven by the official ``openai`` client (on the seeded
 test model, which has a chat template)."""
 
+import asyncio
 import json
 import socket
 import threading
@@ -219,8 +220,6 @@ def test_metrics_parse_and_count_tokens(client):
 
 
 def test_concurrent_requests_all_complete(engine, reference):
-    import asyncio
-
     app = create_app(engine, served_model_name="tiny")
     prompts = [PROMPTS[i % 3] for i in range(12)]
     expected = [greedy(reference, p).text for p in prompts]
