@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -212,6 +213,16 @@ class AsyncLLMEngine:
             self._commands.append(("abort", request_id))
             self._cv.notify()
 
+    async def flush_cache(self) -> int:
+        """Drop every segment-store entry no request holds, between two steps; returns how many."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if not self._thread.is_alive():
+                raise EngineClosedError("the engine loop has stopped")
+            self._commands.append(("flush", done))
+            self._cv.notify()
+        return await asyncio.wrap_future(done)
+
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop admitting requests, let the unfinished ones run for up to ``timeout_s``, abort the
         rest (their streams end with EngineClosedError), stop the loop and the engine's workers."""
@@ -254,6 +265,9 @@ class AsyncLLMEngine:
                 self._dispatch(outputs)
 
     def _apply(self, command) -> None:
+        if command[0] == "flush":
+            command[1].set_result(self.engine.store.clear())
+            return
         if command[0] == "abort":
             request_id = command[1]
             if self.engine.abort_request(request_id):
@@ -296,13 +310,14 @@ class AsyncLLMEngine:
                     self._num_waiting -= 1
                 if output.finished:
                     del self._streams[output.request_id]
-                if not stream.put(output) and not output.finished:
-                    lost.append(output.request_id)
+                # listeners first: a client that has its answer finds it counted
                 for listener in self._listeners:
                     try:
                         listener(output, num_new, now)
                     except Exception:  # noqa: BLE001 - metrics never stop the loop
                         logger.exception("output listener failed")
+                if not stream.put(output) and not output.finished:
+                    lost.append(output.request_id)
             self._cv.notify_all()
         for request_id in lost:
             self._apply(("abort", request_id))

@@ -21,30 +21,29 @@ GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 ENGINE = dict(dtype="float32", device="cpu", seed=0, max_model_len=128, max_num_batched_tokens=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# one OpenMP thread: the engine loop, the event loop and the client share a 2-core CI box
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 
 @pytest.fixture(scope="module")
-def expected(one_thread):
+def expected():
+    """Each prompt's greedy tokens from the synchronous engine (one OpenMP thread, as the tests)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
     engine = LLMEngine("tiny", **ENGINE)
     out = {}
     for prompt in PROMPTS:
-        rid = engine.add_request(prompt, GREEDY)
+        engine.add_request(prompt, GREEDY)
         while engine.has_unfinished_requests():
             for o in engine.step():
                 if o.finished:
                     out[prompt] = o.outputs[0].token_ids
-        assert rid
+    torch.set_num_threads(previous)
     return out
 
 
 @pytest.fixture
-def engine(one_thread):
+def engine():
     engine = AsyncLLMEngine(LLMEngine("tiny", **ENGINE), max_waiting_requests=8)
     yield engine
     engine.shutdown(timeout_s=5)
@@ -138,7 +137,7 @@ def test_a_failing_step_fails_the_held_requests_and_the_loop_goes_on(engine, exp
     assert not engine.engine.has_unfinished_requests()
 
 
-def test_bounded_queue_and_shutdown_drains(one_thread, expected):
+def test_bounded_queue_and_shutdown_drains(expected):
     engine = LLMEngine("tiny", **ENGINE)
     release = threading.Event()
     step = engine.step
@@ -171,7 +170,7 @@ def test_bounded_queue_and_shutdown_drains(one_thread, expected):
     assert not async_engine.is_running
 
 
-def test_shutdown_timeout_aborts_what_is_left(one_thread):
+def test_shutdown_timeout_aborts_what_is_left():
     async_engine = AsyncLLMEngine(LLMEngine("tiny", **ENGINE))
 
     async def main():

@@ -376,6 +376,14 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.post("/flush_cache")
+    async def flush_cache():
+        try:
+            dropped = await engine.flush_cache()
+        except EngineClosedError as e:
+            raise APIError(503, str(e)) from None
+        return {"flushed_entries": dropped}
+
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
         check_model(req.model)

@@ -11,7 +11,6 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,21 +31,17 @@ DOCS = [d.text for d in POOL.documents[:3]]
 QUESTION = question_text("lives", POOL.documents[0].subject)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# one OpenMP thread: the engine loop, the event loop and the client share a 2-core CI box
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 
 @pytest.fixture(scope="module")
-def reference(one_thread):
+def reference():
     return LLM("tiny", **ENGINE)
 
 
 @pytest.fixture(scope="module")
-def engine(one_thread):
+def engine():
     engine = AsyncLLMEngine(LLMEngine("tiny", **ENGINE), max_waiting_requests=64)
     yield engine
     engine.shutdown(timeout_s=5)
@@ -136,6 +131,19 @@ def test_segmented_prompts(client, reference):
     usage = structured["usage"]
     assert usage["pic"]["segment_hit_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
     assert usage["pic"]["live_tokens"] < usage["prompt_tokens"]
+
+
+def test_cache_salt_keeps_tenants_apart_and_flush_cache(client):
+    request = {"segments": DOCS[1:] + [QUESTION], "max_tokens": 2, "temperature": 0}
+
+    def cached(salt):
+        body = client.post("/v1/completions", json={**request, "cache_salt": salt}).json()
+        return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("tenant-a") == 0 and cached("tenant-a") > 0
+    assert cached("tenant-b") == 0  # not the other tenant's entries
+    assert client.post("/flush_cache").json()["flushed_entries"] > 0
+    assert cached("tenant-a") == 0
 
 
 @pytest.mark.parametrize("body, status, param", [
@@ -285,7 +293,7 @@ def seeded_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def live_server(seeded_dir, one_thread):
+def live_server(seeded_dir):
     """uvicorn on a free port of 127.0.0.1, serving the seeded test model (ChatML template)."""
     engine = AsyncLLMEngine(LLMEngine(str(seeded_dir), **ENGINE))
     app = create_app(engine, served_model_name="seeded")
@@ -307,7 +315,7 @@ def live_server(seeded_dir, one_thread):
 
 
 @pytest.fixture(scope="module")
-def seeded_reference(seeded_dir, one_thread):
+def seeded_reference(seeded_dir):
     return LLM(str(seeded_dir), **ENGINE)
 
 
