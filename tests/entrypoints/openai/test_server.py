@@ -11,17 +11,19 @@ import time
 import httpx
 import openai
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-import uvicorn
 from hypic import LLM, SamplingParams
 from hypic.assets.make_seeded_tiny import write_tiny_model
 from hypic.data.language import question_text
 from hypic.data.suites import DocumentPool
 from hypic.engine.async_engine import AsyncLLMEngine
 from hypic.engine.engine import LLMEngine
+from hypic.entrypoints.cli import build_parser
 from hypic.entrypoints.openai.api_server import create_app
+from hypic.entrypoints.openai.serve import build_async_engine
 from hypic.pic.segments import PIC_SEP
 
 PROMPTS = ["the mentor of kolton is", "<sep> this passage is about kolton . kolton works as a", "a"]
@@ -243,6 +245,28 @@ def test_concurrent_requests_all_complete(engine, reference):
     assert engine.num_unfinished_requests == 0
 
 
+@pytest.mark.slow
+def test_load_of_500_requests_64_in_flight(engine, reference):
+    prompts = [PROMPTS[i % 3] + " ." * (i % 5) for i in range(500)]
+    expected = {p: greedy(reference, p, max_tokens=4).text for p in set(prompts)}
+    app = create_app(engine, served_model_name="tiny")
+
+    async def main():
+        gate = asyncio.Semaphore(64)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
+            async def one(p):
+                async with gate:
+                    return await c.post("/v1/completions", json={"prompt": p, "max_tokens": 4, "temperature": 0})
+
+            return await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts)), 120)
+
+    responses = asyncio.run(main())
+    assert [r.status_code for r in responses] == [200] * 500
+    assert [r.json()["choices"][0]["text"] for r in responses] == [expected[p] for p in prompts]
+    assert engine.num_unfinished_requests == 0
+
+
 def test_queue_full_is_a_503():
     engine = LLMEngine("tiny", **ENGINE)
     release = threading.Event()
@@ -376,3 +400,18 @@ def test_disconnect_mid_stream_aborts_the_request(live_server):
     with httpx.Client(base_url=url, timeout=30) as http:
         ok = http.post("/v1/completions", json={**request, "stream": False, "max_tokens": 3}).json()
     assert ok["usage"]["completion_tokens"] == 3
+
+
+def test_serve_command_line_builds_the_engine():
+    args = build_parser().parse_args(["serve", "tiny", "--device", "cpu", "--max-model-len", "128",
+                                      "--max-num-batched-tokens", "32", "--max-waiting-requests", "3",
+                                      "--seam", "0.5", "--port", "0", "--api-key", "k"])
+    assert args.func.__name__ == "_run_serve" and args.model_tag == "tiny" and args.api_key == "k"
+    args.model = args.model_tag
+    engine = build_async_engine(args)
+    try:
+        assert engine.max_waiting_requests == 3 and engine.max_model_len == 128
+        assert engine.engine.scheduler.config.max_num_batched_tokens == 32
+        assert engine.engine.pic.seam == 0.5
+    finally:
+        engine.shutdown(timeout_s=1)
