@@ -14,6 +14,7 @@ so a bad request raises there (ValueError) and never reaches a batch shared with
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +173,7 @@ class LLMEngine:
         one the query) or ``{"segments": [...]}``. ``mode`` / ``seam`` / ``cold_policy`` override
         the engine's PIC settings for this request. Raises ValueError for input that cannot be
         served (empty prompt or segment, token ids outside the vocabulary, prompt longer than
-        max_model_len, unknown mode, ...)."""
+        max_model_len, prompt + max_tokens longer than max_model_len, unknown mode, ...)."""
         if sampling_params is None:
             sampling_params = SamplingParams()
         if request_id is None:
@@ -191,6 +192,21 @@ class LLMEngine:
             prompt_text, prompt_ids = self._prompt_token_ids(prompt, request_id)
             request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text)
         self.scheduler.check_request(request)
+        room = self.max_model_len - request.num_prompt_tokens
+        if sampling_params.max_tokens is None:
+            if room < 1:
+                raise ValueError(f"request {request_id}: the prompt has {request.num_prompt_tokens} tokens and "
+                                 f"max_model_len={self.max_model_len} leaves no room for a generated token")
+            sampling_params = dataclasses.replace(sampling_params, max_tokens=room)
+            request.sampling_params = sampling_params
+        elif sampling_params.max_tokens > room:
+            # Refused rather than clamped: a request never decodes more than it asked for, nor
+            # silently less (the server defaults an omitted max_tokens to the room left).
+            raise ValueError(
+                f"request {request_id}: max_tokens={sampling_params.max_tokens} does not fit: the prompt has "
+                f"{request.num_prompt_tokens} tokens and max_model_len={self.max_model_len} leaves room for "
+                f"{room} generated tokens"
+            )
         seed = sampling_params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))

@@ -15,7 +15,9 @@ class SamplingParams:
 
     temperature: 0 means greedy (argmax); otherwise logits are divided by it.
     top_p: nucleus mass in (0, 1]; 1 disables. top_k: keep the k largest logits; 0 or -1 disables.
-    max_tokens: maximum number of generated tokens (>= 1).
+    max_tokens: maximum number of generated tokens (>= 1), or None for the room left under the
+    engine's max_model_len (as vLLM). prompt + max_tokens must fit max_model_len, else the engine
+    refuses the request (ValueError); it never clamps an explicit value.
     stop: strings that end generation when they appear in the generated text; the output text
     is cut before the stop string. stop_token_ids: token ids that end generation.
     ignore_eos: keep generating past the model's end-of-sequence tokens.
@@ -27,7 +29,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
@@ -56,8 +58,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be an int >= -1 (0 or -1 disable it), got {self.top_k!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be None or an int >= 1, got {self.max_tokens!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")

@@ -4,12 +4,15 @@ Each step is either
 
 * a **prefill** step: waiting requests in arrival order, each given as many of its remaining
   prompt tokens as fit in the ``max_num_batched_tokens`` budget; a prompt longer than what is
-  left of the budget is prefilled in chunks over several steps (the runner carries its state);
-  or
+  left of the budget is prefilled in chunks over several steps (the runner carries its state),
+  at most half a budget per step while other requests wait behind it; or
 * a **decode** step: one token for every running request.
 
 Prefill goes first whenever a waiting request can be admitted (fewer than ``max_num_seqs``
-requests hold a cache); requests join and leave between steps. The scheduler decides how many
+requests hold a cache), except right after a prefill step while requests are running: then a
+decode step comes first, so prefill and decode steps alternate and a long prompt prefilled in
+chunks never freezes the token streams of running requests (each running request gets a token
+every other step instead of none until the prompt is done). Requests join and leave between steps. The scheduler decides how many
 tokens each request computes; :meth:`Scheduler.postprocess` appends the sampled tokens and
 applies the stop rules (eos / stop token ids / stop strings -> ``"stop"``; max_tokens or the
 context length -> ``"length"``). Stop strings are matched on the detokenised output text, and
@@ -101,6 +104,7 @@ class Scheduler:
         self.detokenize = detokenize
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._last_step_prefilled = False
 
     # ---- admission -------------------------------------------------------------------------
     def check_request(self, request: Request) -> None:
@@ -146,11 +150,14 @@ class Scheduler:
     # ---- scheduling ------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         """The next step's batch, or None when nothing is left to do."""
-        batch = self._schedule_prefill()
-        if batch is not None:
-            return batch
+        if not (self.running and self._last_step_prefilled):
+            batch = self._schedule_prefill()
+            if batch is not None:
+                self._last_step_prefilled = True
+                return batch
         if not self.running:
             return None
+        self._last_step_prefilled = False
         now = time.monotonic()
         for request in self.running:
             if request.metrics.first_scheduled_time is None:
@@ -169,7 +176,11 @@ class Scheduler:
         holding = len(self.running) + sum(1 for r in self.waiting if r.num_computed_tokens)
         requests, counts, starts, samples = [], [], [], []
         now = time.monotonic()
-        for request in self.waiting:
+        # A prompt that needs more than this step takes at most half of the budget while others
+        # wait behind it, so a short prompt arriving during a long prefill starts at the next
+        # step instead of after the whole long prompt.
+        long_share = max(1, self.config.max_num_batched_tokens // 2)
+        for k, request in enumerate(self.waiting):
             if budget == 0:
                 break
             if request.num_computed_tokens == 0:
@@ -187,6 +198,8 @@ class Scheduler:
                 budget -= min(cost, budget)
             else:
                 n = min(remaining, budget)
+                if n < remaining and k + 1 < len(self.waiting):
+                    n = min(n, long_share)
                 budget -= n
             requests.append(request)
             counts.append(n)
@@ -247,7 +260,8 @@ class Scheduler:
         num_new_chars = self._update_text(request)
         if params.stop and num_new_chars and self._check_stop_strings(request, num_new_chars, now):
             return
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        limit = params.max_tokens
+        if (limit is not None and request.num_output_tokens >= limit) or request.num_tokens >= self.max_model_len:
             request.finish(FINISH_LENGTH, None, now)
             self._update_text(request, flush=True)
 

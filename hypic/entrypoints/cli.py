@@ -1,6 +1,7 @@
 """The ``hypic`` command line.
 
     hypic generate --model tiny --prompt "the mentor of kolton is" [--max-tokens 32 --temperature 0 ...]
+    hypic serve tiny [--host 127.0.0.1 --port 8000 ...]   (hypic.entrypoints.openai)
     hypic bench <name> ...
 
 Every command that builds an engine takes the engine's options one-to-one
@@ -101,6 +102,32 @@ def _generate_and_print(llm, args: argparse.Namespace, params, load_s: float) ->
     return 0
 
 
+# ---- serve ----------------------------------------------------------------------------------
+
+
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="checkpoint folder or 'tiny' (the same as --model)")
+    add_engine_args(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: MODEL)")
+    parser.add_argument("--max-waiting-requests", type=int, default=256,
+                        help="requests queued without a first token beyond which the server answers 503")
+    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (401 without it)")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds running requests may take to finish on shutdown")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from hypic.entrypoints.openai.serve import run_server
+
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    run_server(args)
+    return 0
+
+
 # ---- entry point ----------------------------------------------------------------------------
 
 
@@ -112,6 +139,9 @@ def build_parser(bench_commands: Optional[Mapping[str, BenchCommand]] = None) ->
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
     _add_generate_arguments(gen)
     gen.set_defaults(func=_run_generate)
+    serve = sub.add_parser("serve", help="OpenAI- and SGLang-compatible HTTP server")
+    _add_serve_arguments(serve)
+    serve.set_defaults(func=_run_serve)
     bench = sub.add_parser("bench", help="benchmarks (see `hypic bench -h`)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench_sub.required = True

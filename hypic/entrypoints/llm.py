@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,6 +36,10 @@ class LLM:
     def __init__(self, model: str | Path | EngineConfig = "tiny", **kwargs: Any) -> None:
         self.llm_engine = LLMEngine(model, **kwargs)
         self._request_counter = 0
+        # One generate() at a time: the engine is stepped by the calling thread, so concurrent
+        # callers would step each other's requests and race on the scheduler's queues. Several
+        # threads are served one after another (hypic.engine.async_engine multiplexes instead).
+        self._generate_lock = threading.Lock()
 
     def shutdown(self) -> None:
         """Stop the engine's segment workers (``segment_workers > 1``); idempotent."""
@@ -57,7 +62,8 @@ class LLM:
         seam: int | float | None = None,
         cold_policy: str | None = None,
     ) -> list[RequestOutput]:
-        """One :class:`RequestOutput` per prompt, in prompt order.
+        """One :class:`RequestOutput` per prompt, in prompt order. Safe to call from several
+        threads on one LLM (calls run one after another).
 
         prompts: a string, a list of token ids, a vLLM-style dict (``{"prompt": ...}`` or
         ``{"prompt_token_ids": ...}``), or a list of any of these.
@@ -69,6 +75,10 @@ class LLM:
         """
         prompt_list = _normalize_prompts(prompts)
         params_list = _normalize_params(sampling_params, len(prompt_list))
+        with self._generate_lock:
+            return self._generate(prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy)
+
+    def _generate(self, prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy) -> list[RequestOutput]:
         engine = self.llm_engine
         request_ids: list[str] = []
         try:
@@ -103,31 +113,8 @@ class LLM:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         conversations = messages if isinstance(messages[0], list) else [messages]
-        prompts = [self._chat_prompt(c, add_generation_prompt) for c in conversations]
+        prompts = [chat_prompt(tokenizer, c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-
-    def _chat_prompt(self, conversation: list[dict[str, Any]], add_generation_prompt: bool):
-        """Token ids of a templated conversation; when the last message's content holds
-        ``<<PIC_SEP>>`` segments, ``{"segments": [...]}`` whose segments keep the tokens they have
-        anywhere else: the template text before the content is its own first segment, the text
-        after it (end of turn, assistant header) is appended to the query."""
-        tokenizer = self.get_tokenizer()
-
-        def encode(text: str) -> list[int]:
-            return tokenizer.encode(text, add_special_tokens=False)
-
-        last = conversation[-1] if conversation and isinstance(conversation[-1], dict) else {}
-        content = last.get("content")
-        if not (isinstance(content, str) and PIC_SEP in content):
-            return encode(tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt))
-
-        def render(text: str) -> str:
-            turn = dict(last, content=text)
-            return tokenizer.apply_chat_template(conversation[:-1] + [turn], add_generation_prompt=add_generation_prompt)
-
-        parts = split_chat_template(render, encode)
-        segmented = build_segmented_prompt(content, encode=encode, template=parts)
-        return {"segments": [list(seg) for seg in segmented.segments] + [list(segmented.query)]}
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
@@ -152,6 +139,29 @@ class LLM:
             for request_id in pending:  # interrupted: do not leave orphans in the engine
                 engine.abort_request(request_id)
         return [finished[r] for r in request_ids]
+
+
+def chat_prompt(tokenizer, conversation: list[dict[str, Any]], add_generation_prompt: bool = True):
+    """The prompt of a templated conversation: token ids, or, when the last message's content
+    holds ``<<PIC_SEP>>`` segments, ``{"segments": [...]}`` whose segments keep the tokens they
+    have anywhere else: the template text before the content is its own first segment, the text
+    after it (end of turn, assistant header) is appended to the query."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    last = conversation[-1] if conversation and isinstance(conversation[-1], dict) else {}
+    content = last.get("content")
+    if not (isinstance(content, str) and PIC_SEP in content):
+        return encode(tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt))
+
+    def render(text: str) -> str:
+        turn = dict(last, content=text)
+        return tokenizer.apply_chat_template(conversation[:-1] + [turn], add_generation_prompt=add_generation_prompt)
+
+    parts = split_chat_template(render, encode)
+    segmented = build_segmented_prompt(content, encode=encode, template=parts)
+    return {"segments": [list(seg) for seg in segmented.segments] + [list(segmented.query)]}
 
 
 def _is_token_ids(x: Any) -> bool:

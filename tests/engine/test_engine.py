@@ -166,9 +166,13 @@ def test_too_long_prompt_errors_while_others_complete(engine):
     assert all(o.outputs[0].finish_reason == "length" for o in outputs.values())
 
 
-def test_context_length_limits_generation(engine):
+def test_max_tokens_beyond_the_context_is_refused(engine):
     prompt = engine.tokenizer.encode(PROMPTS[3])
-    out = generate_alone(engine, prompt, SamplingParams(max_tokens=100, **GREEDY))
+    room = 64 - len(prompt)
+    with pytest.raises(ValueError, match=f"max_tokens=100 does not fit.*leaves room for {room} "):
+        engine.add_request(prompt, SamplingParams(max_tokens=100, **GREEDY))
+    assert not engine.has_unfinished_requests()
+    out = generate_alone(engine, prompt, SamplingParams(max_tokens=room, **GREEDY))
     assert out.outputs[0].finish_reason == "length"
     assert len(prompt) + len(out.outputs[0].token_ids) == 64
 

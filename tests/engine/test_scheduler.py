@@ -84,7 +84,11 @@ def test_prefill_respects_token_budget_and_chunks_long_prompts():
     assert [r.request_id for r in s.running] == ["a", "b"]
     c = s.waiting[0]
     assert c.status == RequestStatus.WAITING and c.num_computed_tokens == 2
-    # next step finishes c's prompt (prefill has priority over decode)
+    # a and b run: a decode step comes before the next prefill chunk
+    batch = s.schedule()
+    assert not batch.is_prefill and batch.num_scheduled_tokens == [1, 1] and batch.start_positions == [4, 4]
+    s.postprocess(batch, [5, 6])
+    # then c's prompt is finished
     batch = s.schedule()
     assert batch.is_prefill and batch.num_scheduled_tokens == [5] and batch.start_positions == [2]
     assert batch.token_ids(0) == list(range(4, 9))
@@ -93,8 +97,21 @@ def test_prefill_respects_token_budget_and_chunks_long_prompts():
     # now a decode step over all three, each feeding its last token at the next position
     batch = s.schedule()
     assert not batch.is_prefill and batch.num_scheduled_tokens == [1, 1, 1]
-    assert batch.start_positions == [4, 4, 7]
+    assert batch.start_positions == [5, 5, 7]
     assert [batch.token_ids(i) for i in range(3)] == [[5], [6], [7]]
+
+
+def test_running_requests_decode_between_prefill_chunks():
+    s = make_scheduler(budget=4)
+    s.add(req("a", 2))
+    run_step(s, {"a": 5})
+    s.add(req("long", 12))
+    kinds = []
+    while not any(r.request_id == "long" for r in s.running):
+        batch, _ = run_step(s, {"a": 5, "long": 6})
+        kinds.append("prefill" if batch.is_prefill else "decode")
+    assert kinds == ["decode", "prefill"] * 3  # 12 tokens in chunks of 4, a decode step before each
+    assert s.running[0].num_output_tokens == 4  # a kept producing tokens meanwhile
 
 
 def test_prompt_longer_than_budget_takes_several_steps():
@@ -320,5 +337,19 @@ def test_atomic_prefill_waits_when_it_does_not_fit_beside_others():
     assert [r.request_id for r in batch.requests] == ["plain", "cheap"]
     assert batch.num_scheduled_tokens == [10, 30]
     s.postprocess(batch, [5, 5])
+    decode = s.schedule()
+    assert not decode.is_prefill  # plain and cheap run: a decode step comes first
+    s.postprocess(decode, [5, 5])
     batch = s.schedule()
     assert [r.request_id for r in batch.requests] == ["costly"] and batch.num_scheduled_tokens == [30]
+
+
+def test_a_long_prompt_leaves_half_the_budget_to_those_behind_it():
+    s = make_scheduler(budget=8)
+    s.add(req("long", 30))
+    batch, _ = run_step(s, {})
+    assert batch.num_scheduled_tokens == [8]  # alone: the whole budget
+    s.add(req("short", 3))
+    batch, _ = run_step(s, {"short": 5})
+    assert [r.request_id for r in batch.requests] == ["long", "short"]
+    assert batch.num_scheduled_tokens == [4, 3] and batch.samples == [False, True]

@@ -119,3 +119,44 @@ def test_llm_takes_every_engine_option():
         LLM(engine.config, seed=2)
     with pytest.raises(ValueError, match="unknown engine option"):
         LLM(max_num_seq=2)
+def test_generate_from_many_threads_equals_sequential(llm):
+    import threading
+
+    prompts = ["the mentor of kolton is", "a", "<sep> this passage is about kolton . kolton works as a",
+               "it was a", "the river was quiet in the"]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            for k in range(3):  # a batch of prompts, then one at a time
+                batch = llm.generate(prompts, params, use_tqdm=False)
+                results[(i, k)] = [o.outputs[0].token_ids for o in batch]
+                results[(i, k, "one")] = [llm.generate(p, params, use_tqdm=False)[0].outputs[0].token_ids
+                                          for p in prompts[k:k + 2]]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert len(results) == 8 * 3 * 2
+    for key, got in results.items():
+        assert got == (expected if len(key) == 2 else expected[key[1]:key[1] + 2])
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_max_tokens_beyond_max_model_len_is_refused(llm):
+    room = llm.llm_engine.max_model_len - 5
+    with pytest.raises(ValueError, match=f"max_tokens={room + 1} does not fit.*room for {room} generated"):
+        llm.generate("the mentor of kolton is", SamplingParams(max_tokens=room + 1), use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    # max_tokens=None: the room left
+    small = LLM(model="tiny", dtype="float32", device="cpu", seed=0, max_model_len=12)
+    out = small.generate("the mentor of kolton is", SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                         use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 7 and out.outputs[0].finish_reason == "length"

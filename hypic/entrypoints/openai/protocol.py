@@ -1,0 +1,248 @@
+"""Request bodies of the HTTP server (pydantic) and their mapping onto :class:`SamplingParams`.
+
+Field names and defaults follow OpenAI's API and vLLM's extensions (``top_k``, ``ignore_eos``,
+``stop_token_ids``, ``skip_special_tokens``, ``cache_salt``); hypic adds ``segments`` (a list of
+segment texts or token-id lists, the last one the query) and the per-request PIC settings
+``pic_mode`` / ``seam`` / ``cold_policy``. Fields OpenAI defines that the engine cannot honour
+(log-probabilities, penalties, logit bias, echo, tools, ...) are accepted only at their neutral
+value; anything else is refused with :class:`UnsupportedField` (a 400 naming the field).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hypic.engine.sampling_params import SamplingParams
+
+TokenIds = list[int]
+SegmentPiece = Union[str, TokenIds]
+
+
+class UnsupportedField(ValueError):
+    """A field this server does not implement was set to a non-neutral value."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Sampling fields shared by the OpenAI routes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=128)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = Field(None, ge=0)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = 0
+    user: str | None = None
+    cache_salt: str | None = None
+    pic_mode: str | None = None
+    seam: int | float | None = None
+    cold_policy: str | None = None
+
+    def check_supported(self) -> None:
+        neutral = {
+            "presence_penalty": (None, 0, 0.0),
+            "frequency_penalty": (None, 0, 0.0),
+            "repetition_penalty": (None, 1, 1.0),
+            "logit_bias": (None, {}),
+            "min_tokens": (0,),
+        }
+        for name, allowed in neutral.items():
+            if getattr(self, name) not in allowed:
+                raise UnsupportedField(name, f"{name} is not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise UnsupportedField("stream_options", "stream_options is only allowed with stream=true")
+
+    def pic_options(self) -> dict[str, Any]:
+        """Per-request keyword arguments of LLMEngine.add_request."""
+        return {"mode": self.pic_mode, "seam": self.seam, "cold_policy": self.cold_policy,
+                "tenant_salt": self.cache_salt}
+
+    def sampling_params(self, max_tokens: int, index: int = 0) -> SamplingParams:
+        """The engine's settings for completion ``index`` of ``n`` (a seeded request's
+        completions draw from seeds seed, seed + 1, ...). Raises ValueError on bad values."""
+        seed = None if self.seed is None else self.seed + index
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            max_tokens=max_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            seed=seed,
+            skip_special_tokens=self.skip_special_tokens,
+        )
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``. ``prompt``: text, a list of texts (one choice group each),
+    token ids, or a list of token-id lists; or ``segments`` instead of ``prompt``."""
+
+    prompt: str | list[str] | TokenIds | list[TokenIds] | None = None
+    segments: list[SegmentPiece] | None = None
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs is not None:
+            raise UnsupportedField("logprobs", "logprobs are not supported by this server")
+        if self.echo:
+            raise UnsupportedField("echo", "echo is not supported by this server")
+        if self.best_of not in (None, 1, self.n):
+            raise UnsupportedField("best_of", "best_of other than n is not supported by this server")
+        if self.suffix:
+            raise UnsupportedField("suffix", "suffix is not supported by this server")
+        if (self.prompt is None) == (self.segments is None):
+            raise UnsupportedField("prompt", "give exactly one of prompt and segments")
+
+    def prompts(self) -> list:
+        """The engine prompts, one per choice group."""
+        if self.segments is not None:
+            return [{"segments": self.segments}]
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise UnsupportedField("prompt", "prompt is empty")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)  # texts or token-id lists: one prompt each
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``. A message's content given as several text parts makes each
+    part of the last message one segment (as if joined with ``<<PIC_SEP>>``)."""
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs or self.top_logprobs:
+            raise UnsupportedField("logprobs", "logprobs are not supported by this server")
+        if self.tools:
+            raise UnsupportedField("tools", "tools are not supported by this server")
+        if self.tool_choice not in (None, "none"):
+            raise UnsupportedField("tool_choice", "tool_choice is not supported by this server")
+        if self.response_format not in (None, {"type": "text"}):
+            raise UnsupportedField("response_format", "response_format other than text is not supported")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+GENERATE_SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
+                                    "ignore_eos", "skip_special_tokens", "seed", "n"})
+
+
+class GenerateRequest(BaseModel):
+    """SGLang's ``POST /generate``: ``text`` or ``input_ids`` (or hypic's ``segments``) and
+    ``sampling_params`` with SGLang's names (``max_new_tokens``, ``temperature``, ``top_p``,
+    ``top_k``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``seed``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | None = None
+    input_ids: TokenIds | None = None
+    segments: list[SegmentPiece] | None = None
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False
+    rid: str | None = None
+    cache_salt: str | None = None
+
+    def prompt(self):
+        given = [x is not None for x in (self.text, self.input_ids, self.segments)]
+        if sum(given) != 1:
+            raise UnsupportedField("text", "give exactly one of text, input_ids and segments")
+        if self.segments is not None:
+            return {"segments": self.segments}
+        return self.text if self.text is not None else list(self.input_ids)
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        sp = self.sampling_params
+        unknown = sorted(set(sp) - GENERATE_SAMPLING_KEYS)
+        if unknown:
+            raise UnsupportedField(f"sampling_params.{unknown[0]}", f"sampling_params.{unknown[0]} is not supported")
+        if sp.get("n", 1) != 1:
+            raise UnsupportedField("sampling_params.n", "sampling_params.n must be 1")
+        return SamplingParams(
+            temperature=sp.get("temperature", 1.0), top_p=sp.get("top_p", 1.0), top_k=sp.get("top_k", 0) or 0,
+            max_tokens=max_tokens, stop=sp.get("stop"), stop_token_ids=sp.get("stop_token_ids"),
+            ignore_eos=sp.get("ignore_eos", False), skip_special_tokens=sp.get("skip_special_tokens", True),
+            seed=sp.get("seed"),
+        )
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: TokenIds
