@@ -26,6 +26,10 @@ class EnvVar:
 
 
 ENV_VARS: dict[str, EnvVar] = {
+    "TRITON_INTERPRET": EnvVar(
+        bool, False,
+        "Triton's own switch: 1 runs Triton kernels on CPU tensors through its interpreter (the kernel "
+        "tests). Read here so that ops can route CPU tensors to a kernel only then."),
 }
 
 
@@ -53,6 +57,12 @@ def get(name: str) -> Value:
     return value
 
 
+def triton_interpret() -> bool:
+    """Whether Triton runs kernels through its interpreter (``TRITON_INTERPRET=1``): then a kernel
+    takes CPU tensors, which the ops' fast paths check for beside the tensors' device."""
+    return bool(get("TRITON_INTERPRET"))
+
+
 def env_switch(name: str, default: bool = True) -> bool:
     """The 0/1 switch ``name`` (unset: ``default``); any other value is a ``ValueError`` naming it.
 
@@ -63,4 +73,4 @@ def env_switch(name: str, default: bool = True) -> bool:
     return value == "1"
 
 
-__all__ = ["ENV_VARS", "EnvVar", "env_switch", "get"]
+__all__ = ["ENV_VARS", "EnvVar", "env_switch", "get", "triton_interpret"]

@@ -40,7 +40,7 @@ import torch
 
 from hypic.envs import env_switch
 from hypic.ops.fused import recording_graph
-from hypic.ops.linear._checks import concrete_device
+from hypic.ops.linear.checks import concrete_device
 
 ENV = "HYPIC_CUDA_GRAPHS"
 DEFAULT_BUCKETS: Tuple[int, ...] = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,

@@ -38,7 +38,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from hypic.ops.attention_split import _interpreting
-from hypic.ops.linear._checks import FLOAT_DTYPES, check_tensor, concrete_device, on_device
+from hypic.ops.linear.checks import FLOAT_DTYPES, check_tensor, concrete_device, on_device
 from hypic.ops.rope import apply_rotary
 
 KV_GATHER_ENV = "HYPIC_KV_GATHER"

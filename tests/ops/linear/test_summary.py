@@ -1,4 +1,5 @@
-"""Tests for hypic/ops/linear/summary.py (structured affine summaries and their algebra)."""
+"""Tests for hypic/ops/linear/summary.py (structured affine summaries and their algebra) and
+hypic/ops/linear/scan.py (the scans along chains of them)."""
 
 import pytest
 import torch
@@ -12,8 +13,8 @@ from hypic.ops.linear.summary import (
     apply_summary,
     compose,
     identity_summary,
-    scan_chain,
 )
+from hypic.ops.linear.scan import scan_chain
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -127,7 +128,7 @@ def test_bad_arguments_raise_value_error():
 
 
 def test_scan_chain_from_two_sources_equals_the_gathered_chain():
-    from hypic.ops.linear.summary import gather_chain, scan_chain_from
+    from hypic.ops.linear.scan import gather_chain, scan_chain_from
 
     gen = torch.Generator().manual_seed(3)
     m, hv, k, v = 6, 2, 4, 3
@@ -156,7 +157,8 @@ def test_scan_chain_from_two_sources_equals_the_gathered_chain():
 def test_summary_table_and_recorded_rows_match_the_full_scan(kind):
     """Bodies as a SummaryTable of one-span summaries (read in place on GPU, stacked here) and
     only some incoming states kept (``record_rows``) give the rows of the full scan."""
-    from hypic.ops.linear.summary import SummaryTable, scan_chain_from, summary_addresses
+    from hypic.ops.linear.scan import scan_chain_from
+    from hypic.ops.linear.summary import SummaryTable, summary_addresses
 
     full = random_summary(kind, 7, seed=11)
     first = full.index(torch.tensor([0, 3, 6]))
