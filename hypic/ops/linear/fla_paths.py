@@ -3,9 +3,8 @@
 The public reference functions (``gated_delta.py``, ``kda.py``, ...) call the function of the
 same name here when :func:`fla_takes` (:func:`fla_chain_takes` for the chain walk) says these
 kernels take their inputs (CUDA tensors, no float64, head dims the kernels take); signatures
-match the references. fla and
-Triton are imported inside function bodies only (fla-core is an optional, GPU-only package), so
-importing this module never needs them.
+match the references. fla and Triton are imported inside function bodies only (fla-core is an
+optional, GPU-only package), so importing this module never needs them.
 
 Layout: hypic packs tokens without a batch dim (q ``[T, H, K]``); fla wants ``[B=1, T, H, K]`` with
 ``cu_seqlens``. States are ``[N, HV, K, V]`` fp32 (fla's default K-first layout). Gates are natural
