@@ -27,9 +27,9 @@ class EnvVar:
 
 ENV_VARS: dict[str, EnvVar] = {
     "TRITON_INTERPRET": EnvVar(
-        bool, False,
-        "Triton's own switch: 1 runs Triton kernels on CPU tensors through its interpreter (the kernel "
-        "tests). Read here so that ops can route CPU tensors to a kernel only then."),
+        str, "0",
+        "Triton's own switch (1, true, yes or on): Triton kernels run on CPU tensors through its "
+        "interpreter (the kernel tests). Read here so that ops route CPU tensors to a kernel only then."),
 }
 
 
@@ -60,7 +60,7 @@ def get(name: str) -> Value:
 def triton_interpret() -> bool:
     """Whether Triton runs kernels through its interpreter (``TRITON_INTERPRET=1``): then a kernel
     takes CPU tensors, which the ops' fast paths check for beside the tensors' device."""
-    return bool(get("TRITON_INTERPRET"))
+    return str(get("TRITON_INTERPRET")).strip().lower() in ("1", "true", "yes", "on", "y")
 
 
 def env_switch(name: str, default: bool = True) -> bool:

@@ -79,18 +79,22 @@ def test_cpu_run_imports_neither_fla_nor_triton():
 
 def test_cpu_and_float64_inputs_take_the_reference():
     """The fast paths are chosen on the tensors' device and dtype, never on the machine: CPU
-    tensors (on a GPU machine too) and float64 ones take the reference."""
+    tensors take the reference, on a GPU machine too (float64 ones: the CUDA test below)."""
     x = torch.zeros(4, 1, 8)
     assert not fla_paths.fla_takes(x, None, x, key_dim=8)
     assert not fla_paths.fla_takes(None, None)
     assert not fla_paths.fla_chain_takes(x, x, x, x, x)
-    if torch.cuda.is_available():
-        c = x.cuda()
-        assert fla_paths.fla_takes(c, None, c, key_dim=8)
-        assert not fla_paths.fla_takes(c, x, key_dim=8)
-        assert not fla_paths.fla_takes(c, c.double(), key_dim=8)
-        assert not fla_paths.fla_takes(c, key_dim=512)
-        assert not fla_paths.fla_chain_takes(c, torch.zeros(4, 1, 12).cuda(), c, c, c)  # K = 12: not a power of two
+
+
+@pytest.mark.cuda
+def test_cuda_inputs_take_the_fast_paths_the_kernels_take():
+    x = torch.zeros(4, 1, 16)
+    c = x.cuda()
+    assert fla_paths.fla_takes(c, None, c, key_dim=16) and fla_paths.fla_chain_takes(c, c, c, c, c)
+    assert not fla_paths.fla_takes(c, x, key_dim=16)  # one CPU tensor among them
+    assert not fla_paths.fla_takes(c, c.double(), key_dim=16)
+    assert not fla_paths.fla_takes(c, key_dim=512)
+    assert not fla_paths.fla_chain_takes(c, torch.zeros(4, 1, 12).cuda(), c, c, c)  # K = 12: not a power of two
 
 
 def test_segment_log_decay_matches_reference_summaries():
