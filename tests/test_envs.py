@@ -17,3 +17,15 @@ def test_env_switch_default_values_and_errors(monkeypatch):
         monkeypatch.setenv("HYPIC_TEST_SWITCH", bad)
         with pytest.raises(ValueError, match="HYPIC_TEST_SWITCH must be 0 or 1"):
             env_switch("HYPIC_TEST_SWITCH")
+
+
+def test_triton_interpret_reads_tritons_switch(monkeypatch):
+    from hypic.envs import triton_interpret
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert triton_interpret() is False
+    for on in ("1", "true", "ON"):
+        monkeypatch.setenv("TRITON_INTERPRET", on)
+        assert triton_interpret() is True
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert triton_interpret() is False

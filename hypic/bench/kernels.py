@@ -36,7 +36,8 @@ from hypic.engine.engine import resolve_device, resolve_dtype
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d
 from hypic.ops.linear.gated_delta import gated_delta_forward_and_summarize
-from hypic.ops.linear.summary import DenseSummary, scan_chain
+from hypic.ops.linear.scan import scan_chain
+from hypic.ops.linear.summary import DenseSummary
 from hypic.ops.moe import moe_experts, route_topk_softmax
 
 SIZES = ("tiny", "model")

@@ -40,7 +40,7 @@ from typing import Dict, Hashable, Optional, Sequence, Tuple
 import torch
 
 from hypic.ops.fused import recording_graph
-from hypic.ops.linear._checks import concrete_device
+from hypic.ops.linear.checks import concrete_device
 
 DEFAULT_BUCKETS: Tuple[int, ...] = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
                                     1536, 2048)

@@ -11,12 +11,13 @@ Maths per channel d: ``y_t = act(bias_d + sum_{w < W} weight[d, w] * x_{t - (W -
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
 
-from hypic.ops.linear._checks import (
+from hypic.ops.conv_short import conv_tails as conv_tails_triton
+from hypic.ops.conv_short import short_conv
+from hypic.ops.linear.checks import (
     FLOAT_DTYPES,
     check_cu_seqlens,
     check_same_device,
@@ -25,9 +26,12 @@ from hypic.ops.linear._checks import (
     compute_dtype,
     cu_seqlens_to_list,
 )
-from hypic.ops.linear._dispatch import cuda_fast_path
+from hypic.ops.linear.fla_paths import fla_causal_conv1d
 
 ACTIVATIONS = ("silu", None)
+# the one-launch kernel of hypic.ops.conv_short when the runs average at most this many tokens (a
+# cached request's seams and question), fla's chunked kernel for longer runs (a cold prefill)
+SHORT_CONV_MAX_MEAN_TOKENS = 64
 
 
 def _check_common(x_dim: int, weight: object, bias: object, activation: object) -> int:
@@ -44,6 +48,16 @@ def _check_common(x_dim: int, weight: object, bias: object, activation: object) 
 
 def _activate(y: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
     return torch.nn.functional.silu(y) if activation == "silu" else y
+
+
+def conv_kernel(x: torch.Tensor, num_seqs: int) -> Optional[str]:
+    """The GPU kernel that takes a conv of ``x`` over ``num_seqs`` runs, chosen on the input:
+    None (the reference) off CUDA or in float64; ``"short"`` (:func:`hypic.ops.conv_short.short_conv`)
+    when the runs average at most ``SHORT_CONV_MAX_MEAN_TOKENS`` tokens, else ``"fla"`` (fla's
+    chunked kernel, :func:`hypic.ops.linear.fla_paths.fla_causal_conv1d`)."""
+    if not x.is_cuda or x.dtype == torch.float64:
+        return None
+    return "short" if x.shape[0] <= SHORT_CONV_MAX_MEAN_TOKENS * max(num_seqs, 1) else "fla"
 
 
 def causal_conv1d(
@@ -75,12 +89,16 @@ def causal_conv1d(
     if initial_state is not None:
         check_tensor("initial_state", initial_state, (num_seqs, dim, width - 1), (x.dtype,))
     check_same_device(x=x, weight=weight, bias=bias, initial_state=initial_state)
-    fast = cuda_fast_path("causal_conv1d", x)
-    if fast is not None:
-        return fast(x, weight, bias, cu_seqlens=cu_seqlens, initial_state=initial_state, activation=activation,
-                    cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=output_final_state)
-
     hist = width - 1
+    kernel = conv_kernel(x, num_seqs)
+    if kernel is not None:
+        if kernel == "short":
+            y = short_conv(x, weight, bias, cu_seqlens=cu_seqlens, initial_state=initial_state, activation=activation)
+        else:
+            y = fla_causal_conv1d(x, weight, bias, cu_seqlens=cu_seqlens, initial_state=initial_state,
+                                  activation=activation, cu_seqlens_cpu=cu_seqlens_cpu)
+        return y, conv_final_state(x, initial_state, cu_seqlens, hist) if output_final_state else None
+
     if initial_state is None:
         initial_state = x.new_zeros(num_seqs, dim, hist)
     if x.device.type == "cpu":  # value checks read cu_seqlens on the host: free on CPU only
@@ -130,34 +148,28 @@ def gather_rows_of_cat(x: torch.Tensor, extra: torch.Tensor, index: torch.Tensor
     return torch.where(in_x, from_x, from_extra)
 
 
-TAILS_ENV = "HYPIC_CONV_TAILS"
-
-
-def conv_tails(x: torch.Tensor, init: torch.Tensor, index: torch.Tensor, dtype: torch.dtype,
-               impl: Optional[str] = None) -> torch.Tensor:
+def conv_tails(x: torch.Tensor, init: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The conv tails a layer records: ``out[n, :, j]`` is row ``index[n * G + j]`` of
     ``cat(x, init's rows)``, init's row ``m * G + j`` being ``init[m, :, j]``; ``[N, D, G]``
     contiguous in ``dtype``. x ``[T, D]`` (a strided column block is fine), init ``[N0, D, G]``,
     index int64 on x's device with ``N * G`` entries in range (not checked on the device).
 
-    ``impl``: ``"torch"`` (the reference: the states' rows, a concatenation, a select, a
-    transpose and a cast), ``"triton"`` (one launch, :func:`hypic.ops.conv_short.conv_tails`:
-    at a cached request's shape the concatenation of a strided x alone took 17.6 us a layer on
-    the H200, session 26 call 1) or None: ``HYPIC_CONV_TAILS`` (``auto`` by default: Triton on
-    CUDA, the reference elsewhere)."""
-    impl = impl or os.environ.get(TAILS_ENV, "auto")
-    if impl not in ("auto", "torch", "triton"):
-        raise ValueError(f"conv_tails impl must be auto, torch or triton, got {impl!r}")
+    On CUDA one Triton launch (:func:`hypic.ops.conv_short.conv_tails`): at a cached request's
+    shape the concatenation of a strided x alone took 17.6 us a layer on the H200, and the
+    all-hit 32k request 54.51 ms p50 against 55.27 with the reference's tails
+    (benchmarks/results/README.md). Elsewhere :func:`conv_tails_reference`."""
     if x.dim() != 2 or init.dim() != 3 or init.shape[1] != x.shape[1] or init.shape[2] < 1:
         raise ValueError(f"x must be [T, D] and init [N, D, G >= 1], got {tuple(x.shape)} and {tuple(init.shape)}")
     if index.dim() != 1 or index.numel() % init.shape[2] or index.device != x.device or init.device != x.device:
         raise ValueError("index must be 1-D, a multiple of G long, on x's device (as init)")
-    if impl == "auto":
-        impl = "triton" if x.is_cuda else "torch"
-    if impl == "triton":
-        from hypic.ops.conv_short import conv_tails as conv_tails_triton
-
+    if x.is_cuda:
         return conv_tails_triton(x, init, index.long(), dtype)
+    return conv_tails_reference(x, init, index, dtype)
+
+
+def conv_tails_reference(x: torch.Tensor, init: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`conv_tails` in PyTorch (operands checked by the caller): the states' rows, a
+    concatenation, a select, a transpose and a cast."""
     width_1 = init.shape[2]
     rows = gather_rows_of_cat(x, init.transpose(1, 2).reshape(-1, x.shape[1]), index)
     return rows.view(-1, width_1, x.shape[1]).transpose(1, 2).to(dtype).contiguous()
@@ -174,7 +186,7 @@ def conv_final_state(x: torch.Tensor, initial_state: Optional[torch.Tensor], cu_
     if hist == 0:
         return x.new_zeros(num_seqs, dim, 0)
     tail_src = _conv_tail_index(cu_seqlens.to(x.device), num_tokens, num_seqs, hist)
-    return conv_tails(x, initial_state, tail_src, torch.promote_types(x.dtype, initial_state.dtype), impl="torch")
+    return conv_tails_reference(x, initial_state, tail_src, torch.promote_types(x.dtype, initial_state.dtype))
 
 
 def _conv_tail_index(cu_seqlens: torch.Tensor, num_tokens: int, num_seqs: int, hist: int) -> torch.Tensor:
@@ -216,9 +228,6 @@ def causal_conv1d_update(
     width = _check_common(dim, weight, bias, activation)
     check_tensor("state", state, (num_seqs, dim, width - 1), (x.dtype,))
     check_same_device(x=x, state=state, weight=weight, bias=bias)
-    fast = cuda_fast_path("causal_conv1d_update", x)
-    if fast is not None:
-        return fast(x, state, weight, bias, activation)
     window = torch.cat([state, x[:, :, None]], dim=-1)  # [N, D, W]
     dtype = compute_dtype(x, weight)
     y = (window.to(dtype) * weight.to(dtype)[None]).sum(-1)

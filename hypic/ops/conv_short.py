@@ -1,34 +1,33 @@
 """Varlen short causal conv in one Triton launch, for many short sequences.
 
-Same contract as :func:`hypic.ops.conv.causal_conv1d` (the reference; on CUDA the dispatcher in
-:mod:`hypic.ops.linear._fla_conv` picks this or fla's kernel, ``HYPIC_CONV_IMPL``). A cached
-request's linear layers convolve its seams and question: 65 sequences of 8-64 tokens at the
-all-hit 32k shape. fla's ``causal_conv1d_fwd`` took 96-150 us per layer there (sessions 9 and
-11 profiles) for 576 x 8192 bf16 inputs that take ~4 us to read; it also needs the states padded
+The output of :func:`hypic.ops.conv.causal_conv1d` (the reference, which picks this kernel on
+CUDA for short runs, :func:`hypic.ops.conv.conv_kernel`, and forms the final states itself). A
+cached request's linear layers convolve its seams and question: 65 sequences of 8-64 tokens at
+the all-hit 32k shape. fla's ``causal_conv1d_fwd`` took 96-150 us per layer there (H200
+profiles) for 576 x 8192 bf16 inputs that take ~4 us to read; it also needs the states padded
 to its ``[N, D, W]`` layout. Here each program takes a tile of tokens x channels, finds each
 token's sequence by a binary search over ``cu_seqlens`` (no per-token tables to build) and
 reads taps before a sequence's start from its ``[N, D, W-1]`` state directly, in the state's own
-dtype. The final states are the reference's (:func:`hypic.ops.conv.conv_final_state`).
+dtype.
 
-Measured on the H200 (session 11, call 6): in the all-hit 32k request's profile the 30 launches
-take 0.95 ms of GPU time (31.6 us each). Long runs (a cold prefill) keep fla's kernel: the two
-were not compared there, so the auto rule (:func:`hypic.ops.linear._fla_conv.conv_impl`) sends
-runs averaging over 64 tokens to fla.
+Measured on the H200: in the all-hit 32k request's profile the 30 launches take 0.95 ms of GPU
+time (31.6 us each). Long runs (a cold prefill) keep fla's kernel: the two were not compared
+there, so runs averaging over 64 tokens go to fla.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
 # Tile (tokens x channels) and warps. At the all-hit 32k shape (64 seams of 8 tokens + a 64-token
 # question, 8192 channels, bf16, the runs' initial states read) on the H200, one eager call each
-# (benchmarks/moe_glue_h200.py, session 25 call 2; ~50 us of it is the launch, as a call without
+# (benchmarks/moe_glue_h200.py; ~50 us of it is the launch, as a call without
 # states shows): 16 x 128 x 4 warps 0.061 ms, 32 x 128 (before) 0.095, 8 x 512 0.086, 16 x 256
 # 0.083; without states every 128-channel tile took 0.050-0.064. Taller tiles hold more of the
 # states' gathered addresses at once. Timed again behind a sleep kernel, so without the launch
-# (benchmarks/short_kernels_h200.py, session 27 call 1, a column block of a wider input): 16 x
+# (benchmarks/short_kernels_h200.py, a column block of a wider input): 16 x
 # 128 x 4 warps 31.3 us with 16 search steps, 25.3 with 7; then 8 x 128 x 2 warps 22.3, 16 x 64
 # x 2 warps 22.3, 32 x 128 x 4 warps 27.4, 64 x 64 x 4 warps 36.9.
 BLOCK_T, BLOCK_D, NUM_WARPS = 8, 128, 2
@@ -57,12 +56,10 @@ def search_steps(num_seqs: int) -> int:
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *, cu_seqlens: torch.Tensor,
-               initial_state: Optional[torch.Tensor] = None, activation: Optional[str] = "silu",
-               output_final_state: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``causal_conv1d`` through :func:`short_conv_kernel` (inputs validated by the caller)."""
+               initial_state: Optional[torch.Tensor] = None, activation: Optional[str] = "silu") -> torch.Tensor:
+    """The output ``y [T, D]`` of ``causal_conv1d`` through :func:`short_conv_kernel` (inputs
+    validated by the caller)."""
     import triton
-
-    from hypic.ops.conv import conv_final_state
 
     num_tokens, dim = x.shape
     width = weight.shape[1]
@@ -79,8 +76,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             HAS_STATE=state is not None, SILU=activation == "silu", BT=BLOCK_T, BD=BLOCK_D,
             LOG_N=search_steps(num_seqs), num_warps=NUM_WARPS,
         )
-    final = conv_final_state(x, initial_state, cu_seqlens, width - 1) if output_final_state else None
-    return y, final
+    return y
 
 
 def conv_tails(x: torch.Tensor, init: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Tuple
 import torch
 
 from hypic.ops.fused import dispatch
-from hypic.ops.linear._checks import FLOAT_DTYPES, check_tensor
+from hypic.ops.linear.checks import FLOAT_DTYPES, check_tensor
 from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, Summary
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hypic.ops.kv_gather import PieceFormat, piece_format
-from hypic.ops.linear._checks import concrete_device
+from hypic.ops.linear.checks import concrete_device
 from hypic.ops.linear.summary import summary_addresses
 from hypic.pic.payload import SegmentEntry
 

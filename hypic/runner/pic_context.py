@@ -40,7 +40,7 @@ from hypic.ops.linear.gated_delta import (
     gated_delta_chain_forward_and_summarize,
     gated_delta_forward,
 )
-from hypic.ops.linear._checks import on_device
+from hypic.ops.linear.checks import on_device
 from hypic.ops.linear.summary import DenseSummary, SummaryTable
 
 

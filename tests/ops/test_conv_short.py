@@ -1,6 +1,6 @@
 """The one-launch short conv (hypic.ops.conv_short) against the reference in hypic.ops.conv.
 
-CPU: the dispatch rule (``HYPIC_CONV_IMPL``); the Triton kernel through ``TRITON_INTERPRET=1`` in a
+CPU: the choice of kernel on the inputs; the Triton kernel through ``TRITON_INTERPRET=1`` in a
 subprocess when Triton is installed. CUDA: bf16 at the engine's all-hit shape and with long runs.
 """
 
@@ -15,7 +15,7 @@ from tests.interpreter import interpreted_error
 
 CASE = textwrap.dedent("""
     import torch
-    from hypic.ops.conv import causal_conv1d
+    from hypic.ops.conv import causal_conv1d, conv_final_state
     from hypic.ops.conv_short import short_conv
 
     def case(dtype, device, lengths, dim, width=4, with_state=True, with_bias=True, activation="silu", seed=0):
@@ -29,27 +29,32 @@ CASE = textwrap.dedent("""
         ref, ref_final = causal_conv1d(x.double(), weight.double(), d64(bias), cu_seqlens=cu,
                                        initial_state=d64(state), activation=activation)
         dev = lambda t: None if t is None else t.to(device)  # noqa: E731
-        y, final = short_conv(dev(x), dev(weight), dev(bias), cu_seqlens=dev(cu), initial_state=dev(state),
-                              activation=activation)
+        y = short_conv(dev(x), dev(weight), dev(bias), cu_seqlens=dev(cu), initial_state=dev(state),
+                       activation=activation)
         assert y.dtype == dtype and y.shape == ref.shape and not torch.isnan(y).any()
+        final = conv_final_state(dev(x), dev(state), dev(cu), width - 1)  # what causal_conv1d adds to y
         assert torch.equal(final.cpu().double(), ref_final)  # the inputs' own values, moved
         return float((y.cpu().double() - ref).norm() / ref.norm())
 """)
 
 
-def test_conv_impl_rule(monkeypatch):
-    from hypic.ops.linear import fla_paths  # conv_impl re-exported there
+class _OnCuda:
+    """A stand-in for a CUDA tensor of ``num_tokens`` rows (only what ``conv_kernel`` reads)."""
 
-    monkeypatch.delenv("HYPIC_CONV_IMPL", raising=False)
-    assert fla_paths.conv_impl(576, 65) == "short"  # all-hit 32k: seams and question
-    assert fla_paths.conv_impl(32832, 65) == "fla"  # cold 32k
-    monkeypatch.setenv("HYPIC_CONV_IMPL", "fla")
-    assert fla_paths.conv_impl(576, 65) == "fla"
-    monkeypatch.setenv("HYPIC_CONV_IMPL", "short")
-    assert fla_paths.conv_impl(32832, 65) == "short"
-    monkeypatch.setenv("HYPIC_CONV_IMPL", "fast")
-    with pytest.raises(ValueError, match="HYPIC_CONV_IMPL"):
-        fla_paths.conv_impl(576, 65)
+    is_cuda = True
+    dtype = torch.bfloat16
+
+    def __init__(self, num_tokens):
+        self.shape = (num_tokens, 8192)
+
+
+def test_conv_kernel_rule():
+    from hypic.ops.conv import conv_kernel
+
+    assert conv_kernel(_OnCuda(576), 65) == "short"  # all-hit 32k: seams and question
+    assert conv_kernel(_OnCuda(32832), 65) == "fla"  # cold 32k
+    assert conv_kernel(torch.zeros(576, 4), 65) is None  # a CPU tensor: the reference, whatever the machine has
+    assert conv_kernel(torch.zeros(4, 4, dtype=torch.float64), 1) is None
 
 
 def test_short_conv_interpreted():
@@ -78,7 +83,7 @@ def test_search_steps_cover_the_run_count():
         assert n.bit_length() <= search_steps(n)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.cuda
 @pytest.mark.parametrize("lengths", [[8] * 64 + [64], [512] * 8 + [64], [1, 0, 2, 3] * 5, [1, 2] * 150])
 def test_short_conv_cuda_bf16(lengths):
     namespace = {}
@@ -89,7 +94,8 @@ def test_short_conv_cuda_bf16(lengths):
 
 TAILS_CASE = textwrap.dedent("""
     import torch
-    from hypic.ops.conv import conv_tails
+    from hypic.ops.conv import conv_tails_reference
+    from hypic.ops.conv_short import conv_tails as conv_tails_triton
 
     def tails_case(device, in_dtype, out_dtype, seed=0, groups=7, dim=40, width_1=3, tokens=11, runs=4):
         gen = torch.Generator().manual_seed(seed)
@@ -106,8 +112,8 @@ TAILS_CASE = textwrap.dedent("""
             for j in range(width_1):
                 want[n, :, j] = rows[index[n * width_1 + j]]
         dev = lambda t: t.to(device)  # noqa: E731
-        ref = conv_tails(dev(x), dev(init), dev(index), out_dtype, impl="torch")
-        got = conv_tails(dev(x), dev(init), dev(index), out_dtype, impl="triton")
+        ref = conv_tails_reference(dev(x), dev(init), dev(index), out_dtype)
+        got = conv_tails_triton(dev(x), dev(init), dev(index), out_dtype)
         assert got.dtype == out_dtype and got.is_contiguous() and got.shape == (groups, dim, width_1)
         assert torch.equal(got.cpu(), ref.cpu()), (got, ref)
         return float((ref.cpu().double() - want.to(out_dtype).double()).abs().max())
@@ -116,14 +122,15 @@ TAILS_CASE = textwrap.dedent("""
 
 def test_conv_tails_reference_and_checks():
     namespace: dict = {}
-    exec(TAILS_CASE.replace('impl="triton"', 'impl="torch"'), namespace)  # noqa: S102 - reference only
+    exec(TAILS_CASE.replace("got = conv_tails_triton(", "got = conv_tails_reference("), namespace)  # noqa: S102
     assert namespace["tails_case"]("cpu", torch.float32, torch.float32) == 0.0
     assert namespace["tails_case"]("cpu", torch.bfloat16, torch.float32, seed=1) == 0.0
     from hypic.ops.conv import conv_tails
 
     x, init = torch.zeros(4, 8), torch.zeros(2, 8, 3)
-    with pytest.raises(ValueError, match="impl"):
-        conv_tails(x, init, torch.zeros(3, dtype=torch.long), torch.float32, impl="cuda")
+    index = torch.tensor([0, 4, 9, 3, 2, 1])
+    assert torch.equal(conv_tails(x, init, index, torch.float32), namespace["conv_tails_reference"](
+        x, init, index, torch.float32))  # CPU tensors: the reference
     with pytest.raises(ValueError, match=r"\[N, D, G >= 1\]"):
         conv_tails(x, torch.zeros(2, 7, 3), torch.zeros(3, dtype=torch.long), torch.float32)
     with pytest.raises(ValueError, match="multiple of G"):
@@ -140,7 +147,7 @@ def test_conv_tails_interpreted():
     assert interpreted_error(script) == 0.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.cuda
 def test_conv_tails_cuda():
     namespace: dict = {}
     exec(TAILS_CASE, namespace)  # noqa: S102

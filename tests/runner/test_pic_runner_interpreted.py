@@ -11,10 +11,8 @@ import textwrap
 from tests.interpreter import interpreted_error
 
 SCRIPT = textwrap.dedent("""
-    import os
     import torch
     import hypic.ops.conv as conv
-    from hypic.ops.linear import fla_paths
     from tests.runner.pic_helpers import DEEP_LAYER_TYPES, PicHarness, random_segment, tiny_model
 
     spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
@@ -29,14 +27,11 @@ SCRIPT = textwrap.dedent("""
         return cold.logits, cached.logits
 
     want = requests()
-    os.environ["HYPIC_CONV_IMPL"] = "short"
     calls = []
-    def fast(name, *tensors):
-        if name == "causal_conv1d":
-            calls.append(1)
-            return fla_paths.causal_conv1d
-        return None
-    conv.cuda_fast_path = fast  # the CPU tensors take the GPU dispatch: short_conv, interpreted
+    def short_kernel(x, num_seqs):
+        calls.append(1)
+        return "short"
+    conv.conv_kernel = short_kernel  # the CPU tensors take the GPU kernel: short_conv, interpreted
     got = requests()
     assert len(calls) >= 2 * 5, len(calls)  # every linear layer of both requests
     print(max(float((g - w).norm() / w.norm()) for g, w in zip(got, want)))

@@ -1,7 +1,10 @@
-"""Linear-attention state algebra: one module per family (forward, decode, summarize) and the
-structured affine summaries of token spans (``summary``). CPU reference in PyTorch; CUDA tensors
-are routed to ``fla_paths`` (imported lazily) when it provides the same function."""
+"""Linear-attention state algebra: one module per family (forward, decode, summarize), the
+structured affine summaries of token spans (``summary``) and the scans along chains of them
+(``scan``). Each public function is the pure PyTorch reference and calls its GPU fast path
+(``fla_paths``, ``triton_scan``) when an explicit check on its input tensors (CUDA, a dtype and
+shape the kernels take) says the kernels take them."""
 
+from .scan import scan_chain
 from .summary import (
     DenseSummary,
     DiagonalSummary,
@@ -9,7 +12,6 @@ from .summary import (
     apply_summary,
     compose,
     identity_summary,
-    scan_chain,
 )
 
 __all__ = [

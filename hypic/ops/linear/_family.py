@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._checks import (
+from .checks import (
     FLOAT_DTYPES,
     GATE_DTYPES,
     STATE_DTYPES,

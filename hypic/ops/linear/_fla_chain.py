@@ -1,6 +1,6 @@
 """GPU path of :func:`hypic.ops.linear.gated_delta.gated_delta_chain_forward` and
 :func:`~hypic.ops.linear.gated_delta.gated_delta_chain_forward_and_summarize` (re-exported by
-:mod:`hypic.ops.linear.fla_paths`, where the dispatcher looks them up).
+:mod:`hypic.ops.linear.fla_paths`; the references call it when :func:`fla_chain_takes` says so).
 
 One Triton launch walks each chain: a live span is applied from its WY factors while its
 ``v_new`` and entering chunk states are written for fla's output kernel, and a cached body from
@@ -9,70 +9,51 @@ chain and fla's state pass does not run.
 
 * Every live span fits in one chunk (the seams and question of a request whose segments are all
   cached): one step per span, ``gamma h + Kd^T (U - W h)`` with h split for an fp32-accurate
-  ``W h``. Measured on the H200 (session 8): in a whole all-hit 32k request the three kernels'
-  21.3 ms of GPU time (summaries, scan, state pass) became 18.0.
+  ``W h``. Measured on the H200: in a whole all-hit 32k request the three kernels' 21.3 ms of
+  GPU time (summaries, scan, state pass) became 18.0.
 * Longer spans (a cold prefill's segments, a cached request's missed documents): each span is
   walked chunk by chunk in fla's state-pass precision, the state carried across spans and
-  bodies. Before (session 13) such a forward formed every span's summary, scanned them for the
-  spans' entering states and ran fla's state pass from those: on the H200 a cold 32k request in
-  512-token segments spent 1.03 ms per linear layer on the summaries, 0.58 on the scan and 1.15
-  on fla's state pass of 129 spans from initial states (0.69 for one 32k run).
+  bodies. Forming every span's summary, scanning them for the spans' entering states and running
+  fla's state pass from those instead spent, on the H200, 1.03 ms per linear layer of a cold 32k
+  request in 512-token segments on the summaries, 0.58 on the scan and 1.15 on fla's state pass
+  of 129 spans from initial states (0.69 for one 32k run); the cold 32k request took 776.08 ms
+  that way against 757.83 walked (benchmarks/results/README.md).
 
 A store write asks for the written spans' zero-start summaries as well; they come from the same
-WY factors, beside the chain: fla's summary kernel over every span, then the written spans' rows
-(views when they are a run). A cold prefill's writes (nothing cached, no checkpoint records) take
-S from the states the walk records around each written span
-(:mod:`hypic.ops.linear.state_summary`, ``HYPIC_COLD_SUMMARIES``) and T from one launch over the
-written spans alone, on a side stream beside the walk (:mod:`hypic.ops.linear.transition`,
-``HYPIC_TRANSITION_IMPL``). ``HYPIC_CHAIN_LONG=scan`` restores the former path for spans longer
-than a chunk (A/B measurements)."""
+WY factors, beside the chain: fla's summary kernel over every span (or over the written spans'
+rows alone), then the written spans' rows (views when they are a run). A cold prefill's writes
+(nothing cached, no checkpoint records) take S from the states the walk records around each
+written span (:mod:`hypic.ops.linear.state_summary`) and T from one launch over the written spans
+alone, on a side stream beside the walk (:mod:`hypic.ops.linear.transition`): the cold 32k
+request took 727.51 ms so against 757.15 with fla's one-run forward for the summaries, one
+layer's write 3.37-3.43 ms against 4.13-4.16 with fla's summary kernel for T and S."""
 
 from __future__ import annotations
 
-import os
 from typing import Tuple
 
 import torch
 
-from hypic.ops.linear._fla_common import (
-    CHUNK_SIZE,
-    _any_fp64,
-    _check_fla_inputs,
-    _on_cpu_reference,
-    _state_or_none,
-    _summary_classes,
-    span_chunk_rows,
-)
+from hypic.ops.linear._fla_common import CHUNK_SIZE, _check_fla_inputs, _state_or_none, fla_takes, span_chunk_rows
+from hypic.ops.linear._fla_wy import _span_output, _transitions_beside, _wy_prepare, _zero_start_summary
 from hypic.ops.linear._layout_tables import LayoutTables
-from hypic.ops.linear.state_summary import (
-    cold_summaries_mode,
-    written_span_rows,
-    zero_start_from_states,
-    zero_start_from_states_into,
-)
-from hypic.ops.linear.short_span import short_span_impl, short_span_rows, triton_supported
-
-LONG_ENV = "HYPIC_CHAIN_LONG"
+from hypic.ops.linear.short_span import short_span_rows, triton_supported
+from hypic.ops.linear.state_summary import written_span_rows, zero_start_from_states, zero_start_from_states_into
+from hypic.ops.linear.summary import DenseSummary, select_spans, write_summaries_into
+from hypic.ops.linear.triton_scan import scan_chain_wy_triton
 
 
-def chain_long_impl() -> str:
-    """``HYPIC_CHAIN_LONG``: ``fused`` (default: spans longer than a chunk walked in the chain
-    kernel) or ``scan`` (their summaries, the scan, then fla's state pass from the scanned
-    states)."""
-    value = os.environ.get(LONG_ENV, "fused")
-    if value not in ("fused", "scan"):
-        raise ValueError(f"{LONG_ENV} must be 'fused' or 'scan', got {value!r}")
-    return value
+def fla_chain_takes(q, k, v, g, beta, initial_states=None, bodies=None) -> bool:
+    """Whether the chain walk takes these inputs: :func:`fla_takes` (CUDA, no float64), bodies
+    not float64, and head dims the walk's Triton kernels take (power-of-two K in [16, 256])."""
+    return (fla_takes(q, k, v, g, beta, initial_states, key_dim=k.shape[-1])
+            and (bodies is None or bodies.dtype != torch.float64)
+            and triton_supported(k.shape[-1], v.shape[-1], CHUNK_SIZE))
 
 
 def gated_delta_chain_forward(q, k, v, g, beta, *, cu_seqlens, cu_chains, source=None, bodies=None,
                               initial_states=None, scale=None, cu_seqlens_cpu=None):
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
-    if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
-        return _on_cpu_reference("gated_delta", "gated_delta_chain_forward", (q, k, v, g, beta),
-                                 dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
-                                      bodies=None if bodies is None else _stacked(bodies).to("cpu"),
-                                      initial_states=initial_states, scale=scale))
     o, final, _, _ = _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
                             cu_seqlens_cpu, False, None, None, None, None, None)
     return o, final
@@ -83,14 +64,6 @@ def gated_delta_chain_forward_and_summarize(q, k, v, g, beta, *, cu_seqlens, cu_
                                             summary_spans=None, record_rows=None, num_records=None,
                                             summary_spans_host=None, summary_out=None):
     """Same contract as the reference in :mod:`hypic.ops.linear.gated_delta`."""
-    if _any_fp64(q, k, v, g, beta, initial_states) or (bodies is not None and bodies.dtype == torch.float64):
-        o, final, summary, records = _on_cpu_reference(
-            "gated_delta", "gated_delta_chain_forward_and_summarize", (q, k, v, g, beta),
-            dict(cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source,
-                 bodies=None if bodies is None else _stacked(bodies).to("cpu"),
-                 initial_states=initial_states, scale=scale, summarize=summarize,
-                 summary_spans=summary_spans, record_rows=record_rows, num_records=num_records))
-        return o, final, _written_into(summary_out, summary), records
     o, final, summary, records = _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
                                         scale, cu_seqlens_cpu, summarize, summary_spans, record_rows, num_records,
                                         summary_spans_host, summary_out)
@@ -101,8 +74,6 @@ def _written_into(targets, summary):
     """``summary``, or None once it is in ``targets`` (copied there unless a kernel wrote it)."""
     if targets is None or summary is None:
         return summary
-    from hypic.ops.linear.summary import write_summaries_into
-
     write_summaries_into(targets, summary)
     return None
 
@@ -111,24 +82,18 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
            summarize, summary_spans, record_rows, num_records, summary_spans_host, summary_out):
     """``(o, final, summary or None, incoming or None)`` of the chains (see the module doc); the
     summary is None too when the kernels wrote it into ``summary_out``."""
-    from hypic.ops.linear import fla_paths
-
     _check_fla_inputs("gated_delta_chain_forward", k.shape[-1], q, k, v, g, beta)
-    table = None
-    fits = short_span_impl() == "triton" and triton_supported(k.shape[-1], v.shape[-1], CHUNK_SIZE)
-    if fits:
-        table = short_span_rows(cu_seqlens, cu_seqlens_cpu, CHUNK_SIZE, classes=False)
-    # spans longer than a chunk: walked in the chain kernel when their chunk rows can be laid out
-    # on the host (a device-only cu_seqlens would cost a sync), else the former path
-    long_spans = table is None and fits and cu_seqlens_cpu is not None and chain_long_impl() == "fused"
-    if table is None and not long_spans:
-        return _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
-                                       scale, cu_seqlens_cpu, summarize, summary_spans, record_rows, num_records)
-    from hypic.ops.linear.triton_scan import scan_chain_wy_triton
-
+    if not triton_supported(k.shape[-1], v.shape[-1], CHUNK_SIZE):
+        raise ValueError(f"the chain walk needs a power-of-two key dim in [16, 256], got {k.shape[-1]}")
+    if cu_seqlens_cpu is None:
+        # the walk's span tables are laid out on the host: without a host copy of the bounds
+        # (every PIC forward passes one) they are read back once, a device sync
+        cu_seqlens_cpu = cu_seqlens.to("cpu", torch.int64)
+    table = short_span_rows(cu_seqlens, cu_seqlens_cpu, CHUNK_SIZE, classes=False)
+    long_spans = table is None  # a span longer than a chunk: every span walked chunk by chunk
     with torch.no_grad():
         scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
-        cu, ci, k4, gc, w, u = fla_paths._wy_prepare(k, v, g, beta, cu_seqlens, cu_seqlens_cpu)
+        cu, ci, k4, gc, w, u = _wy_prepare(k, v, g, beta, cu_seqlens, cu_seqlens_cpu)
         if long_spans:
             span_chunk, num_chunks = span_chunk_rows(cu, cu_seqlens_cpu)
         else:
@@ -137,7 +102,7 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         # the states around them and their S comes from those (hypic/ops/linear/state_summary.py);
         # T is composed for the written spans alone (hypic/ops/linear/transition.py).
         from_states = (summarize and long_spans and source is None and record_rows is None
-                       and summary_spans is not None and cold_summaries_mode() == "walk")
+                       and summary_spans is not None)
         if from_states:
             record_rows, num_records, rows = written_span_rows(cu_chains, summary_spans,
                                                                cu_seqlens_cpu.numel() - 1)
@@ -149,7 +114,7 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
             # writes), T and then S are written there: no [NW] rows to copy after the forward
             into = summary_out if (summary_out is not None and summary_out.addresses is not None
                                    and summary_out.addresses.device == w.device) else None
-            beside = fla_paths._transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans, into=into)
+            beside = _transitions_beside(k4, w, u, gc, cu, cu_seqlens_cpu, summary_spans, into=into)
         try:
             out = scan_chain_wy_triton(
                 k4[0], w[0], u[0], gc[0], cu, span_chunk, num_chunks, cu_chains, _state_or_none(initial_states),
@@ -159,9 +124,8 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
             incoming = out[3] if record_rows is not None else None
             if beside is not None:
                 beside.launch()
-            # short_wy's output kernel when every span fits in a chunk, else (or with
-            # HYPIC_SHORT_WY=fla) fla's
-            o = fla_paths._span_output(q, k4, v_new, h, gc, cu, ci, cu_seqlens_cpu, scale)
+            # short_wy's output kernel when every span fits in a chunk, else fla's
+            o = _span_output(q, k4, v_new, h, gc, cu, ci, cu_seqlens_cpu, scale)
         except BaseException:
             if beside is not None:
                 beside.join()  # the side stream must be done with the inputs before they are freed
@@ -173,7 +137,7 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
                 zero_start_from_states_into(beside.written_into, incoming, final, rows)
             else:
                 state = zero_start_from_states(trans, incoming, final, rows)
-                summary = _summary_classes()[0](transition=trans, state=state)
+                summary = DenseSummary(transition=trans, state=state)
             incoming = None  # the walk's records were for the derivation, not the caller's
         elif summarize:
             summary = _span_summaries(k4, w, u, gc, cu, cu_seqlens, cu_seqlens_cpu, summary_spans, summary_spans_host)
@@ -202,47 +166,16 @@ def _span_summaries(k4, w, u, gc, cu, cu_seqlens, cu_cpu, spans, spans_host):
     otherwise form 130 spans' summaries (4 MiB each per layer at Qwen3.5-35B-A3B widths) to
     keep one. A span's WY factors and chunks start at its first token, so its rows alone give
     the same summary."""
-    from hypic.ops.linear import fla_paths
-    from hypic.ops.linear.gated_delta import select_spans
-
     num_spans = cu.numel() - 1
     if spans is None or spans_host is None or cu_cpu is None or len(spans_host) >= num_spans:
-        return select_spans(fla_paths._zero_start_summary(k4, w, u, gc, cu, cu_cpu), spans)
+        return select_spans(_zero_start_summary(k4, w, u, gc, cu, cu_cpu), spans)
     rows, sub_cu, sub_cu_cpu = _WRITTEN_ROWS.get(cu_seqlens, cu_cpu, ("written", spans_host),
                                                  lambda: _written_rows_device(cu_cpu, spans_host, cu.device))
     pick = lambda t: None if t is None else t.index_select(1, rows)  # noqa: E731 - [1, T, ...] tensors
-    return fla_paths._zero_start_summary(pick(k4), pick(w), pick(u), pick(gc), sub_cu, sub_cu_cpu)
+    return _zero_start_summary(pick(k4), pick(w), pick(u), pick(gc), sub_cu, sub_cu_cpu)
 
 
 def _written_rows_device(cu_cpu, spans_host, device):
     rows, sub_cu = written_rows_host(cu_cpu, spans_host)
     both = torch.cat([rows, sub_cu]).pin_memory().to(device, non_blocking=True)
     return both[:rows.numel()], both[rows.numel():], sub_cu
-
-
-def _summaries_scan_forward(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
-                            cu_seqlens_cpu, summarize, summary_spans, record_rows, num_records):
-    """The former path: every live span's summary, the scan for their entering states (and the
-    recorded rows), then fla's state pass and output from those states."""
-    from hypic.ops.linear import fla_paths
-    from hypic.ops.linear.gated_delta import chain_incoming_states, chain_recorded_states, select_spans
-
-    scanned = {}
-
-    def incoming_from(live):
-        scanned["incoming"], scanned["final"] = chain_incoming_states(live, cu_chains, source, bodies,
-                                                                      initial_states)
-        scanned["records"] = chain_recorded_states(live, cu_chains, source, bodies, initial_states, record_rows,
-                                                   num_records)
-        return scanned["incoming"]
-
-    o, _, live = fla_paths.gated_delta_summarize_then_forward(
-        q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=incoming_from, scale=scale,
-        cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=False)
-    return o, scanned["final"], select_spans(live, summary_spans) if summarize else None, scanned["records"]
-
-
-def _stacked(bodies):
-    from hypic.ops.linear.summary import SummaryTable
-
-    return bodies.stacked() if isinstance(bodies, SummaryTable) else bodies

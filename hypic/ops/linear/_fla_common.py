@@ -1,77 +1,40 @@
 """Helpers shared by the fla fast paths (:mod:`hypic.ops.linear.fla_paths`): layout adapters,
-chunk tables, the float64 fallback. fla is imported inside function bodies only."""
+chunk tables, the input guard. fla is imported inside function bodies only."""
 
 from __future__ import annotations
 
-import importlib
-import os
 from typing import Optional
 
 import numpy as np
 import torch
 
+from hypic.envs import triton_interpret
 from hypic.ops.linear._layout_tables import LayoutTables
 
 CHUNK_SIZE = 64  # fla chunk length (tokens); summaries are exact for any span length
 MAX_KEY_DIM = 256  # fla's delta-rule state kernels assert K <= 256
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-
-def _summary_classes():
-    from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary
-
-    return DenseSummary, DiagonalSummary, ScalarSummary
-
-
-def _any_fp64(*tensors) -> bool:
+def any_fp64(*tensors) -> bool:
     return any(t is not None and t.dtype == torch.float64 for t in tensors)
 
 
-def _on_cpu_reference(module: str, name: str, args, kwargs):
-    """fp64 (or otherwise unsupported) inputs: run the CPU reference and move results back."""
-    device = None
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            device = a.device
-            break
-    fn = getattr(importlib.import_module(f"hypic.ops.linear.{module}"), name)
-    to_cpu = lambda a: a.cpu() if isinstance(a, torch.Tensor) else a  # noqa: E731
-    out = fn(*[to_cpu(a) for a in args], **{k: to_cpu(v) for k, v in kwargs.items()})
-    return _to_device(out, device)
-
-
-def _reference_forward_and_summarize(family, q, k, v, gates, cu_seqlens, initial_state, scale):
-    """float64: the reference forward and summaries on CPU, moved back to q's device."""
-    mod = importlib.import_module(f"hypic.ops.linear.{family}")
-    cpu = lambda t: None if t is None else t.cpu()  # noqa: E731
-    gates = tuple(cpu(t) for t in gates)
-    o, final = getattr(mod, f"{family}_forward")(
-        cpu(q), cpu(k), cpu(v), *gates, cu_seqlens=cpu(cu_seqlens), initial_state=cpu(initial_state), scale=scale)
-    summary = getattr(mod, f"{family}_summarize")(cpu(k), cpu(v), *gates, cu_seqlens=cpu(cu_seqlens))
-    return o.to(q.device), final.to(q.device), summary.to(q.device)
-
-
-def _to_device(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple):
-        return tuple(_to_device(o, device) for o in obj)
-    if hasattr(obj, "to") and callable(obj.to):
-        return obj.to(device)
-    return obj
-
-
-def _interpreting() -> bool:
-    # TRITON_INTERPRET=1 runs the same kernels on CPU tensors (slow): used only by local tests.
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+def fla_takes(*tensors, key_dim: int = 0) -> bool:
+    """Whether the fla fast paths take inputs ``tensors`` (None entries ignored): every one on
+    CUDA and none float64 (the exactness tests' inputs take the reference), and ``key_dim`` at
+    most ``MAX_KEY_DIM``. The choice is made on the tensors' device, so a CPU tensor takes the
+    reference whatever the machine has."""
+    present = [t for t in tensors if t is not None]
+    return (bool(present) and all(t.is_cuda for t in present) and not any_fp64(*present)
+            and key_dim <= MAX_KEY_DIM)
 
 
 def _check_fla_inputs(name: str, key_dim: int, *tensors) -> None:
+    """The guard of every fast-path entry: CUDA tensors (CPU ones only under Triton's
+    interpreter) and a key dim fla's delta-rule kernels take (the callers check this first and
+    take the reference otherwise: :func:`fla_takes`)."""
     for t in tensors:
-        if t is not None and not t.is_cuda and not _interpreting():
+        if t is not None and not t.is_cuda and not triton_interpret():
             raise ValueError(f"{name}: fla path needs CUDA tensors, got one on {t.device}")
     if key_dim > MAX_KEY_DIM:
         raise ValueError(f"{name}: fla delta-rule kernels need key dim <= {MAX_KEY_DIM}, got {key_dim}")

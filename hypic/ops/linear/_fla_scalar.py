@@ -1,21 +1,14 @@
 """GPU paths of the scalar / diagonal families (GLA, simple GLA / RetNet / lightning, Mamba2) on
 fla-core's Triton kernels: their T is closed-form (a sum of log gates per span), so a summary is
-fla's forward from a zero state plus that decay. Re-exported by :mod:`hypic.ops.linear.fla_paths`,
-where the dispatcher looks them up (names and signatures match the references)."""
+fla's forward from a zero state plus that decay. Re-exported by :mod:`hypic.ops.linear.fla_paths`
+(names and signatures match the references, which call them)."""
 
 from __future__ import annotations
 
 import torch
 
-from hypic.ops.linear._fla_common import (
-    _any_fp64,
-    _b1,
-    _check_fla_inputs,
-    _cu,
-    _on_cpu_reference,
-    _state_or_none,
-    _summary_classes,
-)
+from hypic.ops.linear._fla_common import _b1, _check_fla_inputs, _cu, _state_or_none
+from hypic.ops.linear.summary import DiagonalSummary, ScalarSummary
 
 
 def _expand_heads(x: torch.Tensor, num_value_heads: int) -> torch.Tensor:
@@ -44,9 +37,6 @@ def _gla_call(q, k, v, g, cu, initial_state, scale):
 
 def gla_forward(q, k, v, g, *, cu_seqlens, initial_state=None, scale=None):
     """Varlen GLA via fla's ``chunk_gla`` (heads expanded for GVA)."""
-    if _any_fp64(q, k, v, g, initial_state):
-        return _on_cpu_reference("gla", "gla_forward", (q, k, v, g),
-                                 dict(cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale))
     _check_fla_inputs("gla_forward", 0, q, k, v, g)
     with torch.no_grad():
         return _gla_call(q, k, v, g, _cu(cu_seqlens, k.device), initial_state, scale)
@@ -54,19 +44,14 @@ def gla_forward(q, k, v, g, *, cu_seqlens, initial_state=None, scale=None):
 
 def gla_summarize(k, v, g, *, cu_seqlens):
     """S from the chunk kernel with zero start (q = k, output discarded); T = exp(sum g)."""
-    if _any_fp64(k, v, g):
-        return _on_cpu_reference("gla", "gla_summarize", (k, v, g), dict(cu_seqlens=cu_seqlens))
     _check_fla_inputs("gla_summarize", 0, k, v, g)
     cu = _cu(cu_seqlens, k.device)
     with torch.no_grad():
         _, zero_start = _gla_call(k, k, v, g, cu, None, 1.0)
-    DiagonalSummary = _summary_classes()[1]
     return DiagonalSummary(log_decay=_segment_log_decay(g, cu), state=zero_start)
 
 
 def gla_decode(q, k, v, g, state, *, scale=None):
-    if _any_fp64(q, k, v, g, state):
-        return _on_cpu_reference("gla", "gla_decode", (q, k, v, g, state), dict(scale=scale))
     _check_fla_inputs("gla_decode", 0, q, k, v, g, state)
     from fla.ops.gla import fused_recurrent_gla
 
@@ -103,24 +88,16 @@ def _scalar_log_decay(g, g_gamma, cu):
 
 def simple_gla_forward(q, k, v, g=None, *, g_gamma=None, cu_seqlens, initial_state=None, scale=None):
     """Varlen simple GLA / RetNet / lightning via fla's ``chunk_simple_gla``."""
-    if _any_fp64(q, k, v, g, g_gamma, initial_state):
-        return _on_cpu_reference("simple_gla", "simple_gla_forward", (q, k, v, g),
-                                 dict(g_gamma=g_gamma, cu_seqlens=cu_seqlens,
-                                      initial_state=initial_state, scale=scale))
     _check_fla_inputs("simple_gla_forward", 0, q, k, v, g, g_gamma)
     with torch.no_grad():
         return _simple_gla_call(q, k, v, g, g_gamma, _cu(cu_seqlens, k.device), initial_state, scale)
 
 
 def simple_gla_summarize(k, v, g=None, *, g_gamma=None, cu_seqlens):
-    if _any_fp64(k, v, g, g_gamma):
-        return _on_cpu_reference("simple_gla", "simple_gla_summarize", (k, v, g),
-                                 dict(g_gamma=g_gamma, cu_seqlens=cu_seqlens))
     _check_fla_inputs("simple_gla_summarize", 0, k, v, g, g_gamma)
     cu = _cu(cu_seqlens, k.device)
     with torch.no_grad():
         _, zero_start = _simple_gla_call(k, k, v, g, g_gamma, cu, None, 1.0)
-    ScalarSummary = _summary_classes()[2]
     return ScalarSummary(log_decay=_scalar_log_decay(g, g_gamma, cu), state=zero_start)
 
 
@@ -135,9 +112,6 @@ def _simple_gla_step(q, k, v, g, state, scale):
 
 
 def simple_gla_decode(q, k, v, g, state, *, g_gamma=None, scale=None):
-    if _any_fp64(q, k, v, g, g_gamma, state):
-        return _on_cpu_reference("simple_gla", "simple_gla_decode", (q, k, v, g, state),
-                                 dict(g_gamma=g_gamma, scale=scale))
     scale = k.shape[-1] ** -0.5 if scale is None else float(scale)
     gate = g if g is not None else g_gamma[None, :].expand(v.shape[0], v.shape[1])
     o, new_state = _simple_gla_step(q, k, v, gate, state, scale)
@@ -159,9 +133,6 @@ def _mamba2_skip(y, x, D):
 
 
 def mamba2_forward(C, B, x, dt, A, D=None, *, cu_seqlens, initial_state=None):
-    if _any_fp64(C, B, x, dt, A, D, initial_state):
-        return _on_cpu_reference("mamba2", "mamba2_forward", (C, B, x, dt, A, D),
-                                 dict(cu_seqlens=cu_seqlens, initial_state=initial_state))
     _check_fla_inputs("mamba2_forward", 0, C, B, x, dt, A)
     q, k, v, g = _mamba2_mapped(C, B, x, dt, A)
     with torch.no_grad():
@@ -170,20 +141,15 @@ def mamba2_forward(C, B, x, dt, A, D=None, *, cu_seqlens, initial_state=None):
 
 
 def mamba2_summarize(B, x, dt, A, *, cu_seqlens):
-    if _any_fp64(B, x, dt, A):
-        return _on_cpu_reference("mamba2", "mamba2_summarize", (B, x, dt, A), dict(cu_seqlens=cu_seqlens))
     _check_fla_inputs("mamba2_summarize", 0, B, x, dt, A)
     _, k, v, g = _mamba2_mapped(None, B, x, dt, A)
     cu = _cu(cu_seqlens, x.device)
     with torch.no_grad():
         _, zero_start = _simple_gla_call(k, k, v, g, None, cu, None, 1.0)
-    ScalarSummary = _summary_classes()[2]
     return ScalarSummary(log_decay=_segment_log_decay(g, cu), state=zero_start)
 
 
 def mamba2_decode(C, B, x, dt, A, state, D=None):
-    if _any_fp64(C, B, x, dt, A, D, state):
-        return _on_cpu_reference("mamba2", "mamba2_decode", (C, B, x, dt, A, state, D), {})
     q, k, _, g = _mamba2_mapped(C, B, x, dt, A)
     v = x.float() * dt.float()[:, :, None]  # fp32: no bf16 rounding of x * dt in a decode step
     y, new_state = _simple_gla_step(q, k, v, g, state, 1.0)

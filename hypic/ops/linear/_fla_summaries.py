@@ -3,36 +3,20 @@ paths call it, and the dot precision it composes T with. fla is imported inside 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from hypic.ops.linear._fla_common import CHUNK_SIZE
 
-
 _TRANSITION_ONLY_OK = [True]  # cleared if the V = 0 launch ever fails (then S is recomputed too)
 
-SUMMARY_DOT_PRECISIONS = ("tf32x3", "tf32", "ieee")
+# Dot precision of fla's summary kernel when it composes T over chunks (fp32 storage and
+# accumulation either way). Not fla's tf32x3: on the H200 at the 35B-A3B shape (64 spans of 512
+# tokens, 32 heads) one layer's launch takes 0.86 ms with tf32 against 2.24-2.27 ms with tf32x3,
+# and T's error against float64 is 6.3e-3 against 4.0e-3. Both are set by the bf16 WY factors
+# the kernel starts from (S, whose dots do not change, is off by 3.0e-3-3.7e-3 in both). The
+# cold 32k request went from 795.8 to 747.8 ms (benchmarks/results/README.md).
+SUMMARY_DOT_PRECISION = "tf32"
 _SUMMARY_PRECISION_SET = [False]
-
-
-DEFAULT_SUMMARY_DOT_PRECISION = "tf32"
-
-
-def summary_dot_precision() -> str:
-    """Dot precision of fla's summary kernel when it composes T over chunks (fp32 storage and
-    accumulation either way): ``HYPIC_SUMMARY_DOT_PRECISION``, ``tf32`` by default.
-
-    Why not fla's ``tf32x3``: on the H200 at the 35B-A3B shape (64 spans of 512 tokens, 32 heads)
-    one layer's launch takes 0.86 ms with ``tf32`` against 2.24-2.27 ms with ``tf32x3``, and T's
-    error against float64 is 6.3e-3 against 4.0e-3. Both are set by the bf16 WY factors the
-    kernel starts from (S, whose dots do not change, is off by 3.0e-3-3.7e-3 in both)
-    (benchmarks/results/session6/call1/summary_kernel_*.json). The cold 32k request went from
-    795.8 to 747.8 ms."""
-    value = os.environ.get("HYPIC_SUMMARY_DOT_PRECISION", DEFAULT_SUMMARY_DOT_PRECISION)
-    if value not in SUMMARY_DOT_PRECISIONS:
-        raise ValueError(f"HYPIC_SUMMARY_DOT_PRECISION must be one of {SUMMARY_DOT_PRECISIONS}, got {value!r}")
-    return value
 
 
 def _configure_summary_precision() -> None:
@@ -44,7 +28,7 @@ def _configure_summary_precision() -> None:
 
     import fla.ops.cp.chunk_fwd as cp_fwd
 
-    cp_fwd.CP_DOT_PRECISION = tl.constexpr(summary_dot_precision())
+    cp_fwd.CP_DOT_PRECISION = tl.constexpr(SUMMARY_DOT_PRECISION)
     _SUMMARY_PRECISION_SET[0] = True
 
 

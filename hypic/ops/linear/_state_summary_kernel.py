@@ -28,14 +28,13 @@ def zero_start_from_states_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BKK: tl.constexpr,  # K columns of T per product step (a whole [K, K] fp32 tile spills)
-    PRECISION: tl.constexpr,
-    SPLIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
     TABLE: tl.constexpr,
 ):
     """``S_i = h_after_i - T_i h_before_i`` for one (V block, head, span): the state a span adds
     from a zero start, read off the states a forward walked in and out of it with. T is read in
-    ``[K, BKK]`` column blocks against ``BKK`` rows of the entering state (session 16 on the
-    H200: one whole tile took 0.27 ms for 64 spans x 32 heads, register-bound)."""
+    ``[K, BKK]`` column blocks against ``BKK`` rows of the entering state (on the H200 one whole
+    tile took 0.27 ms for 64 spans x 32 heads, register-bound)."""
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     i_w = tl.program_id(2).to(tl.int64)
@@ -60,6 +59,6 @@ def zero_start_from_states_kernel(
         m_j = (j0 + o_j) < K
         b_t = tl.load(t_ptr + o_k[:, None] * K + (j0 + o_j)[None, :], mask=m_k[:, None] & m_j[None, :], other=0.0)
         b_in = tl.load(in_base + (j0 + o_j)[:, None] * V + o_v[None, :], mask=m_j[:, None] & m_v[None, :], other=0.0)
-        b_s -= fp32_dot(b_t, b_in, PRECISION, SPLIT)
+        b_s -= fp32_dot(b_t, b_in, INTERPRET)
     tl.store(out + s_off + kv_off, b_s, mask=m_kv)
 

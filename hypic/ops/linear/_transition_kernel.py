@@ -11,7 +11,7 @@ from hypic.ops.linear._triton_scan_kernel import bf16_fp32_dot, chunk_decay, fp3
 @triton.jit
 def transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                     USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+                     USE_G: tl.constexpr, INTERPRET: tl.constexpr):
     """Chunk ``c`` of a span applied to a column block of its T:
     ``T <- gamma T - Kd^T (W T)`` with ``Kd = diag(exp2(g_last - g)) K``, T kept fp32 and both
     products fp32-accurate (T is split, W and K are exact in their bf16)."""
@@ -21,9 +21,9 @@ def transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k,
     m_tk = m_t[:, None] & m_k[None, :]
     b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
     if w.dtype.element_ty == tl.bfloat16:
-        b_x = bf16_fp32_dot(b_w, b_t, PRECISION, SPLIT)  # [BT, BC]
+        b_x = bf16_fp32_dot(b_w, b_t, INTERPRET)  # [BT, BC]
     else:
-        b_x = fp32_dot(b_w.to(tl.float32), b_t, PRECISION, SPLIT)
+        b_x = fp32_dot(b_w.to(tl.float32), b_t, INTERPRET)
     if USE_G:
         decay, gamma = chunk_decay(g, bos, length, c, rows, m_t, i_h, HV, BT)
         # the key decay goes on the rows of W T (exact bf16 keys stay unsplit)
@@ -31,9 +31,9 @@ def transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k,
         b_t = b_t * gamma
     b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
     if k.dtype.element_ty == tl.bfloat16:
-        b_t -= bf16_fp32_dot(tl.trans(b_k), b_x, PRECISION, SPLIT)
+        b_t -= bf16_fp32_dot(tl.trans(b_k), b_x, INTERPRET)
     else:
-        b_t -= fp32_dot(tl.trans(b_k.to(tl.float32)), b_x, PRECISION, SPLIT)
+        b_t -= fp32_dot(tl.trans(b_k.to(tl.float32)), b_x, INTERPRET)
     return b_t
 
 
@@ -56,8 +56,6 @@ def wy_transition_kernel(
     BC: tl.constexpr,   # columns of T per program
     BT: tl.constexpr,   # fla's chunk size: the WY factors are chunk-local
     USE_G: tl.constexpr,
-    PRECISION: tl.constexpr,
-    SPLIT: tl.constexpr,
     INTERPRET: tl.constexpr,
     OUT_TABLE: tl.constexpr,
 ):
@@ -78,13 +76,11 @@ def wy_transition_kernel(
         # the interpreter cannot run ``range`` over bounds loaded from memory
         c = length * 0
         while c * BT < length:
-            b_t = transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k, H, HV, K, BT, USE_G, PRECISION,
-                                   SPLIT)
+            b_t = transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k, H, HV, K, BT, USE_G, INTERPRET)
             c += 1
     else:
         for c in range(0, tl.cdiv(length, BT)):
-            b_t = transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k, H, HV, K, BT, USE_G, PRECISION,
-                                   SPLIT)
+            b_t = transition_chunk(k, w, g, b_t, bos, length, c, i_h, o_k, m_k, H, HV, K, BT, USE_G, INTERPRET)
     if OUT_TABLE:
         # counted in 64-byte steps from the base (16 fp32), as the chain kernel reads its table
         o_base = (tl.load(table + i_w) - out_base) // 64 * 16 + i_h * K * K

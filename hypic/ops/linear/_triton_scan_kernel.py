@@ -61,60 +61,49 @@ def load_t_planes(trans, t_off, o_k, m_k, K: tl.constexpr):
 
 
 @triton.jit
-def bf16_dot(a, b, acc, SPLIT: tl.constexpr):
-    """``acc + a @ b`` for bf16 tiles, in fp32. ``SPLIT`` 2 is the same maths for Triton's
+def bf16_dot(a, b, acc, INTERPRET: tl.constexpr):
+    """``acc + a @ b`` for bf16 tiles, in fp32. ``INTERPRET``: the same maths for Triton's
     interpreter, whose bf16 ``tl.dot`` returns garbage (Triton 3.6): the operands go to fp32,
     where their products are exact, as in the MMA."""
-    if SPLIT == 2:
+    if INTERPRET:
         return acc + tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, acc, out_dtype=tl.float32)
 
 
 @triton.jit
-def fp32_dot(a, b, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
-    """``a @ b`` of fp32 tiles: Triton's ``PRECISION`` (tf32x3 / ieee / tf32) when ``SPLIT`` is
-    0; with ``SPLIT`` 1 (bf16x3; 2 under the interpreter) both operands split into bf16 high and
-    low parts and the three products that matter summed, small ones first, in fp32. A bf16 MMA
-    takes 16 of K per instruction where TF32 takes 8, so bf16x3 issues half of tf32x3's MMAs;
-    the dropped ``lo @ lo`` term and the split leave a relative error near 2^-16 per product
-    (tf32x3: near 2^-21; one-pass TF32: 2^-11)."""
-    if SPLIT == 0:
-        return tl.dot(a, b, input_precision=PRECISION)
-    else:
-        a_hi, a_lo = split_bf16(a)
-        b_hi, b_lo = split_bf16(b)
-        out = bf16_dot(a_lo, b_hi, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), SPLIT)
-        out = bf16_dot(a_hi, b_lo, out, SPLIT)
-        return bf16_dot(a_hi, b_hi, out, SPLIT)
+def fp32_dot(a, b, INTERPRET: tl.constexpr):
+    """``a @ b`` of fp32 tiles in bf16x3: both operands split into bf16 high and low parts and
+    the three products that matter summed, small ones first, in fp32. A bf16 MMA takes 16 of K
+    per instruction where TF32 takes 8, so bf16x3 issues half of tf32x3's MMAs; the dropped
+    ``lo @ lo`` term and the split leave a relative error near 2^-16 per product (tf32x3: near
+    2^-21; one-pass TF32: 2^-11)."""
+    a_hi, a_lo = split_bf16(a)
+    return split_dot(a_hi, a_lo, b, INTERPRET)
 
 
 @triton.jit
-def bf16_fp32_dot(a, b, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
-    """``a @ b`` with ``a`` exact in bf16 (loaded from bf16) and ``b`` fp32: under bf16x3 only
-    ``b`` is split, two products; otherwise :func:`fp32_dot` on ``a`` in fp32."""
-    if SPLIT == 0:
-        return tl.dot(a.to(tl.float32), b, input_precision=PRECISION)
-    else:
-        b_hi, b_lo = split_bf16(b)
-        a16 = a.to(tl.bfloat16)
-        out = bf16_dot(a16, b_lo, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), SPLIT)
-        return bf16_dot(a16, b_hi, out, SPLIT)
+def bf16_fp32_dot(a, b, INTERPRET: tl.constexpr):
+    """``a @ b`` with ``a`` exact in bf16 (loaded from bf16) and ``b`` fp32: only ``b`` is split,
+    two products."""
+    b_hi, b_lo = split_bf16(b)
+    a16 = a.to(tl.bfloat16)
+    out = bf16_dot(a16, b_lo, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), INTERPRET)
+    return bf16_dot(a16, b_hi, out, INTERPRET)
 
 
 @triton.jit
 def scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k,
-              K: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-              T_PACKED: tl.constexpr):
+              K: tl.constexpr, MODE: tl.constexpr, INTERPRET: tl.constexpr, T_PACKED: tl.constexpr):
     """``T_i @ state + S_i`` with T_i, S_i at the given offsets (``T_PACKED``: a dense T stored
-    as bf16 planes, :func:`load_t_planes`; only with ``SPLIT``)."""
+    as bf16 planes, :func:`load_t_planes`)."""
     b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
     if T_PACKED:
         t_hi, t_lo = load_t_planes(trans, t_off, o_k, m_k, K)
-        b_h = split_dot(t_hi, t_lo, t_hi, b_h, PRECISION, SPLIT) + b_s
+        b_h = split_dot(t_hi, t_lo, b_h, INTERPRET) + b_s
     elif MODE == 0:
         b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
-        b_h = fp32_dot(b_t, b_h, PRECISION, SPLIT) + b_s
+        b_h = fp32_dot(b_t, b_h, INTERPRET) + b_s
     elif MODE == 1:
         b_ld = tl.load(trans + t_off + o_k, mask=m_k, other=0.0)
         b_h = tl.exp(b_ld)[:, None] * b_h + b_s
@@ -138,7 +127,7 @@ def record_step(record, incoming, b_h, i, i_h, kv_off, m_kv,
 @triton.jit
 def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-            USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+            USE_G: tl.constexpr, INTERPRET: tl.constexpr):
     """Live span ``s`` (at most one chunk) applied from its WY factors, its outputs' inputs written
     on the way: the entering state rounded to ``h_chunks``' dtype in the span's chunk row (what
     fla's output kernel reads), ``v_new = u - W h`` for its tokens, and the state after it,
@@ -165,9 +154,9 @@ def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k,
         m_tv = m_t[:, None] & m_v[None, :]
         b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
         if w.dtype.element_ty == tl.bfloat16:
-            b_wh = bf16_fp32_dot(b_w, b_h, PRECISION, SPLIT)
+            b_wh = bf16_fp32_dot(b_w, b_h, INTERPRET)
         else:
-            b_wh = fp32_dot(b_w.to(tl.float32), b_h, PRECISION, SPLIT)
+            b_wh = fp32_dot(b_w.to(tl.float32), b_h, INTERPRET)
         p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
         b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
         tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
@@ -264,16 +253,13 @@ def wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_
 
 
 @triton.jit
-def split_dot(a_hi, a_lo, a, b, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
-    """:func:`fp32_dot` of ``a`` (fp32) and ``b`` with ``a`` already split (``a_hi + a_lo``, bf16;
-    read only when ``SPLIT``): a tile that takes part in two products is split once."""
-    if SPLIT == 0:
-        return tl.dot(a, b, input_precision=PRECISION)
-    else:
-        b_hi, b_lo = split_bf16(b)
-        out = bf16_dot(a_lo, b_hi, tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32), SPLIT)
-        out = bf16_dot(a_hi, b_lo, out, SPLIT)
-        return bf16_dot(a_hi, b_hi, out, SPLIT)
+def split_dot(a_hi, a_lo, b, INTERPRET: tl.constexpr):
+    """:func:`fp32_dot` of ``a = a_hi + a_lo`` (already split, bf16) and fp32 ``b``: a tile that
+    takes part in two products is split once."""
+    b_hi, b_lo = split_bf16(b)
+    out = bf16_dot(a_lo, b_hi, tl.zeros([a_hi.shape[0], b.shape[1]], dtype=tl.float32), INTERPRET)
+    out = bf16_dot(a_hi, b_lo, out, INTERPRET)
+    return bf16_dot(a_hi, b_hi, out, INTERPRET)
 
 
 @triton.jit
@@ -301,7 +287,7 @@ def element_meta(table, source, cu_spans, j, end, i_h, num_table, t_base, s_base
 def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, chunk, t_off, s_off,
                    i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                   USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, T_PACKED: tl.constexpr):
+                   USE_G: tl.constexpr, INTERPRET: tl.constexpr, T_PACKED: tl.constexpr):
     """A live span of at most BS tokens (a seam) and the cached body after it, in one step:
     ``T (gamma h + Kd^T v) + S`` taken as ``gamma T h + (T Kd^T) v + S`` with ``v = u - W h``.
     ``T Kd^T`` needs only loaded tiles, so the state's own path is ``T h`` beside ``W h -> P v``
@@ -319,7 +305,6 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
     m_tv = m_t[:, None] & m_v[None, :]
     if T_PACKED:
         t_hi, t_lo = load_t_planes(trans, t_off, o_k, m_k, K)
-        b_t = t_hi  # read by split_dot only without SPLIT, which T_PACKED excludes
     else:
         b_t = tl.load(trans + t_off + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
     b_s = tl.load(state + s_off + kv_off, mask=m_kv, other=0.0)
@@ -338,27 +323,23 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
         decay = tl.where(m_t, 1.0, 0.0)
     if T_PACKED:
         pass  # split already, by the store's writer
-    elif SPLIT == 0:
-        t_hi = b_t
-        t_lo = b_t
     else:
         t_hi, t_lo = split_bf16(b_t)
-    b_p = split_dot(t_hi, t_lo, b_t, tl.trans(b_k * decay[:, None]), PRECISION, SPLIT)  # [K, BS]
+    b_p = split_dot(t_hi, t_lo, tl.trans(b_k * decay[:, None]), INTERPRET)  # [K, BS]
     if w.dtype.element_ty == tl.bfloat16:
-        b_wh = bf16_fp32_dot(b_w, b_h, PRECISION, SPLIT)
+        b_wh = bf16_fp32_dot(b_w, b_h, INTERPRET)
     else:
-        b_wh = fp32_dot(b_w.to(tl.float32), b_h, PRECISION, SPLIT)
+        b_wh = fp32_dot(b_w.to(tl.float32), b_h, INTERPRET)
     b_v = b_u - b_wh  # rows past the span are 0 - 0 (masked loads), and their decay is 0
     tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
-    b_th = split_dot(t_hi, t_lo, b_t, b_h, PRECISION, SPLIT)
-    return gamma * b_th + fp32_dot(b_p, b_v, PRECISION, SPLIT) + b_s
+    b_th = split_dot(t_hi, t_lo, b_h, INTERPRET)
+    return gamma * b_th + fp32_dot(b_p, b_v, INTERPRET) + b_s
 
 
 @triton.jit
 def live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-              USE_G: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, LONG_WY: tl.constexpr,
-              BT: tl.constexpr, INTERPRET: tl.constexpr):
+              USE_G: tl.constexpr, LONG_WY: tl.constexpr, BT: tl.constexpr, INTERPRET: tl.constexpr):
     """Live span ``s`` applied from its WY factors: chunk by chunk (:func:`wy_chunks`) with
     ``LONG_WY``, else as one short span (:func:`wy_step`)."""
     if LONG_WY:
@@ -366,14 +347,14 @@ def live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_
                          m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
     else:
         return wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off,
-                       m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT)
+                       m_kv, H, HV, K, V, BS, USE_G, INTERPRET)
 
 
 @triton.jit
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
                   b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-                  MODE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_SOURCE: tl.constexpr,
+                  MODE: tl.constexpr, HAS_SOURCE: tl.constexpr,
                   HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr, LONG_WY: tl.constexpr,
                   BT: tl.constexpr, INTERPRET: tl.constexpr, T_PACKED: tl.constexpr):
     """Chain element i applied to ``b_h``. With ``HAS_WY`` the live elements (``source[i] >= 0``,
@@ -387,21 +368,20 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
         # every element is a live span (a cold prefill's walk): no summary step is compiled in.
         # With it (a dense T tile, never taken here) the walk took 1.128 ms per layer of the
         # cold 32k prompt on the H200; without it, and with int32 offsets inside the token
-        # tiles, 0.932 ms (session 18 call 2, benchmarks/cold_write_h200.py's kernel table)
+        # tiles, 0.932 ms (benchmarks/cold_write_h200.py's kernel table)
         b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, i, i_h, o_k, m_k, o_v, m_v, kv_off,
-                        m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT, LONG_WY, BT, INTERPRET)
+                        m_kv, H, HV, K, V, BS, USE_G, LONG_WY, BT, INTERPRET)
     elif HAS_WY:
         live = tl.load(source + i)
         if live >= 0:
             b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
-                            kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION, SPLIT, LONG_WY, BT, INTERPRET)
+                            kv_off, m_kv, H, HV, K, V, BS, USE_G, LONG_WY, BT, INTERPRET)
         else:  # a body, from the address table
-            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT,
-                            T_PACKED)
+            b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, INTERPRET, T_PACKED)
     else:
         # live summaries and bodies alike: the launch never has packed bodies here
         # (triton_scan._table_of unpacks them into a copy)
-        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, PRECISION, SPLIT, False)
+        b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, INTERPRET, False)
     return b_h
 
 
@@ -437,9 +417,7 @@ def scan_chain_kernel(
     BS: tl.constexpr,
     MODE: tl.constexpr,
     HAS_INIT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    SPLIT: tl.constexpr,  # 0: Triton's PRECISION; 1: dense products in bf16x3 (2: interpreted)
-    WHILE_LOOP: tl.constexpr,
+    INTERPRET: tl.constexpr,  # Triton's interpreter: while loops, bf16 products in fp32
     HAS_SOURCE: tl.constexpr,
     HAS_RECORD: tl.constexpr,
     HAS_WY: tl.constexpr,
@@ -449,7 +427,7 @@ def scan_chain_kernel(
     T_UNIT: tl.constexpr,  # bytes dividing every table address's distance from t_base / s_base
     S_UNIT: tl.constexpr,
     FUSE: tl.constexpr,    # HAS_WY, HAS_SOURCE, dense, no records: a seam and its body in one step
-    T_PACKED: tl.constexpr,  # HAS_WY, HAS_SOURCE, SPLIT: the table's T are stored as bf16 hi/lo planes
+    T_PACKED: tl.constexpr,  # HAS_WY, HAS_SOURCE: the table's T are stored as bf16 hi/lo planes
 ):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -485,13 +463,13 @@ def scan_chain_kernel(
             if fuse:
                 chunk = tl.load(span_chunk + src0).to(tl.int64)
                 b_h = seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos0, len0, chunk, t1, s1,
-                                     i_h, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V, BS, USE_G, PRECISION,
-                                     SPLIT, T_PACKED)
+                                     i_h, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V, BS, USE_G, INTERPRET,
+                                     T_PACKED)
             else:
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new,
                                     h_chunks, source, b_h, i, i_h, t0, s0, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV,
-                                    K, V, BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY,
-                                    BT, WHILE_LOOP, T_PACKED)
+                                    K, V, BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT, INTERPRET,
+                                    T_PACKED)
             # the next element is i + 2 after a pair, else i + 1
             src0, t0, s0, bos0, len0 = (tl.where(fuse, src2, src1), tl.where(fuse, t2, t1), tl.where(fuse, s2, s1),
                                         tl.where(fuse, bos2, bos1), tl.where(fuse, len2, len1))
@@ -504,7 +482,7 @@ def scan_chain_kernel(
         last = tl.maximum(end - 1, start)
         t_off, s_off = span_offsets(table, source, tl.minimum(start, last), i_h, num_table, t_base, s_base,
                                     HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
-        if WHILE_LOOP:
+        if INTERPRET:
             # Triton's interpreter cannot run ``range`` over bounds loaded from memory (seen with
             # Triton 3.6: "only 0-dimensional arrays can be converted to Python scalars"); the
             # compiled kernel keeps the ``for`` loop.
@@ -514,8 +492,8 @@ def scan_chain_kernel(
                                               HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                     source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                    BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
-                                    WHILE_LOOP, T_PACKED)
+                                    BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT, INTERPRET,
+                                    T_PACKED)
                 t_off, s_off = t_next, s_next
                 i += 1
         else:
@@ -524,8 +502,8 @@ def scan_chain_kernel(
                                               HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
                                     source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                    BS, MODE, PRECISION, SPLIT, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
-                                    WHILE_LOOP, T_PACKED)
+                                    BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT, INTERPRET,
+                                    T_PACKED)
                 t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

@@ -10,8 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _family
-from ._dispatch import cuda_fast_path
+from . import _family, fla_paths
 from .summary import DenseSummary
 
 SPEC = _family.FamilySpec("delta", gate="none", delta=True)
@@ -29,9 +28,8 @@ def delta_forward(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen forward. q, k ``[T, H, K]``; v ``[T, HV, V]``; beta ``[T, HV]``."""
     scale_f = _family.validate_forward(SPEC, q, k, v, None, beta, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("delta_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, beta, initial_state, key_dim=k.shape[-1]):
+        return fla_paths.delta_forward(q, k, v, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward(SPEC, q, k, v, None, beta, cu_seqlens, initial_state, scale_f)
 
 
@@ -46,9 +44,8 @@ def delta_decode(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: q, k ``[N, H, K]``; v ``[N, HV, V]``; beta ``[N, HV]``."""
     scale_f = _family.validate_decode(SPEC, q, k, v, None, beta, state, scale)
-    fast = cuda_fast_path("delta_decode", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, beta, state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, beta, state, key_dim=k.shape[-1]):
+        return fla_paths.delta_decode(q, k, v, beta, state, scale=scale)
     return _family.decode(SPEC, q, k, v, None, beta, state, scale_f)
 
 
@@ -61,9 +58,8 @@ def delta_summarize(
 ) -> DenseSummary:
     """Summaries ``(T, S(C|0))`` of every span of ``cu_seqlens`` in one call."""
     _family.validate_summarize(SPEC, k, v, None, beta, cu_seqlens)
-    fast = cuda_fast_path("delta_summarize", k, v)
-    if fast is not None:
-        return fast(k, v, beta, cu_seqlens=cu_seqlens)
+    if fla_paths.fla_takes(k, v, beta, key_dim=k.shape[-1]):
+        return fla_paths.delta_summarize(k, v, beta, cu_seqlens=cu_seqlens)
     return _family.summarize(SPEC, k, v, None, beta, cu_seqlens)
 
 
@@ -82,7 +78,7 @@ def delta_forward_and_summarize(
     Returns ``(o, final_state, summary)``; the summary's S is the zero-start state of each span
     whatever ``initial_state`` is."""
     scale_f = _family.validate_forward(SPEC, q, k, v, None, beta, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("delta_forward_and_summarize", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, beta, initial_state, key_dim=k.shape[-1]):
+        return fla_paths.delta_forward_and_summarize(
+            q, k, v, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward_and_summarize(SPEC, q, k, v, None, beta, cu_seqlens, initial_state, scale_f)

@@ -10,17 +10,10 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 
-from . import _family
-from ._checks import check_cu_seqlens_cpu
-from ._dispatch import cuda_fast_path
-from .summary import (
-    DenseSummary,
-    SummaryTable,
-    check_summary_targets,
-    scan_chain,
-    scan_chain_from,
-    write_summaries_into,
-)
+from . import _family, fla_paths
+from .checks import check_cu_seqlens_cpu
+from .scan import chain_incoming_states, chain_recorded_states
+from .summary import DenseSummary, SummaryTable, check_summary_targets, select_spans, write_summaries_into
 
 SPEC = _family.FamilySpec("gated_delta", gate="scalar", delta=True)
 
@@ -42,10 +35,10 @@ def gated_delta_forward(
     ``cu_seqlens_cpu``: optional host copy of ``cu_seqlens`` (spares the GPU path a sync)."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
     check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
-    fast = cuda_fast_path("gated_delta_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
-                    cu_seqlens_cpu=cu_seqlens_cpu)
+    if fla_paths.fla_takes(q, k, v, g, beta, initial_state, key_dim=k.shape[-1]):
+        return fla_paths.gated_delta_forward(
+            q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
+            cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
 
 
@@ -61,9 +54,8 @@ def gated_delta_decode(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: q, k ``[N, H, K]``; v ``[N, HV, V]``; g, beta ``[N, HV]``."""
     scale_f = _family.validate_decode(SPEC, q, k, v, g, beta, state, scale)
-    fast = cuda_fast_path("gated_delta_decode", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, beta, state, key_dim=k.shape[-1]):
+        return fla_paths.gated_delta_decode(q, k, v, g, beta, state, scale=scale)
     return _family.decode(SPEC, q, k, v, g, beta, state, scale_f)
 
 
@@ -79,9 +71,8 @@ def gated_delta_summarize(
     """Summaries ``(T, S(C|0))`` of every span of ``cu_seqlens`` in one call."""
     _family.validate_summarize(SPEC, k, v, g, beta, cu_seqlens)
     check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, k.shape[0])
-    fast = cuda_fast_path("gated_delta_summarize", k, v)
-    if fast is not None:
-        return fast(k, v, g, beta, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    if fla_paths.fla_takes(k, v, g, beta, key_dim=k.shape[-1]):
+        return fla_paths.gated_delta_summarize(k, v, g, beta, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
 
 
@@ -103,10 +94,10 @@ def gated_delta_forward_and_summarize(
     whatever ``initial_state`` is."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
     check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
-    fast = cuda_fast_path("gated_delta_forward_and_summarize", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
-                    cu_seqlens_cpu=cu_seqlens_cpu)
+    if fla_paths.fla_takes(q, k, v, g, beta, initial_state, key_dim=k.shape[-1]):
+        return fla_paths.gated_delta_forward_and_summarize(
+            q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
+            cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.forward_and_summarize(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
 
 
@@ -136,10 +127,10 @@ def gated_delta_summarize_then_forward(
     check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
     if not callable(initial_states_from):
         raise ValueError("initial_states_from must be callable: summary -> initial states [N, HV, K, V]")
-    fast = cuda_fast_path("gated_delta_summarize_then_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=initial_states_from, scale=scale,
-                    cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=output_final_state)
+    if fla_paths.fla_takes(q, k, v, g, beta, key_dim=k.shape[-1]):
+        return fla_paths.gated_delta_summarize_then_forward(
+            q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states_from=initial_states_from, scale=scale,
+            cu_seqlens_cpu=cu_seqlens_cpu, output_final_state=output_final_state)
     summary = _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
     init = initial_states_from(summary)
     _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, init, scale)
@@ -173,15 +164,15 @@ def gated_delta_chain_forward(
     ``initial_states [B, HV, K, V]`` (or None: zeros) start the chains.
 
     Returns ``(o [T, HV, V], final [B, HV, K, V])``: the live outputs and each chain's final state.
-    Equal to the zero-start summaries of the live spans, :func:`scan_chain_from` and a forward
+    Equal to the zero-start summaries of the live spans, :func:`~hypic.ops.linear.scan.scan_chain_from` and a forward
     from the recorded incoming states (the reference below); the GPU path fuses the scan with
     the state pass of spans of at most one chunk (the seams and questions of a cached request)
     and never forms their summaries."""
     scale_f = _validate_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, scale, cu_seqlens_cpu)
-    fast = cuda_fast_path("gated_delta_chain_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
-                    initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu)
+    if fla_paths.fla_chain_takes(q, k, v, g, beta, initial_states, bodies):
+        return fla_paths.gated_delta_chain_forward(
+            q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
+            initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu)
     o, final, _ = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states, scale,
                                     scale_f)
     return o, final
@@ -273,12 +264,12 @@ def gated_delta_chain_forward_and_summarize(
         else:
             num_written = summary_spans.numel()
         check_summary_targets(summary_out, num_written, v.shape[1], k.shape[2], v.shape[2], v.device)
-    fast = cuda_fast_path("gated_delta_chain_forward_and_summarize", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
-                    initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
-                    summary_spans=summary_spans, record_rows=record_rows, num_records=num_records,
-                    summary_spans_host=summary_spans_host, summary_out=summary_out)
+    if fla_paths.fla_chain_takes(q, k, v, g, beta, initial_states, bodies):
+        return fla_paths.gated_delta_chain_forward_and_summarize(
+            q, k, v, g, beta, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
+            initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, summarize=summarize,
+            summary_spans=summary_spans, record_rows=record_rows, num_records=num_records,
+            summary_spans_host=summary_spans_host, summary_out=summary_out)
     o, final, summary = _reference_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_states,
                                           scale, scale_f)
     records = chain_recorded_states(summary, cu_chains, source, bodies, initial_states, record_rows, num_records)
@@ -312,39 +303,3 @@ def _check_summary_spans_host(host, spans, num_spans: int) -> None:
     count = spans[1] - spans[0] if isinstance(spans, tuple) else int(spans.numel())
     if len(host) != count or (isinstance(spans, tuple) and host != tuple(range(*spans))):
         raise ValueError(f"summary_spans_host {host!r} does not list summary_spans {spans!r}")
-
-
-def select_spans(summary: DenseSummary, spans) -> DenseSummary:
-    """The summaries of ``spans`` (None: all; a host ``(a, b)``: views of spans a..b-1; an index
-    tensor: a gathered copy, in its order)."""
-    if spans is None:
-        return summary
-    if isinstance(spans, tuple):
-        a, b = spans
-        return DenseSummary(summary.transition[a:b], summary.state[a:b])
-    return summary.index(spans.to(torch.int64))
-
-
-def chain_recorded_states(live: DenseSummary, cu_chains: torch.Tensor, source: Optional[torch.Tensor], bodies,
-                          initial_states: Optional[torch.Tensor], record_rows: Optional[torch.Tensor],
-                          num_records: Optional[int]) -> Optional[torch.Tensor]:
-    """The states ``record_rows`` asks for (``[num_records, HV, K, V]``, state entering chain
-    element i in row ``record_rows[i]``) by a scan of the live spans' summaries ``live``; None
-    without ``record_rows``."""
-    if record_rows is None:
-        return None
-    rows = dict(record_rows=record_rows, num_records=num_records)
-    if source is None:
-        return scan_chain(live, cu_chains, initial_states, **rows)[0]
-    return scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)[0]
-
-
-def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: Optional[torch.Tensor],
-                          bodies, initial_states: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(state entering each live span [N], final state of each chain [B])`` of the chains of
-    :func:`gated_delta_chain_forward`, by the scan of the live spans' summaries ``live``."""
-    if source is None:
-        return scan_chain(live, cu_chains, initial_states)
-    # live span s records its incoming state in row s; bodies (negative sources) are not kept
-    return scan_chain_from(live, bodies, source, cu_chains, initial_states, record_rows=source.clamp(min=-1),
-                           num_records=live.num_spans)

@@ -11,8 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _family
-from ._dispatch import cuda_fast_path
+from . import _family, fla_paths
 from .summary import DiagonalSummary
 
 SPEC = _family.FamilySpec("gla", gate="channel", delta=False)
@@ -30,9 +29,8 @@ def gla_forward(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen forward. q, k ``[T, H, K]``; v ``[T, HV, V]``; g ``[T, HV, K]``."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, None, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("gla_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, initial_state):
+        return fla_paths.gla_forward(q, k, v, g, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward(SPEC, q, k, v, g, None, cu_seqlens, initial_state, scale_f)
 
 
@@ -47,9 +45,8 @@ def gla_decode(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: q, k ``[N, H, K]``; v ``[N, HV, V]``; g ``[N, HV, K]``."""
     scale_f = _family.validate_decode(SPEC, q, k, v, g, None, state, scale)
-    fast = cuda_fast_path("gla_decode", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, state):
+        return fla_paths.gla_decode(q, k, v, g, state, scale=scale)
     return _family.decode(SPEC, q, k, v, g, None, state, scale_f)
 
 
@@ -62,9 +59,8 @@ def gla_summarize(
 ) -> DiagonalSummary:
     """Summaries of every span: T = Diag(exp(sum of g over the span)), S = S(C|0)."""
     _family.validate_summarize(SPEC, k, v, g, None, cu_seqlens)
-    fast = cuda_fast_path("gla_summarize", k, v)
-    if fast is not None:
-        return fast(k, v, g, cu_seqlens=cu_seqlens)
+    if fla_paths.fla_takes(k, v, g):
+        return fla_paths.gla_summarize(k, v, g, cu_seqlens=cu_seqlens)
     return _family.summarize(SPEC, k, v, g, None, cu_seqlens)
 
 
@@ -83,7 +79,4 @@ def gla_forward_and_summarize(
     Returns ``(o, final_state, summary)``; the summary's S is the zero-start state of each span
     whatever ``initial_state`` is."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, None, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("gla_forward_and_summarize", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward_and_summarize(SPEC, q, k, v, g, None, cu_seqlens, initial_state, scale_f)

@@ -10,8 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _family
-from ._dispatch import cuda_fast_path
+from . import _family, fla_paths
 from .summary import DenseSummary
 
 SPEC = _family.FamilySpec("kda", gate="channel", delta=True)
@@ -31,9 +30,9 @@ def kda_forward(
     """Varlen forward. q, k ``[T, H, K]``; v ``[T, HV, V]``; g ``[T, HV, K]``; beta ``[T, HV]``;
     initial_state ``[N, HV, K, V]`` or None. Returns ``(o [T, HV, V], final [N, HV, K, V])``."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("kda_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, beta, initial_state, key_dim=k.shape[-1]):
+        return fla_paths.kda_forward(
+            q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)
 
 
@@ -49,9 +48,8 @@ def kda_decode(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: q, k ``[N, H, K]``; v ``[N, HV, V]``; g ``[N, HV, K]``; beta ``[N, HV]``."""
     scale_f = _family.validate_decode(SPEC, q, k, v, g, beta, state, scale)
-    fast = cuda_fast_path("kda_decode", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, beta, state, key_dim=k.shape[-1]):
+        return fla_paths.kda_decode(q, k, v, g, beta, state, scale=scale)
     return _family.decode(SPEC, q, k, v, g, beta, state, scale_f)
 
 
@@ -65,9 +63,8 @@ def kda_summarize(
 ) -> DenseSummary:
     """Summaries ``(T, S(C|0))`` of every span of ``cu_seqlens`` in one call."""
     _family.validate_summarize(SPEC, k, v, g, beta, cu_seqlens)
-    fast = cuda_fast_path("kda_summarize", k, v)
-    if fast is not None:
-        return fast(k, v, g, beta, cu_seqlens=cu_seqlens)
+    if fla_paths.fla_takes(k, v, g, beta, key_dim=k.shape[-1]):
+        return fla_paths.kda_summarize(k, v, g, beta, cu_seqlens=cu_seqlens)
     return _family.summarize(SPEC, k, v, g, beta, cu_seqlens)
 
 
@@ -87,7 +84,7 @@ def kda_forward_and_summarize(
     Returns ``(o, final_state, summary)``; the summary's S is the zero-start state of each span
     whatever ``initial_state`` is."""
     scale_f = _family.validate_forward(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("kda_forward_and_summarize", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, beta, initial_state, key_dim=k.shape[-1]):
+        return fla_paths.kda_forward_and_summarize(
+            q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward_and_summarize(SPEC, q, k, v, g, beta, cu_seqlens, initial_state, scale_f)

@@ -18,8 +18,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _family
-from ._checks import (
+from . import _family, fla_paths
+from .checks import (
     FLOAT_DTYPES,
     GATE_DTYPES,
     check_cu_seqlens,
@@ -29,7 +29,6 @@ from ._checks import (
     cu_seqlens_to_list,
 )
 from ._chunked import chunked_recurrence, segment_sums
-from ._dispatch import cuda_fast_path
 from .naive import recurrence_step
 from .summary import ScalarSummary
 
@@ -79,9 +78,8 @@ def mamba2_forward(
     check_cu_seqlens(cu_seqlens, dims.num_tokens)
     _family.check_state("initial_state", initial_state, cu_seqlens.numel() - 1, dims)
     check_same_device(C=C, B=B, x=x, dt=dt, A=A, D=D, initial_state=initial_state)
-    fast = cuda_fast_path("mamba2_forward", C, B, x)
-    if fast is not None:
-        return fast(C, B, x, dt, A, D, cu_seqlens=cu_seqlens, initial_state=initial_state)
+    if fla_paths.fla_takes(C, B, x, dt, A, D, initial_state):
+        return fla_paths.mamba2_forward(C, B, x, dt, A, D, cu_seqlens=cu_seqlens, initial_state=initial_state)
     bounds = cu_seqlens_to_list(cu_seqlens, dims.num_tokens)
     dtype = compute_dtype(C, B, x, initial_state)
     q, k, v, g = _mapped(C, B, x, dt, A, dtype)
@@ -104,9 +102,8 @@ def mamba2_decode(
         raise ValueError("state must be a tensor [N, HV, dstate, headdim]")
     _family.check_state("state", state, dims.num_tokens, dims)
     check_same_device(C=C, B=B, x=x, dt=dt, A=A, D=D, state=state)
-    fast = cuda_fast_path("mamba2_decode", C, B, x)
-    if fast is not None:
-        return fast(C, B, x, dt, A, state, D)
+    if fla_paths.fla_takes(C, B, x, dt, A, D, state):
+        return fla_paths.mamba2_decode(C, B, x, dt, A, state, D)
     dtype = compute_dtype(C, B, x, state)
     q, k, v, g = _mapped(C, B, x, dt, A, dtype)
     y, new_state = recurrence_step(state.to(dtype), q, k, v, g, None, 1.0)
@@ -125,9 +122,8 @@ def mamba2_summarize(
     dims = _check(None, B, x, dt, A, None)
     check_cu_seqlens(cu_seqlens, dims.num_tokens)
     check_same_device(B=B, x=x, dt=dt, A=A)
-    fast = cuda_fast_path("mamba2_summarize", B, x)
-    if fast is not None:
-        return fast(B, x, dt, A, cu_seqlens=cu_seqlens)
+    if fla_paths.fla_takes(B, x, dt, A):
+        return fla_paths.mamba2_summarize(B, x, dt, A, cu_seqlens=cu_seqlens)
     bounds = cu_seqlens_to_list(cu_seqlens, dims.num_tokens)
     dtype = compute_dtype(B, x)
     _, k, v, g = _mapped(None, B, x, dt, A, dtype)
@@ -153,9 +149,6 @@ def mamba2_forward_and_summarize(
     check_cu_seqlens(cu_seqlens, dims.num_tokens)
     _family.check_state("initial_state", initial_state, cu_seqlens.numel() - 1, dims)
     check_same_device(C=C, B=B, x=x, dt=dt, A=A, D=D, initial_state=initial_state)
-    fast = cuda_fast_path("mamba2_forward_and_summarize", C, B, x)
-    if fast is not None:
-        return fast(C, B, x, dt, A, D, cu_seqlens=cu_seqlens, initial_state=initial_state)
     bounds = cu_seqlens_to_list(cu_seqlens, dims.num_tokens)
     dtype = compute_dtype(C, B, x, initial_state)
     q, k, v, g = _mapped(C, B, x, dt, A, dtype)

@@ -10,13 +10,15 @@ gate, ``gamma = exp2(gc[last])`` and ``d_t = exp2(gc[last] - gc[t])``, fla's sta
 
 That is two products of rank at most the span length (64), against fla's general summary
 kernel, which composes a dense K x K transform per chunk and spent 10.3 of the 117 GPU
-milliseconds of an all-hit 32k request on 65 such spans (session 5). The state pass of such a
-span is ``v_new = u - W h0``, with no final state to form.
+milliseconds of an all-hit 32k request on 65 such spans. The state pass of such a span is
+``v_new = u - W h0``, with no final state to form.
 
-Two formulations: the torch functions (fp32 batched products per width class: the reference)
-and one Triton launch each (``*_triton``, the default on CUDA: TF32 dots with fp32 accumulation;
-bf16 W and U are exact in TF32, the decayed keys round at 2^-11). On the H200 at the all-hit 32k
-shape the kernels take 0.18 and 0.13 ms per layer, against 0.34 and 0.28 ms for fla's.
+Two formulations: the torch functions (fp32 batched products per width class: the reference,
+and the path for head dims the kernels do not take) and one Triton launch each (``*_triton``,
+the path on CUDA: TF32 dots with fp32 accumulation; bf16 W and U are exact in TF32, the decayed
+keys round at 2^-11). On the H200 at the all-hit 32k shape the kernels take 0.184 and 0.127 ms
+per layer, against 0.343 and 0.279 ms for fla's summary kernel and state pass
+(benchmarks/results/README.md).
 
 The row tables are built on the host from ``cu_seqlens_cpu`` (no device sync) and cached by the
 identity of the two ``cu`` tensors while the device one lives, like the chunk table.
@@ -24,25 +26,12 @@ identity of the two ``cu`` tensors while the device one lives, like the chunk ta
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 
 from hypic.ops.linear._layout_tables import LayoutTables
-
-SHORT_SPAN_IMPLS = ("triton", "torch", "fla")
-
-
-def short_span_impl() -> str:
-    """``HYPIC_SHORT_SPAN``: ``triton`` (default: one launch each), ``torch`` (the reference
-    formulation) or ``fla`` (fla's general summary kernel and state pass, as before), for A/B runs."""
-    value = os.environ.get("HYPIC_SHORT_SPAN", "triton")
-    if value not in SHORT_SPAN_IMPLS:
-        raise ValueError(f"HYPIC_SHORT_SPAN must be one of {SHORT_SPAN_IMPLS}, got {value!r}")
-    return value
-
 
 MIN_WIDTH = 8  # narrowest padded width of a span class
 TILE_MIN_ROWS = 16  # narrowest Triton tile of short_wy's kernels (tl.dot needs 16)
@@ -287,5 +276,5 @@ def short_span_state_pass_triton(w, u, initial_states, cu, table: SpanRows, chun
     return v_new, h
 
 
-__all__ = ["SHORT_SPAN_IMPLS", "SpanClass", "SpanRows", "short_span_impl", "short_span_rows", "short_span_rows_host", "short_span_state_pass",
+__all__ = ["SpanClass", "SpanRows", "short_span_rows", "short_span_rows_host", "short_span_state_pass",
            "short_span_state_pass_triton", "short_span_summary", "short_span_summary_triton", "triton_supported"]

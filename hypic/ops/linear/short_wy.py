@@ -5,7 +5,7 @@ A request whose segments are all cached runs its linear layers over short spans 
 the gate cumsum, the ``kkt`` + triangular solve (a serial forward substitution per row), the
 ``w``/``u`` products and the output kernel. On the H200 at the all-hit 32k shape (65 spans x 32
 heads per layer) those took 2.4 ms (output), 1.8 ms (solve) and 0.8 ms (``w``/``u``) of the
-request's 59 GPU ms (session 21 call 1), for work that is almost all padding.
+request's 59 GPU ms, for work that is almost all padding.
 
 Here each span runs in a tile of its length rounded up to a power of two (at least 16 rows;
 one launch per tile size, :func:`~hypic.ops.linear.short_span.tile_groups_host`):
@@ -18,40 +18,19 @@ one launch per tile size, :func:`~hypic.ops.linear.short_span.tile_groups_host`)
 Outputs keep fla's layouts and rounding points (``A^-1`` in k's dtype, ``w``/``u``/``o`` in the
 inputs' dtype, the gate cumsum fp32 in log2 units), so the chain kernel and the summaries read
 them unchanged. The torch functions are the reference (batched per width class); the
-``*_triton`` ones the fast path. ``HYPIC_SHORT_WY=fla`` restores fla's kernels (A/B runs).
+``*_triton`` ones the fast path: all-hit 32k 58.91 ms p50 against 61.74 with fla's kernels, RAG
+8k 42.72 against 43.58 (H200, interleaved; benchmarks/results/README.md).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional, Tuple
 
 import torch
 
-from hypic.envs import env_switch
 from hypic.ops.linear.short_span import SpanRows, _need_classes
-
-SHORT_WY_IMPLS = ("triton", "fla")
-_ENV = "HYPIC_SHORT_WY"
-_OVERLAP_ENV = "HYPIC_SHORT_TILE_OVERLAP"
-
-
-def short_wy_impl() -> str:
-    """``HYPIC_SHORT_WY``: ``triton`` (default: this module's kernels for spans that fit in a
-    chunk) or ``fla`` (fla's chunk kernels, as before)."""
-    value = os.environ.get(_ENV, "triton")
-    if value not in SHORT_WY_IMPLS:
-        raise ValueError(f"{_ENV} must be one of {SHORT_WY_IMPLS}, got {value!r}")
-    return value
-
-
-def tile_overlap() -> bool:
-    """``HYPIC_SHORT_TILE_OVERLAP`` (default 1): on CUDA, the launch of the largest tile size runs
-    on a side stream beside the other sizes' launches (:func:`_tile_launches`); 0 launches them
-    one after another, for A/B runs."""
-    return env_switch(_OVERLAP_ENV)
-
+from hypic.ops.linear.transition import _side_stream
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -164,8 +143,8 @@ def short_span_output(q: torch.Tensor, k: torch.Tensor, v_new: torch.Tensor, h: 
 
 _KERNELS = None
 # Launch configs per tile rows, (warps, w/u column block) and (warps, V block). Measured one
-# launch at a time at the all-hit 32k shape on the H200 (benchmarks/short_kernels_h200.py,
-# session 27 call 1; 64 seams in 16-row tiles, the 64-token question in one 64-row tile, 32
+# launch at a time at the all-hit 32k shape on the H200 (benchmarks/short_kernels_h200.py;
+# 64 seams in 16-row tiles, the 64-token question in one 64-row tile, 32
 # value heads): the WY step at 16 rows 17.5 us with 2 warps against 19.0 with 4 (26.1 with 8);
 # the output at 16 rows 28.0 us with 2 warps and V blocks of 64 against 31.1 with 4 (BV 32:
 # 37.9 / 46.6), at 64 rows 6.2 us with 4 warps. Sizes not listed take the last entry at or
@@ -190,19 +169,18 @@ def _kernels():
 def _tile_launches(device: torch.device, tiles, launch) -> None:
     """``launch(rows, ids)`` for each tile size. A cached request has 16-row seam tiles (64 spans
     x heads programs) and one 64-row question tile (one program per head, a serial inverse with
-    few programs to hide it): in the all-hit 32k profile (session 27 call 1) they took 17.5 and
-    32.6 us one after the other in every linear layer. On CUDA, with ``HYPIC_SHORT_TILE_OVERLAP``,
-    the largest size is launched on a side stream forked from the current one and joined back
-    after the others, so the two run side by side (in a CUDA graph capture the fork and join
-    become the graph's branches). Their outputs are disjoint rows of tensors allocated before
+    few programs to hide it): in the all-hit 32k profile they took 17.5 and 32.6 us one after
+    the other in every linear layer. On CUDA the largest size is launched on a side stream forked
+    from the current one and joined back after the others, so the two run side by side (in a
+    CUDA graph capture the fork and join become the graph's branches): both sizes' WY step and
+    output took 69.6 us so inside a graph against 83.1 one after another, the all-hit 32k
+    request 53.21 ms p50 against 53.37 (H200, benchmarks/results/README.md). Their outputs are disjoint rows of tensors allocated before
     the fork, and the current stream waits for the side stream before anything reads them or
     can reuse their memory."""
-    if len(tiles) < 2 or device.type != "cuda" or not tile_overlap():
+    if len(tiles) < 2 or device.type != "cuda":
         for rows, ids in tiles:
             launch(rows, ids)
         return
-    from hypic.ops.linear.transition import _side_stream
-
     current = torch.cuda.current_stream(device)
     side = _side_stream(device)
     side.wait_stream(current)
@@ -276,5 +254,4 @@ def short_span_output_triton(q: torch.Tensor, k: torch.Tensor, v_new: torch.Tens
     return o
 
 
-__all__ = ["SHORT_WY_IMPLS", "short_span_output", "short_span_output_triton", "short_span_wy",
-           "short_span_wy_triton", "short_wy_impl", "tile_overlap"]
+__all__ = ["short_span_output", "short_span_output_triton", "short_span_wy", "short_span_wy_triton"]

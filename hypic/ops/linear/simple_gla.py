@@ -14,9 +14,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _family
-from ._checks import GATE_DTYPES, check_tensor
-from ._dispatch import cuda_fast_path
+from . import _family, fla_paths
+from .checks import GATE_DTYPES, check_tensor
 from .summary import ScalarSummary
 
 SPEC = _family.FamilySpec("simple_gla", gate="scalar", delta=False)
@@ -50,9 +49,9 @@ def simple_gla_forward(
     """Varlen forward. q, k ``[T, H, K]``; v ``[T, HV, V]``; g ``[T, HV]`` xor g_gamma ``[HV]``."""
     gate = _per_token_gate(g, g_gamma, v)
     scale_f = _family.validate_forward(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("simple_gla_forward", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, g_gamma, initial_state):
+        return fla_paths.simple_gla_forward(
+            q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale_f)
 
 
@@ -69,9 +68,8 @@ def simple_gla_decode(
     """One token per sequence: q, k ``[N, H, K]``; v ``[N, HV, V]``; g ``[N, HV]`` xor g_gamma."""
     gate = _per_token_gate(g, g_gamma, v)
     scale_f = _family.validate_decode(SPEC, q, k, v, gate, None, state, scale)
-    fast = cuda_fast_path("simple_gla_decode", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, state, g_gamma=g_gamma, scale=scale)
+    if fla_paths.fla_takes(q, k, v, g, g_gamma, state):
+        return fla_paths.simple_gla_decode(q, k, v, g, state, g_gamma=g_gamma, scale=scale)
     return _family.decode(SPEC, q, k, v, gate, None, state, scale_f)
 
 
@@ -86,9 +84,8 @@ def simple_gla_summarize(
     """Summaries of every span: T = exp(sum of g) per head, S = S(C|0)."""
     gate = _per_token_gate(g, g_gamma, v)
     _family.validate_summarize(SPEC, k, v, gate, None, cu_seqlens)
-    fast = cuda_fast_path("simple_gla_summarize", k, v)
-    if fast is not None:
-        return fast(k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens)
+    if fla_paths.fla_takes(k, v, g, g_gamma):
+        return fla_paths.simple_gla_summarize(k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens)
     return _family.summarize(SPEC, k, v, gate, None, cu_seqlens)
 
 
@@ -108,7 +105,4 @@ def simple_gla_forward_and_summarize(
     Returns ``(o, final_state, summary)``; the summary's S is the zero-start state of each span."""
     gate = _per_token_gate(g, g_gamma, v)
     scale_f = _family.validate_forward(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale)
-    fast = cuda_fast_path("simple_gla_forward_and_summarize", q, k, v)
-    if fast is not None:
-        return fast(q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
     return _family.forward_and_summarize(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale_f)

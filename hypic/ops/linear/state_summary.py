@@ -9,46 +9,30 @@ boundary states the derivation's own error is 2.9e-7 (float64 study on the CPU,
 ``benchmarks/summary_from_states_cpu.py``); what is left is T's error times the entering state,
 the same term T's error adds when the entry is reused after another prefix.
 
-``HYPIC_COLD_SUMMARIES`` (:func:`cold_summaries_mode`) switches it for A/B runs.
+Measured on the H200 (``benchmarks/cold_write_h200.py``, one layer of a cold 32k request in
+64 x (8 + 504) + 64 spans): with T from hypic's kernel beside the walk, 3.37-3.43 ms against
+4.13-4.16 for fla's summary kernel forming T and S; the cold 32k request 727.51 ms against 757.15
+with fla's one-run forward per request and S from its bf16 chunk states carried to the spans'
+bounds, which was also twice as far from float64 (S 3.1e-3-4.2e-3 against 1.6e-3-2.3e-3;
+benchmarks/results/README.md). The other forms were removed (commit 1fd74cc has the one-run form).
+
 :func:`zero_start_from_states` is the Triton kernel on CUDA (and under the interpreter);
 :func:`zero_start_from_states_reference` is the plain torch form beside it.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple, Union
 
 import torch
 
+from hypic.envs import triton_interpret
 from hypic.ops.linear._layout_tables import ByIdentity, LayoutTables
+from hypic.ops.linear.summary import check_summary_targets, write_summaries_into
+from hypic.ops.linear.transition import span_ids
 
-ENV = "HYPIC_COLD_SUMMARIES"
-COLD_SUMMARY_MODES = ("walk", "fla")
-DEFAULT_COLD_SUMMARIES = "walk"
 _KERNEL = None
 _TABLES = LayoutTables()  # the written span rows of a forward's layout tensors, kept while they live
-
-
-def cold_summaries_mode() -> str:
-    """``HYPIC_COLD_SUMMARIES``: how a cold prefill (no cached bodies, no checkpoint records)
-    forms its written spans' summaries. ``walk`` (default): the chain walk records its fp32
-    states around the spans, T is composed for the written spans alone
-    (:mod:`hypic.ops.linear.transition`), S is derived; ``fla``: the walk, and fla's summary
-    kernel for T and S (for A/B runs).
-
-    Measured on the H200 (``benchmarks/cold_write_h200.py``, one layer of a cold 32k request in
-    64 x (8 + 504) + 64 spans): session 16, T from fla's ``V = 0`` launch, ``walk`` 3.80-3.86 ms
-    against ``fla`` 4.17-4.22, S 1.6e-3-2.3e-3 from float64 either way, cold 32k TTFT +8.1% over
-    ``full_recompute`` (session 14, ``fla``: +9.4%); session 17, T from hypic's kernel beside the
-    walk, ``walk`` 3.37-3.43 ms against ``fla`` 4.13-4.16, cold 32k TTFT +7.0%. A third mode,
-    fla's one-run forward per request with S from its bf16 chunk states carried to the spans'
-    bounds, was slower (4.39-4.45 ms: it needs a second WY step for T on the spans' chunking)
-    and twice as far from float64 (S 3.1e-3-4.2e-3); it was removed (commit 1fd74cc has it)."""
-    value = os.environ.get(ENV, DEFAULT_COLD_SUMMARIES)
-    if value not in COLD_SUMMARY_MODES:
-        raise ValueError(f"{ENV} must be one of {COLD_SUMMARY_MODES}, got {value!r}")
-    return value
 
 
 def written_span_rows(cu_chains: torch.Tensor, spans: Union[torch.Tensor, Tuple[int, int]],
@@ -62,8 +46,6 @@ def written_span_rows(cu_chains: torch.Tensor, spans: Union[torch.Tensor, Tuple[
     that chain's final state (``-chain - 1``). Every linear layer of a forward asks with the same
     layout tensors: the answer is kept for them while ``cu_chains`` lives (by identity, as the
     chunk tables are: :class:`~hypic.ops.linear._layout_tables.LayoutTables`)."""
-    from hypic.ops.linear.transition import span_ids
-
     def build():
         device = cu_chains.device
         ids = span_ids(spans, num_spans, device)
@@ -104,34 +86,27 @@ def zero_start_from_states_reference(trans: torch.Tensor, incoming: torch.Tensor
 
 
 def zero_start_from_states(trans: torch.Tensor, incoming: torch.Tensor, final: torch.Tensor,
-                           rows: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
+                           rows: torch.Tensor) -> torch.Tensor:
     """:func:`zero_start_from_states_reference` as one Triton launch on CUDA (fp32 in and out;
-    the product in the chain scan's dot precision, ``HYPIC_SCAN_PRECISION``, bf16x3 by
-    default); the reference elsewhere."""
-    from hypic.ops.linear.triton_scan import _interpreting
-
-    if not (trans.is_cuda or _interpreting()) or trans.dtype != torch.float32:
+    the product in bf16x3, as the chain walk's); the reference elsewhere."""
+    if not (trans.is_cuda or triton_interpret()) or trans.dtype != torch.float32:
         return zero_start_from_states_reference(trans, incoming, final, rows)
     _check_states(incoming, final, rows, trans)
     nw, num_heads, key_dim = trans.shape[:3]
     out = torch.empty(nw, num_heads, key_dim, incoming.shape[-1], device=trans.device, dtype=torch.float32)
-    _launch(trans.contiguous(), incoming, final, rows, out, None, precision)
+    _launch(trans.contiguous(), incoming, final, rows, out, None)
     return out
 
 
-def zero_start_from_states_into(into, incoming: torch.Tensor, final: torch.Tensor, rows: torch.Tensor,
-                                precision: Optional[str] = None) -> None:
+def zero_start_from_states_into(into, incoming: torch.Tensor, final: torch.Tensor, rows: torch.Tensor) -> None:
     """:func:`zero_start_from_states` with each span's T read from, and its S written to, the
     items of ``into`` (a :class:`~hypic.ops.linear.summary.SummaryTable` of one-span dense
     summaries, one per span, e.g. the store entries a forward writes, whose T is already there:
     :func:`~hypic.ops.linear.transition.wy_transitions_beside` with ``into``). One Triton launch
     through the table's addresses on CUDA (and under the interpreter); elsewhere the reference
     and a copy into the items."""
-    from hypic.ops.linear.summary import check_summary_targets, write_summaries_into
-    from hypic.ops.linear.triton_scan import _interpreting
-
     _check_states(incoming, final, rows)
-    kernel_path = incoming.is_cuda or _interpreting()
+    kernel_path = incoming.is_cuda or triton_interpret()
     check_summary_targets(into, rows.shape[1], incoming.shape[1], incoming.shape[2], incoming.shape[3],
                           incoming.device, need_addresses=kernel_path)
     if not kernel_path:
@@ -140,24 +115,19 @@ def zero_start_from_states_into(into, incoming: torch.Tensor, final: torch.Tenso
         write_summaries_into(into, type(into.items[0])(transition=trans, state=state))
         return
     # the items' first T and S are the bases the table's addresses are counted from
-    _launch(into.items[0].transition, incoming, final, rows, into.items[0].state, into.addresses.contiguous(),
-            precision)
+    _launch(into.items[0].transition, incoming, final, rows, into.items[0].state, into.addresses.contiguous())
 
 
-def _launch(trans, incoming, final, rows, out, table: Optional[torch.Tensor], precision: Optional[str]) -> None:
+def _launch(trans, incoming, final, rows, out, table: Optional[torch.Tensor]) -> None:
     """One launch over ``rows.shape[1]`` spans: T from ``trans`` and S to ``out`` by row, or, with
     ``table`` (``[2, N']`` byte addresses), where it says, counted from those two tensors."""
     import triton
-
-    from hypic.ops.linear.triton_scan import _interpreting, scan_precision
 
     nw = rows.shape[1]
     if nw == 0:
         return
     num_heads, key_dim, value_dim = incoming.shape[1], incoming.shape[2], incoming.shape[3]
-    precision = scan_precision(precision)
     kernel, fixed = _kernel()
-    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
 
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, nw)
@@ -168,8 +138,7 @@ def _launch(trans, incoming, final, rows, out, table: Optional[torch.Tensor], pr
                  table.shape[1] if on_table else 0, trans.data_ptr() if on_table else 0,
                  out.data_ptr() if on_table else 0, nw,
                  HV=num_heads, K=key_dim, V=value_dim, BK=max(16, triton.next_power_of_2(key_dim)),
-                 BKK=32 if key_dim > 16 else 16, PRECISION="tf32x3" if split else precision, SPLIT=split,
-                 TABLE=on_table, **fixed)
+                 BKK=32 if key_dim > 16 else 16, INTERPRET=triton_interpret(), TABLE=on_table, **fixed)
 
 
 def _kernel():
@@ -181,9 +150,8 @@ def _kernel():
     import triton
 
     from hypic.ops.linear._state_summary_kernel import zero_start_from_states_kernel as kernel
-    from hypic.ops.linear.triton_scan import _interpreting
 
-    if _interpreting():
+    if triton_interpret():
         _KERNEL = (kernel, {"BV": 32})
         return _KERNEL
     configs = [
@@ -192,9 +160,9 @@ def _kernel():
         triton.Config({"BV": 64}, num_warps=8, num_stages=2),
         triton.Config({"BV": 128}, num_warps=8, num_stages=2),
     ]
-    _KERNEL = (triton.autotune(configs=configs, key=["HV", "K", "V", "PRECISION", "SPLIT"])(kernel), {})
+    _KERNEL = (triton.autotune(configs=configs, key=["HV", "K", "V"])(kernel), {})
     return _KERNEL
 
 
-__all__ = ["COLD_SUMMARY_MODES", "ENV", "cold_summaries_mode", "written_span_rows", "zero_start_from_states",
-           "zero_start_from_states_into", "zero_start_from_states_reference"]
+__all__ = ["written_span_rows", "zero_start_from_states", "zero_start_from_states_into",
+           "zero_start_from_states_reference"]

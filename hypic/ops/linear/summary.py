@@ -5,7 +5,8 @@ For a span C and one value head, with the state laid out ``[K, V]`` and per-toke
 state ``S`` leaves C as ``T_C S + S_C``. ``T`` keeps its structure (scalar per head, diagonal,
 dense K x K) so that storing and applying it costs only what the family needs.
 
-All functions are batched over spans and heads. Tensors are fp32 (fp64 when built from fp64
+All functions are batched over spans and heads (the scans along chains of spans are
+:mod:`hypic.ops.linear.scan`). Tensors are fp32 (fp64 when built from fp64
 inputs, which the exactness tests use).
 """
 
@@ -16,8 +17,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._checks import STATE_DTYPES, check_same_device, check_tensor, concrete_device, cu_seqlens_to_list
-from ._dispatch import cuda_fast_path
+from .checks import STATE_DTYPES, check_same_device, check_tensor, concrete_device
 
 
 def _check_state_field(name: str, state: object) -> torch.Tensor:
@@ -218,9 +218,6 @@ def apply_summary(summary: Summary, state: torch.Tensor) -> torch.Tensor:
     _check_summary("summary", summary)
     check_tensor("state", state, tuple(summary.state.shape), STATE_DTYPES)
     check_same_device(summary=summary.state, state=state)
-    fast = cuda_fast_path("apply_summary", state)
-    if fast is not None:
-        return fast(summary, state)
     state = state.to(summary.dtype)
     return _apply_t(summary, state) + summary.state
 
@@ -239,9 +236,6 @@ def compose(later: Summary, earlier: Summary) -> Summary:
             f"{tuple(earlier.state.shape)} {earlier.dtype}; they must match"
         )
     check_same_device(later=later.state, earlier=earlier.state)
-    fast = cuda_fast_path("compose", later.state)
-    if fast is not None:
-        return fast(later, earlier)
     state = _apply_t(later, earlier.state) + later.state
     if isinstance(later, DenseSummary):
         return DenseSummary(torch.matmul(later.transition, earlier.transition), state)
@@ -370,140 +364,15 @@ def write_summaries_into(table: "SummaryTable", summary: DenseSummary) -> None:
     torch._foreach_copy_([item.state for item in items], list(summary.state.unsqueeze(1).unbind(0)))
 
 
-def _check_chains(cu_chains, initial_states: Optional[torch.Tensor], state: torch.Tensor) -> int:
-    """Checks shared by the scans (before any fast path); returns the number of chains."""
-    if not isinstance(cu_chains, torch.Tensor) or cu_chains.dim() != 1 or cu_chains.numel() < 1:
-        raise ValueError("cu_chains must be a 1-D LongTensor with B+1 entries")
-    if cu_chains.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"cu_chains must be int64, got {cu_chains.dtype}")
-    num_chains = cu_chains.numel() - 1
-    if initial_states is not None:
-        check_tensor("initial_states", initial_states, (num_chains, *state.shape[1:]), STATE_DTYPES)
-        check_same_device(summaries=state, initial_states=initial_states)
-    return num_chains
-
-
-def _check_record(record_rows: Optional[torch.Tensor], num_records: Optional[int], num_spans: int,
-                  state: torch.Tensor) -> None:
-    if record_rows is None:
-        if num_records is not None:
-            raise ValueError("num_records needs record_rows")
-        return
-    check_tensor("record_rows", record_rows, (num_spans,), (torch.int64,))
-    check_same_device(summaries=state, record_rows=record_rows)
-    if isinstance(num_records, bool) or not isinstance(num_records, int) or num_records < 0:
-        raise ValueError(f"num_records must be an int >= 0 with record_rows, got {num_records!r}")
-
-
-def _recorded(incoming: torch.Tensor, record_rows: Optional[torch.Tensor], num_records: Optional[int]) -> torch.Tensor:
-    """The rows a caller asked for: ``out[record_rows[i]] = incoming[i]`` where >= 0."""
-    if record_rows is None:
-        return incoming
-    # Spans not kept all land in one spare last row, dropped after: no boolean indexing, so no
-    # device-to-host sync when this runs on a GPU (the float64 fallback does).
-    out = incoming.new_zeros(num_records + 1, *incoming.shape[1:])
-    rows = torch.where(record_rows >= 0, record_rows, torch.full_like(record_rows, num_records))
-    out.index_copy_(0, rows.to(incoming.device), incoming)
-    return out[:num_records]
-
-
-def scan_chain(
-    summaries: Summary,
-    cu_chains: torch.Tensor,
-    initial_states: Optional[torch.Tensor] = None,
-    *,
-    record_rows: Optional[torch.Tensor] = None,
-    num_records: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Incoming state of every span in B chains of spans, and each chain's final state.
-
-    ``summaries`` holds M spans laid out chain after chain (``cu_chains [B+1]``). Returns
-    ``incoming [M, HV, K, V]`` and ``final [B, HV, K, V]``. With ``record_rows`` (int64 ``[M]``)
-    only some incoming states are kept: span i's goes to row ``record_rows[i]`` of an
-    ``incoming [num_records, ...]`` (-1: not kept; rows no span names are zero on this path and
-    unspecified on the GPU one). The loop runs over chain depth only; every step is batched over
-    all chains still running and all heads.
-    """
-    _check_summary("summaries", summaries)
-    m, hv, k, v = summaries.state.shape
-    num_chains = _check_chains(cu_chains, initial_states, summaries.state)
-    _check_record(record_rows, num_records, m, summaries.state)
-    fast = cuda_fast_path("scan_chain", summaries.state, initial_states)
-    if fast is not None:
-        return fast(summaries, cu_chains, initial_states, record_rows=record_rows, num_records=num_records)
-    if num_chains == 0:
-        if m != 0:
-            raise ValueError(f"cu_chains describes no chains but summaries hold {m} spans")
-        empty = summaries.state.new_zeros(0, hv, k, v)
-        return _recorded(empty, record_rows, num_records), empty.clone()
-    bounds = cu_seqlens_to_list(cu_chains, m, name="cu_chains")
-    device = summaries.device
-    if initial_states is None:
-        current = summaries.state.new_zeros(num_chains, hv, k, v)
-    else:
-        current = initial_states.to(device=device, dtype=summaries.dtype).clone()
-    incoming = summaries.state.new_empty(m, hv, k, v)
-    starts = torch.tensor(bounds[:-1], dtype=torch.long, device=device)
-    lengths = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], dtype=torch.long, device=device)
-    depth = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-    for d in range(depth):
-        chains = torch.nonzero(lengths > d).flatten()
-        spans = starts[chains] + d
-        step = summaries.index(spans)
-        entering = current.index_select(0, chains)
-        incoming.index_copy_(0, spans, entering)
-        current.index_copy_(0, chains, _apply_t(step, entering) + step.state)
-    return _recorded(incoming, record_rows, num_records), current
-
-
-def gather_chain(first: Summary, second: Union[Summary, SummaryTable], source: torch.Tensor) -> Summary:
-    """The chain whose span i is ``first[source[i]]`` when ``source[i] >= 0``, else
-    ``second[-source[i] - 1]`` (a gathered copy: the reference of :func:`scan_chain_from`)."""
-    if isinstance(second, SummaryTable):
-        second = second.stacked()
-    both = type(first).cat([first, second])  # (a packed T and a plain one: both as values)
-    idx = torch.where(source >= 0, source, first.num_spans - 1 - source)
-    return both.index(idx)
-
-
-def scan_chain_from(
-    first: Summary,
-    second: Union[Summary, SummaryTable],
-    source: torch.Tensor,
-    cu_chains: torch.Tensor,
-    initial_states: Optional[torch.Tensor] = None,
-    *,
-    record_rows: Optional[torch.Tensor] = None,
-    num_records: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`scan_chain` over a chain drawn from two sets of summaries without gathering it:
-    span i is ``first[source[i]]`` when ``source[i] >= 0``, else ``second[-source[i] - 1]``
-    (a PIC forward: its live spans' summaries and its cached bodies', interleaved in prompt
-    order). ``second`` may be a :class:`SummaryTable` (the bodies where the store holds them).
-    ``source`` is int64 ``[M]`` on the summaries' device; its values are the caller's contract
-    (the GPU path does not read them back to check). ``record_rows`` as in :func:`scan_chain`."""
-    _check_summary("first", first)
-    if isinstance(second, SummaryTable):
-        second_type, second_shape = type(second.items[0]), second.state_shape
-        second_state = second.items[0].state
-    else:
-        _check_summary("second", second)
-        second_type, second_shape, second_state = type(second), tuple(second.state.shape[1:]), second.state
-    if type(first) is not second_type or tuple(first.state.shape[1:]) != second_shape:
-        raise ValueError("first and second must be summaries of one structure and state shape, got "
-                         f"{type(first).__name__} {tuple(first.state.shape[1:])} and "
-                         f"{second_type.__name__} {second_shape}")
-    if not isinstance(source, torch.Tensor) or source.dim() != 1 or source.dtype != torch.int64:
-        raise ValueError("source must be a 1-D int64 tensor")
-    check_same_device(first=first.state, second=second_state, source=source)
-    _check_chains(cu_chains, initial_states, first.state)
-    _check_record(record_rows, num_records, source.numel(), first.state)
-    fast = cuda_fast_path("scan_chain_from", first.state, initial_states)
-    if fast is not None:
-        return fast(first, second, source, cu_chains, initial_states, record_rows=record_rows,
-                    num_records=num_records)
-    return scan_chain(gather_chain(first, second, source), cu_chains, initial_states, record_rows=record_rows,
-                      num_records=num_records)
+def select_spans(summary: DenseSummary, spans) -> DenseSummary:
+    """The summaries of ``spans`` (None: all; a host ``(a, b)``: views of spans a..b-1; an index
+    tensor: a gathered copy, in its order)."""
+    if spans is None:
+        return summary
+    if isinstance(spans, tuple):
+        a, b = spans
+        return DenseSummary(summary.transition[a:b], summary.state[a:b])
+    return summary.index(spans.to(torch.int64))
 
 
 __all__: List[str] = [
@@ -515,10 +384,8 @@ __all__: List[str] = [
     "summary_addresses",
     "check_summary_targets",
     "write_summaries_into",
+    "select_spans",
     "apply_summary",
     "compose",
     "identity_summary",
-    "gather_chain",
-    "scan_chain",
-    "scan_chain_from",
 ]

@@ -14,39 +14,24 @@ all-hit request.
 :func:`unpack_planes` gives those values, and every reader of T as a matrix goes through it
 (:attr:`~hypic.ops.linear.summary.DenseSummary.transition`).
 
-``HYPIC_T_PRESPLIT`` (:func:`t_presplit_mode`) picks whether written entries are packed.
+Store entries written on CUDA keep T packed (:func:`presplit_wanted`); elsewhere (the CPU
+reference, whose products read T as a matrix) T stays fp32 values.
 """
 
 from __future__ import annotations
 
-import os
 from typing import List, Sequence, Tuple
 
 import torch
 
-ENV = "HYPIC_T_PRESPLIT"
-MODES = ("auto", "0")
-
-
-def t_presplit_mode() -> str:
-    """``HYPIC_T_PRESPLIT``: ``auto`` (default: store entries written on CUDA keep T packed when
-    the walk's products are bf16x3, :func:`presplit_wanted`) or ``0`` (never: T stays fp32, for
-    A/B runs)."""
-    value = os.environ.get(ENV, "auto")
-    if value not in MODES:
-        raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
-    return value
+from hypic.envs import triton_interpret
 
 
 def presplit_wanted(device: torch.device) -> bool:
-    """Whether T written on ``device`` is to be stored packed: on CUDA, under ``auto``, when the
-    walk multiplies in bf16x3 (``HYPIC_SCAN_PRECISION``; any other precision reads fp32 T, and
-    a packed T would then be unpacked into a copy before every walk)."""
-    from hypic.ops.linear.triton_scan import scan_precision
-
-    if t_presplit_mode() == "0" or torch.device(device).type != "cuda":
-        return False
-    return scan_precision() == "bf16x3"
+    """Whether T written on ``device`` is to be stored packed: on CUDA, where the chain walk
+    reads the planes in place; elsewhere the reference reads T as values, which a packed T
+    would have to be unpacked into first."""
+    return torch.device(device).type == "cuda"
 
 
 def _check_fp32_square(name: str, t: torch.Tensor) -> None:
@@ -103,9 +88,7 @@ def pack_planes_(tensors: Sequence[torch.Tensor]) -> None:
         if t.shape[-1] != k or t.device != device or not t.is_contiguous():
             raise ValueError(f"tensors[{i}] must be contiguous [..., {k}, {k}] on {device}, got "
                              f"{tuple(t.shape)} on {t.device}")
-    from hypic.ops.linear.triton_scan import _interpreting
-
-    if device.type != "cuda" and not _interpreting():
+    if device.type != "cuda" and not triton_interpret():
         for t in tensors:
             t.copy_(pack_planes(t))
         return
@@ -117,6 +100,5 @@ def pack_planes_(tensors: Sequence[torch.Tensor]) -> None:
 
 
 __all__: List[str] = [
-    "ENV", "MODES", "pack_planes", "pack_planes_", "planes", "presplit_wanted", "split_planes",
-    "t_presplit_mode", "unpack_planes",
+    "pack_planes", "pack_planes_", "planes", "presplit_wanted", "split_planes", "unpack_planes",
 ]

@@ -8,45 +8,32 @@ start, or :mod:`hypic.ops.linear.state_summary` on a cold prefill), T is all tha
 
 :func:`wy_transitions` is one Triton launch over (column block, head, span) for the requested
 spans only, written in their order (no gather afterwards); it replaces fla's summary kernel
-launched with ``V = 0`` (``HYPIC_TRANSITION_IMPL=fla``), which composes every span of the
-forward (seams and questions too) and builds each chunk's full ``[K, K]`` factor before a TF32
-product. Here T's columns take ``W T`` and ``K^T (.)`` with T split into bf16 halves (2 MMAs a
+launched with ``V = 0``, which composes every span of the forward (seams and questions too) and
+builds each chunk's full ``[K, K]`` factor before a TF32 product. Here T's columns take ``W T`` and ``K^T (.)`` with T split into bf16 halves (2 MMAs a
 product, W and K exact in bf16): fp32-accurate products, where fla's TF32 rounds T to 10 bits.
 :func:`wy_transitions_reference` is the plain torch form beside it.
 
-Measured on the H200 (session 17, ``benchmarks/cold_write_h200.py``: one layer of a cold 32k
+Measured on the H200 (``benchmarks/cold_write_h200.py``: one layer of a cold 32k
 request, 64 written bodies of 504 tokens, 32 heads): 0.43 ms against fla's launch 0.61 and its
 gather 0.07; T 4.1e-6 from a float64 walk of the same WY factors against fla's 5.4e-3. Queued
 on a side stream beside the chain walk (:func:`wy_transitions_beside`), the layer's write op
-took 3.37-3.43 ms against 3.49-3.51 with T in line.
+took 3.37-3.43 ms against 3.49-3.51 with T in line (benchmarks/results/README.md).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple, Union
 
 import torch
 
-from hypic.envs import env_switch
+from hypic.envs import triton_interpret
+from hypic.ops.linear.summary import check_summary_targets
 
-ENV = "HYPIC_TRANSITION_IMPL"
-OVERLAP_ENV = "HYPIC_TRANSITION_OVERLAP"
-TRANSITION_IMPLS = ("triton", "fla")
 CHUNK_TOKENS = 64  # fla's chunk size: the WY factors are chunk-local
 _KERNEL = None
 _SIDE_STREAMS: dict = {}
 
 Spans = Union[torch.Tensor, Tuple[int, int]]
-
-
-def transition_impl() -> str:
-    """``HYPIC_TRANSITION_IMPL``: ``triton`` (default, :func:`wy_transitions`) or ``fla`` (fla's
-    summary kernel with ``V = 0`` over every span, then the requested rows; for A/B runs)."""
-    value = os.environ.get(ENV, "triton")
-    if value not in TRANSITION_IMPLS:
-        raise ValueError(f"{ENV} must be one of {TRANSITION_IMPLS}, got {value!r}")
-    return value
 
 
 def span_ids(spans: Spans, num_spans: int, device) -> torch.Tensor:
@@ -102,19 +89,12 @@ def wy_transitions_reference(k: torch.Tensor, w: torch.Tensor, g: Optional[torch
     return out
 
 
-def transition_overlap() -> bool:
-    """``HYPIC_TRANSITION_OVERLAP`` (default 1): :func:`wy_transitions_beside` launches on a side
-    stream, so T's programs fill the SMs the chain walk leaves idle (it runs ~64 programs on the
-    H200's 132 SMs); 0 launches in line, for A/B runs."""
-    return env_switch(OVERLAP_ENV)
-
-
 def wy_transitions(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
-                   spans: Spans, precision: Optional[str] = None) -> torch.Tensor:
+                   spans: Spans) -> torch.Tensor:
     """:func:`wy_transitions_reference` as one Triton launch on CUDA (and under the interpreter),
-    fp32 out; its products in the chain scan's dot precision (``HYPIC_SCAN_PRECISION``, bf16x3 by
-    default). Elsewhere the reference, in the inputs' dtype."""
-    return wy_transitions_beside(k, w, g, cu_spans, spans, precision, overlap=False).launch().result()
+    fp32 out; its products in bf16x3, as the chain walk's. Elsewhere the reference, in the
+    inputs' dtype."""
+    return wy_transitions_beside(k, w, g, cu_spans, spans, overlap=False).launch().result()
 
 
 class BesideTransitions:
@@ -165,29 +145,24 @@ class BesideTransitions:
 
 
 def wy_transitions_beside(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Tensor], cu_spans: torch.Tensor,
-                          spans: Spans, precision: Optional[str] = None,
-                          overlap: Optional[bool] = None, into=None) -> BesideTransitions:
+                          spans: Spans, overlap: bool = True, into=None) -> BesideTransitions:
     """:func:`wy_transitions` to be launched by the returned object's ``launch()``, on CUDA on a
-    side stream from the current stream's position now (``overlap``, default
-    ``HYPIC_TRANSITION_OVERLAP``; in line inside a CUDA graph capture), so work queued on the
-    current stream before ``launch()`` runs beside it. Off CUDA T is formed now.
+    side stream from the current stream's position now (``overlap``; in line without it or
+    inside a CUDA graph capture), so work queued on the current stream before ``launch()`` runs
+    beside it: T's programs fill the SMs the chain walk leaves idle (it runs ~64 programs on the
+    H200's 132). Off CUDA T is formed now.
 
     ``into``: a :class:`~hypic.ops.linear.summary.SummaryTable` of one-span dense summaries, one
     per requested span, e.g. the store entries a forward writes
     (:func:`~hypic.ops.linear.summary.check_summary_targets`). The kernel then writes span i's T
     into ``into.items[i]`` through the table's addresses (``written_into`` is set and
     ``result()`` is None); where the kernel does not run (off CUDA) it is ignored."""
-    from hypic.ops.linear.triton_scan import _interpreting, scan_precision
-
     _check(k, w, g, cu_spans)
-    if not (w.is_cuda or _interpreting()):
+    if not (w.is_cuda or triton_interpret()):
         return BesideTransitions(wy_transitions_reference(k, w, g, cu_spans, spans).to(w.dtype))
-    precision = scan_precision(precision)
     ids = span_ids(spans, cu_spans.numel() - 1, w.device).contiguous()
     num_heads, key_dim = w.shape[1], w.shape[2]
     if into is not None:
-        from hypic.ops.linear.summary import check_summary_targets
-
         check_summary_targets(into, ids.numel(), num_heads, key_dim, None, w.device, need_addresses=True)
         out = into.items[0].transition  # the base the table's addresses are counted from
     else:
@@ -196,10 +171,9 @@ def wy_transitions_beside(k: torch.Tensor, w: torch.Tensor, g: Optional[torch.Te
         return BesideTransitions(out, written_into=into)
     cu_spans = cu_spans.to(device=w.device, dtype=torch.int64).contiguous()
     k, w, g = k.contiguous(), w.contiguous(), None if g is None else g.contiguous()
-    overlap = transition_overlap() if overlap is None else overlap
     overlap = overlap and w.is_cuda and not torch.cuda.is_current_stream_capturing()
     table = None if into is None else into.addresses[0].contiguous()
-    return BesideTransitions(out, (k, w, g, cu_spans, ids, out, precision, table), overlap, written_into=into)
+    return BesideTransitions(out, (k, w, g, cu_spans, ids, out, table), overlap, written_into=into)
 
 
 def _side_stream(device: torch.device):
@@ -211,22 +185,19 @@ def _side_stream(device: torch.device):
     return stream
 
 
-def _launch(k, w, g, cu_spans, ids, out, precision: str, table: Optional[torch.Tensor] = None) -> None:
+def _launch(k, w, g, cu_spans, ids, out, table: Optional[torch.Tensor] = None) -> None:
     import triton
-
-    from hypic.ops.linear.triton_scan import _interpreting
 
     num_heads, key_dim = w.shape[1], w.shape[2]
     kernel, fixed = _kernel()
-    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
 
     def grid(meta):
         return (triton.cdiv(key_dim, meta["BC"]), num_heads, ids.numel())
 
     kernel[grid](k, w, g, cu_spans, ids, out, ids if table is None else table, out.data_ptr(), ids.numel(),
                  H=k.shape[1], HV=num_heads, K=key_dim, BK=max(16, triton.next_power_of_2(key_dim)),
-                 BT=CHUNK_TOKENS, USE_G=g is not None, PRECISION="tf32x3" if split else precision, SPLIT=split,
-                 INTERPRET=_interpreting(), OUT_TABLE=table is not None, **fixed)
+                 BT=CHUNK_TOKENS, USE_G=g is not None, INTERPRET=triton_interpret(), OUT_TABLE=table is not None,
+                 **fixed)
 
 
 def _kernel():
@@ -239,16 +210,14 @@ def _kernel():
     import triton
 
     from hypic.ops.linear._transition_kernel import wy_transition_kernel as kernel
-    from hypic.ops.linear.triton_scan import _interpreting
 
-    if _interpreting():
+    if triton_interpret():
         _KERNEL = (kernel, {"BC": 32})
         return _KERNEL
     configs = [triton.Config({"BC": bc}, num_warps=nw, num_stages=ns)
                for bc, nw, ns in [(32, 2, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2)]]
-    _KERNEL = (triton.autotune(configs=configs, key=["H", "HV", "K", "USE_G", "PRECISION", "SPLIT"])(kernel), {})
+    _KERNEL = (triton.autotune(configs=configs, key=["H", "HV", "K", "USE_G"])(kernel), {})
     return _KERNEL
 
 
-__all__ = ["ENV", "OVERLAP_ENV", "TRANSITION_IMPLS", "span_ids", "transition_impl", "transition_overlap",
-           "BesideTransitions", "wy_transitions", "wy_transitions_beside", "wy_transitions_reference"]
+__all__ = ["span_ids", "BesideTransitions", "wy_transitions", "wy_transitions_beside", "wy_transitions_reference"]

@@ -7,78 +7,51 @@ communicate and the whole scan is one launch whatever the number of chains, span
 
 T comes in three structures (``MODE``): dense ``[K, K]`` (delta-rule families), diagonal ``[K]``
 log decays (GLA) and scalar log decay (simple GLA, Mamba2). Everything is stored and accumulated
-in fp32; the dense product uses ``bf16x3`` (the default: both operands split into bf16 high and
-low parts, three bf16 MMAs), ``tf32x3`` (three TF32 MMAs), ``ieee`` or ``tf32`` (one MMA; for
-measurements), chosen by ``HYPIC_SCAN_PRECISION`` or the ``precision`` argument.
+in fp32; the dense product is bf16x3: both operands split into bf16 high and low parts, three
+bf16 MMAs.
 
-Why bf16x3 (session 13, H200, ``benchmarks/scan_step_h200.py`` and ``chain_forward_h200.py``):
-the step is bound by its chain of MMAs, and a bf16 MMA covers 16 of K where TF32 covers 8, so
-bf16x3 issues half of tf32x3's MMAs: a dense step took 3.73 us against 5.46, one linear layer's
-fused scan at the all-hit 32k shape 0.571 ms against 0.713. Its error after 64 steps against
-float64 was 1.7e-5 (tf32x3: 8.2e-6; one-pass TF32: 1.6e-2), and the layer's final state stayed
-4.2e-4 from float64 with either (the WY factors' bf16 inputs dominate); fla's own chunked
-prefill rounds the state to bf16 (2^-9) at every chunk.
+Why bf16x3 (H200, ``benchmarks/scan_step_h200.py`` and ``chain_forward_h200.py``): the step is
+bound by its chain of MMAs, and a bf16 MMA covers 16 of K where TF32 covers 8, so bf16x3 issues
+half of tf32x3's MMAs: a dense step took 3.73 us against 5.46, one linear layer's fused scan at
+the all-hit 32k shape 0.571 ms against 0.713, the all-hit request 75.00 against 81.69 ms p50 at
+32k and 42.36 against 43.67 at 8k (benchmarks/results/README.md). Its error after 64 steps against
+float64 was 1.7e-5 (tf32x3: 8.2e-6; one-pass TF32: 1.6e-2), and the layer's final
+state stayed 4.2e-4 from float64 with either (the WY factors' bf16 inputs dominate); fla's own
+chunked prefill rounds the state to bf16 (2^-9) at every chunk.
 
-:func:`scan_chain_wy_triton` fuses the scan with the one-chunk state pass of live spans given by
-their WY factors (a cached request's seams and question), for fla's output kernel. A seam of at
-most ``SEAM_ROWS`` tokens and the cached body after it are one step of the walk
-(``HYPIC_CHAIN_FUSE_SEAMS``, :func:`fuse_seams_enabled`).
+:func:`scan_chain_wy_triton` fuses the scan with the state pass of live spans given by their WY
+factors, for fla's output kernel. A seam of at most ``SEAM_ROWS`` tokens and the cached body
+after it are one step of the walk, ``gamma T h + (T Kd^T) v + S`` (the kernel's
+``seam_body_step``). Against the seam and then the body as two steps it measured within noise
+(H200, all-hit 32k TTFT interleaved: 75.92 against 77.18 ms p50; RAG 32k 82.80 against 82.18 and
+82.16 against 81.67 ms), so the one-step form is the only one. Two other forms were slower and
+were removed: every pair's ``M h + c`` composed beforehand by a parallel launch (84.43 ms; commit
+549bab2 has it) and the next step's body tiles loaded while a step runs (one layer's scan 0.766
+ms against 0.716; commit a2b8c4c).
 
-Triton is imported lazily: importing this module on a CPU-only machine needs no Triton, and the
-torch formulation (``scan_chain_torch``) runs anywhere (it is the CPU-testable part).
+Triton is imported lazily: importing this module on a CPU-only machine needs no Triton. The
+reference is the scan of :mod:`hypic.ops.linear.scan` (which calls :func:`scan_chain_triton` for
+CUDA fp32 summaries); :func:`scan_chain_wy_reference` is the walk's.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional, Tuple
 
 import torch
 
-from hypic.envs import env_switch
+from hypic.envs import triton_interpret
+from hypic.ops.linear._fla_common import span_chunk_rows_host
+from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary, SummaryTable
 
 MODE_DENSE = 0
 MODE_DIAGONAL = 1
 MODE_SCALAR = 2
-DOT_PRECISIONS = ("tf32x3", "bf16x3", "ieee", "tf32")  # tf32: one pass, for measurements (not used by default)
-PRECISION_ENV = "HYPIC_SCAN_PRECISION"
-FUSE_SEAMS_ENV = "HYPIC_CHAIN_FUSE_SEAMS"
 CHUNK_TOKENS = 64  # fla's chunk size: the rows of one chunk step of a long WY span
 SEAM_ROWS = 16  # rows of a short live span's block; a seam this long or shorter fuses with its body
 
 _KERNEL = None
-
-
-def scan_precision(precision: Optional[str] = None) -> str:
-    """``precision``, or when None ``HYPIC_SCAN_PRECISION`` (default bf16x3), validated."""
-    where = "precision"
-    if precision is None:
-        precision, where = os.environ.get(PRECISION_ENV, "bf16x3"), PRECISION_ENV
-    if precision not in DOT_PRECISIONS:
-        raise ValueError(f"{where} must be one of {DOT_PRECISIONS}, got {precision!r}")
-    return precision
-
-
-def fuse_seams_enabled() -> bool:
-    """``HYPIC_CHAIN_FUSE_SEAMS`` (default 1): the chain walk applies a seam (a live span of at
-    most ``SEAM_ROWS`` tokens) and the cached body after it as one step, ``gamma T h + (T Kd^T) v
-    + S`` (the kernel's ``seam_body_step``); 0 applies the seam and then the body, for A/B runs.
-    Measured on the H200, session 15: one layer's scan at the all-hit 32k shape 0.588 ms against
-    0.707 with two steps on one machine (call 1) but 0.777 against 0.683 on another (call 3);
-    all-hit 32k TTFT with the modes interleaved in one process (call 3) 75.92 ms p50 against
-    77.18 (means 76.5 and 76.2 over 5 each): no gain established either way. A third form,
-    every pair's ``M h + c`` composed beforehand by a parallel launch, gave 84.43 ms there and
-    was removed (its kernel is in commit 549bab2). Session 19 call 1: the one-step walk with the
-    next step's body tiles (T, S) loaded while a step runs (register double buffering, 8 warps)
-    was slower, so the walk is not bound by its T loads: one layer's scan 0.766 ms against 0.716
-    (two steps: 0.703), the whole all-hit 32k request's scan 16.17 ms against 13.89 in session 13
-    call 4's profile, TTFT 77.96 against 77.25 ms interleaved; removed (commit a2b8c4c has it)."""
-    return env_switch(FUSE_SEAMS_ENV)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _build_kernel():
@@ -106,7 +79,7 @@ def _build_kernel():
         triton.Config({"BV": 64}, num_warps=4, num_stages=3),
         triton.Config({"BV": 64}, num_warps=8, num_stages=3),
     ]
-    if _interpreting():
+    if triton_interpret():
         return scan_chain_kernel, 32
 
     def prune(configs, named_args, **kwargs):
@@ -118,15 +91,13 @@ def _build_kernel():
             return configs + walk_only
         return configs
 
-    key = ["H", "HV", "K", "V", "BK", "MODE", "PRECISION", "SPLIT", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G",
-           "LONG_WY", "T_UNIT", "S_UNIT", "FUSE", "T_PACKED"]
+    key = ["H", "HV", "K", "V", "BK", "MODE", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G", "LONG_WY", "T_UNIT",
+           "S_UNIT", "FUSE", "T_PACKED"]
     tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
 
 def _mode_and_transition(summary) -> Tuple[int, torch.Tensor]:
-    from hypic.ops.linear.summary import DenseSummary, DiagonalSummary, ScalarSummary
-
     if isinstance(summary, DenseSummary):
         return MODE_DENSE, summary.transition
     if isinstance(summary, DiagonalSummary):
@@ -150,8 +121,6 @@ def _table_of(second, mode: int, device: torch.device, packed_ok: bool = False):
     referenced until the launch is queued (after that, stream order protects the memory).
     ``t_packed``: the table's T are stored as bf16 planes, which only a launch that can read
     them (``packed_ok``) is given; otherwise the copy holds T's values."""
-    from hypic.ops.linear.summary import SummaryTable
-
     if isinstance(second, SummaryTable):
         if (second.addresses is not None and second.addresses.device == device
                 and (packed_ok or not second.t_packed)):
@@ -176,7 +145,6 @@ def scan_chain_triton(
     summaries,
     cu_chains: torch.Tensor,
     initial_states: Optional[torch.Tensor] = None,
-    precision: Optional[str] = None,
     second=None,
     source: Optional[torch.Tensor] = None,
     record_rows: Optional[torch.Tensor] = None,
@@ -189,7 +157,6 @@ def scan_chain_triton(
     ``second`` is a summary or a :class:`~hypic.ops.linear.summary.SummaryTable` read in place
     through its addresses. ``incoming`` is ``[M]``, or ``[num_records]`` with ``record_rows``
     (span i's incoming state in row ``record_rows[i]``, -1: not written)."""
-    precision = scan_precision(precision)
     mode, trans = _mode_and_transition(summaries)
     state = summaries.state
     if state.dim() != 4:
@@ -219,18 +186,18 @@ def scan_chain_triton(
     incoming = torch.empty(num_rows, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     final = torch.empty(num_chains, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
     _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record,
-            None, mode, precision, has_source, has_record, (t_unit, s_unit), t_packed=False)
+            None, mode, has_source, has_record, (t_unit, s_unit), t_packed=False)
     del owner  # the copies read through the table may go once the launch is queued
     return incoming, final
 
 
 def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
-            mode: int, precision: str, has_source: bool, has_record: bool, units, long_wy: bool = False,
+            mode: int, has_source: bool, has_record: bool, units, long_wy: bool = False,
             t_packed: bool = False) -> None:
     """One launch of the scan kernel; ``wy`` = ``(k, w, u, g or None, cu_spans, span_chunk, v_new,
     h_chunks)`` makes live elements WY spans (of at most one chunk, or of any length with
-    ``long_wy``); ``t_packed``: the table's T are stored as bf16 planes (needs ``wy``, a source,
-    dense T and bf16x3)."""
+    ``long_wy``); ``t_packed``: the table's T are stored as bf16 planes (needs ``wy``, a source
+    and dense T)."""
     import triton
 
     global _KERNEL
@@ -257,13 +224,11 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         _KERNEL = _build_kernel()
     kernel, fixed_block_v = _KERNEL
     block_k = max(16, triton.next_power_of_2(key_dim))
-    # bf16x3: the kernel's own split products (2: the same maths for the interpreter)
-    split = 0 if precision != "bf16x3" else (2 if _interpreting() else 1)
     extra = {} if fixed_block_v is None else {"BV": fixed_block_v}
-    if t_packed and not (wy is not None and has_source and mode == MODE_DENSE and split):
-        raise ValueError("packed T (bf16 planes) are read only by a bf16x3 WY walk of dense bodies from a source")
+    if t_packed and not (wy is not None and has_source and mode == MODE_DENSE):
+        raise ValueError("packed T (bf16 planes) are read only by a WY walk of dense bodies from a source")
     # a seam and the body after it in one step: dense bodies from a source, no recorded states
-    fuse = wy is not None and has_source and mode == MODE_DENSE and not has_record and fuse_seams_enabled()
+    fuse = wy is not None and has_source and mode == MODE_DENSE and not has_record
 
     def grid(meta):
         return (triton.cdiv(value_dim, meta["BV"]), num_heads, num_chains)
@@ -272,8 +237,7 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
         trans, state, init, incoming, final, cu, table, source, record, k, w, u, g, cu_spans, span_chunk, v_new,
         h_chunks, num_table, trans.data_ptr(), state.data_ptr(),
         H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BS=SEAM_ROWS,
-        MODE=mode, HAS_INIT=has_init, PRECISION="tf32x3" if split else precision, SPLIT=split,
-        WHILE_LOOP=_interpreting(), HAS_SOURCE=has_source,
+        MODE=mode, HAS_INIT=has_init, INTERPRET=triton_interpret(), HAS_SOURCE=has_source,
         HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, LONG_WY=long_wy, BT=CHUNK_TOKENS,
         T_UNIT=units[0], S_UNIT=units[1], FUSE=fuse, T_PACKED=t_packed, **extra,
     )
@@ -291,7 +255,6 @@ def scan_chain_wy_triton(
     initial_states: Optional[torch.Tensor] = None,
     second=None,
     source: Optional[torch.Tensor] = None,
-    precision: Optional[str] = None,
     long_spans: bool = False,
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
@@ -308,12 +271,11 @@ def scan_chain_wy_triton(
     ``source[i] < 0`` is entry ``-source[i] - 1`` of ``second`` (dense summaries, or a
     SummaryTable read in place); without ``source`` element i is live span i. Without
     ``long_spans`` every live span has at most one chunk (a cached request's seams and question;
-    their one step keeps h in fp32 for ``W h``, a bf16x3-style split); with it spans of any
+    their one step keeps h in fp32 for ``W h``, a bf16x3 split); with it spans of any
     length are walked chunk by chunk in fla's state-pass precision (:func:`wy_chunks` of the
     kernel module), which is how a cold prefill's segments run. ``k [T, H, K]`` (H divides HV),
     ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]`` chunk-local cumulative log2 gate or None
     (DeltaNet): fla's WY step outputs. Tokens no live span covers keep an unspecified ``v_new``."""
-    precision = scan_precision(precision)
     num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
     device = w.device
     final = torch.empty(cu_chains.numel() - 1, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
@@ -327,9 +289,8 @@ def scan_chain_wy_triton(
     if has_source:
         if second is None:
             raise ValueError("a source table needs second summaries")
-        # packed bodies are read as they are by the bf16x3 walk; any other precision reads fp32
-        table, num_table, units, owner, t_packed = _table_of(second, MODE_DENSE, device,
-                                                             packed_ok=precision == "bf16x3")
+        # packed bodies are read as they are: the walk's bf16x3 products would split fp32 T so
+        table, num_table, units, owner, t_packed = _table_of(second, MODE_DENSE, device, packed_ok=True)
         source = source.to(device=device, dtype=torch.int64).contiguous()
     has_record = record_rows is not None
     incoming = final
@@ -342,7 +303,7 @@ def scan_chain_wy_triton(
     wy = (k, w, u, g if g is None else g.to(torch.float32), cu_spans.to(device=device, dtype=torch.int64),
           span_chunk, v_new, h_chunks)
     _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
-            MODE_DENSE, precision, has_source, has_record, units, long_wy=long_spans, t_packed=t_packed)
+            MODE_DENSE, has_source, has_record, units, long_wy=long_spans, t_packed=t_packed)
     del owner
     if has_record:
         return v_new, h_chunks, final, incoming
@@ -369,9 +330,6 @@ def scan_chain_wy_reference(
     ``h_chunk <- h``, ``v_new = u - W h``, ``h <- exp2(g_last) h + (K * exp2(g_last - g))^T v_new``;
     bodies (``second``, dense) as ``T h + S``. Chunk rows are laid in span order. Returns the
     same outputs, float64 on the CPU (``v_new`` and ``h`` unrounded)."""
-    from hypic.ops.linear._fla_common import span_chunk_rows_host
-    from hypic.ops.linear.summary import SummaryTable
-
     f64 = lambda x: None if x is None else x.detach().to("cpu", torch.float64)  # noqa: E731
     k, w, u, g = f64(k), f64(w), f64(u), f64(g)
     bounds = [int(x) for x in cu_spans.tolist()]
@@ -416,47 +374,3 @@ def scan_chain_wy_reference(
     if rec is not None:
         return v_new, h_chunks, final, incoming
     return v_new, h_chunks, final
-
-
-def scan_chain_torch(
-    summaries,
-    cu_chains: torch.Tensor,
-    initial_states: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Batched torch scan: one step per span *position*, all chains at once (no loop per head).
-
-    Chains are padded to the longest with identity steps; step j applies the j-th span of every
-    chain. Cost: max chain length batched matmuls. Works on any device and in fp64.
-    """
-    mode, trans = _mode_and_transition(summaries)
-    state = summaries.state
-    num_spans, num_heads, key_dim, value_dim = state.shape
-    lengths = (cu_chains[1:] - cu_chains[:-1]).to("cpu", torch.int64)
-    num_chains = lengths.numel()
-    dtype = torch.float64 if state.dtype == torch.float64 else torch.float32
-    device = state.device
-    if initial_states is None:
-        h = torch.zeros(num_chains, num_heads, key_dim, value_dim, device=device, dtype=dtype)
-    else:
-        h = initial_states.to(dtype).clone()
-    incoming = torch.empty(num_spans, num_heads, key_dim, value_dim, device=device, dtype=dtype)
-    if num_chains == 0 or num_spans == 0:
-        return incoming, h
-    starts = cu_chains[:-1].to("cpu", torch.int64)
-    max_len = int(lengths.max())
-    for step in range(max_len):
-        live = torch.nonzero(lengths > step).flatten()
-        span = (starts[live] + step).to(device)
-        live = live.to(device)
-        h_live = h.index_select(0, live)
-        incoming.index_copy_(0, span, h_live)
-        s_i = state.index_select(0, span).to(dtype)
-        t_i = trans.index_select(0, span).to(dtype)
-        if mode == MODE_DENSE:
-            h_new = torch.matmul(t_i, h_live) + s_i
-        elif mode == MODE_DIAGONAL:
-            h_new = torch.exp(t_i).unsqueeze(-1) * h_live + s_i
-        else:
-            h_new = torch.exp(t_i)[..., None, None] * h_live + s_i
-        h.index_copy_(0, live, h_new)
-    return incoming, h

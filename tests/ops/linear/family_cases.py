@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from hypic.ops.linear import delta, gated_delta, gla, kda, mamba2, simple_gla
 from hypic.ops.linear._family import expand_heads
 from hypic.ops.linear.naive import naive_recurrence
-from hypic.ops.linear.summary import apply_summary, compose, identity_summary, scan_chain
+from hypic.ops.linear.scan import scan_chain
+from hypic.ops.linear.summary import apply_summary, compose, identity_summary
 
 # Tiny shapes keep the suite fast; H < HV exercises GVA.
 H, HV, K, V = 2, 4, 8, 6

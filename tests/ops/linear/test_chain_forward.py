@@ -4,8 +4,8 @@ linear layer), and its fused GPU kernel (``scan_chain_wy_triton``).
 CPU (float64): the live outputs and final states equal a plain forward over each whole chain,
 whose bodies are only given as summaries. Kernel: the fused scan against the reference
 composition (closed-form summaries, scan, one-chunk state pass), under the Triton interpreter and
-on CUDA. CUDA: the op's fla path against the CPU reference, for the fused case and for spans
-longer than a chunk (the general path).
+on CUDA. CUDA: the op's fla path against the CPU reference, for one-chunk spans and for spans
+longer than a chunk (walked chunk by chunk).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from hypic.ops.linear.summary import DenseSummary, SummaryTable
 from tests.interpreter import interpreted_error
 
 H, HV, K, V = 2, 4, 16, 8
-CUDA = torch.cuda.is_available()
 
 
 def rel(a, b):
@@ -135,8 +134,9 @@ BODIES_ON = textwrap.dedent("""
 
 KERNEL_CASE = BODIES_ON + textwrap.dedent("""
     import torch
+    from hypic.ops.linear.scan import scan_chain_from
     from hypic.ops.linear.short_span import short_span_rows, short_span_state_pass, short_span_summary
-    from hypic.ops.linear.summary import DenseSummary, scan_chain_from
+    from hypic.ops.linear.summary import DenseSummary
     from hypic.ops.linear.triton_scan import scan_chain_wy_triton
 
     def case(dtype, device, gated=True, lengths=(8, 0, 1, 64, 8, 20, 17), h=2, hv=4, kd=32, vd=24, table=True,
@@ -178,10 +178,8 @@ KERNEL_CASE = BODIES_ON + textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("gated,table,precision", [(True, True, "tf32x3"), (False, False, "tf32x3"),
-                                                   (True, True, "bf16x3")])
-def test_fused_kernel_matches_reference_under_interpreter(monkeypatch, gated, table, precision):
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", precision)  # the subprocess inherits it
+@pytest.mark.parametrize("gated,table", [(True, True), (False, False)])
+def test_fused_kernel_matches_reference_under_interpreter(gated, table):
     script = KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}, table={table}))\n"
     assert interpreted_error(script) < 2e-3
 
@@ -191,37 +189,30 @@ def test_fused_kernel_matches_reference_under_interpreter(monkeypatch, gated, ta
 BOUNDARY_LENGTHS = (16, 0, 1, 17, 8, 20, 64)
 
 
-@pytest.mark.parametrize("fuse", ["0", "1"])
 @pytest.mark.parametrize("gated", [True, False])
-def test_seam_and_body_in_one_step_under_interpreter(monkeypatch, fuse, gated):
-    """``HYPIC_CHAIN_FUSE_SEAMS``: a seam and the body after it as two steps (0) or as one step
-    (1); the final state within the fp32 products' error of the float64 reference either way."""
-    monkeypatch.setenv("HYPIC_CHAIN_FUSE_SEAMS", fuse)
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
+def test_seam_and_body_in_one_step_under_interpreter(gated):
+    """A seam of at most 16 tokens and the body after it in one step of the walk (a longer seam
+    and an empty one as two): the final state within the fp32 products' error of the float64
+    reference."""
     errors = KERNEL_CASE + f"errors = case(torch.float16, 'cpu', gated={gated}, lengths={BOUNDARY_LENGTHS}, parts=True)\n"
     assert interpreted_error(errors + "print(max(errors[:2]))\n") < 2e-3  # v_new and h are fp16 outputs
     assert interpreted_error(errors + "print(errors[2])\n") < 1e-4
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
-@pytest.mark.parametrize("gated,table,precision", [(True, True, "tf32x3"), (True, False, "tf32x3"),
-                                                   (False, True, "tf32x3"), (True, True, "bf16x3")])
-def test_fused_kernel_matches_reference_on_cuda(monkeypatch, gated, table, precision):
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", precision)
+@pytest.mark.cuda
+@pytest.mark.parametrize("gated,table", [(True, True), (True, False), (False, True)])
+def test_fused_kernel_matches_reference_on_cuda(gated, table):
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
     assert namespace["case"](torch.bfloat16, "cuda", gated=gated, kd=128, vd=128, table=table) < 1e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
-@pytest.mark.parametrize("fuse", ["0", "1"])
-def test_seam_and_body_in_one_step_on_cuda(monkeypatch, fuse):
-    monkeypatch.setenv("HYPIC_CHAIN_FUSE_SEAMS", fuse)
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
+@pytest.mark.cuda
+def test_seam_and_body_in_one_step_on_cuda():
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the interpreter test's case
     v_h_final = namespace["case"](torch.bfloat16, "cuda", lengths=BOUNDARY_LENGTHS, kd=128, vd=128, parts=True)
-    # final state on the H200 (session 15, call 3): 1.14e-3 with two steps, 1.06e-3 with one
+    # final state on the H200: 1.06e-3 (1.14e-3 with the seam and the body as two steps)
     assert max(v_h_final[:2]) < 1e-2 and v_h_final[2] < 2e-3
 
 
@@ -229,13 +220,11 @@ def test_seam_and_body_in_one_step_on_cuda(monkeypatch, fuse):
 # CUDA: the op's fla path against the float64 CPU reference
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
-@pytest.mark.parametrize("long_span,short_span_impl,short_wy", [(False, "triton", "triton"), (False, "triton", "fla"),
-                                                               (True, "triton", "triton"), (False, "fla", "triton")])
-def test_fla_path_matches_reference(monkeypatch, long_span, short_span_impl, short_wy):
-    """``short_wy``: the seams' and question's WY step and output from hypic's tiles or fla's."""
-    monkeypatch.setenv("HYPIC_SHORT_SPAN", short_span_impl)
-    monkeypatch.setenv("HYPIC_SHORT_WY", short_wy)
+@pytest.mark.cuda
+@pytest.mark.parametrize("long_span", [False, True])
+def test_fla_path_matches_reference(long_span):
+    """Every live span in one chunk (the seams' and question's WY step and output from
+    short_wy's tiles) or not (fla's WY step, the walk chunk by chunk)."""
     pieces = [[("live", 8), ("body", 100), ("live", 8), ("body", 70), ("live", 100 if long_span else 64)],
               [("body", 90), ("live", 1), ("live", 8)]]
     dims = dict(h=2, hv=4, kd=128, vd=64)
@@ -259,7 +248,7 @@ def test_fla_path_matches_reference(monkeypatch, long_span, short_span_impl, sho
     assert rel(final.cpu(), final_ref) < 1e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("long_span", [False, True])
 def test_written_spans_summaries_from_their_rows_alone_on_cuda(long_span):
     """``summary_spans_host``: the GPU path forms the written spans' summaries from their
@@ -446,7 +435,7 @@ def test_chain_forward_and_summarize_reference():
         gated_delta.gated_delta_chain_forward_and_summarize(**live, **args, num_records=2)
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("gated,table,record", [(True, True, True), (False, True, False), (True, False, True)])
 def test_long_span_kernel_matches_reference_on_cuda(gated, table, record):
     namespace: dict = {}
@@ -455,12 +444,10 @@ def test_long_span_kernel_matches_reference_on_cuda(gated, table, record):
                                   record=record) < 2e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
-@pytest.mark.parametrize("impl", ["fused", "scan"])
-def test_chain_forward_and_summarize_on_cuda(monkeypatch, impl):
-    """The write path on CUDA (long live spans walked in the chain kernel, or the former
-    summaries-scan-forward path) against the float64 CPU reference."""
-    monkeypatch.setenv("HYPIC_CHAIN_LONG", impl)
+@pytest.mark.cuda
+def test_chain_forward_and_summarize_on_cuda():
+    """The write path on CUDA (long live spans walked in the chain kernel) against the float64
+    CPU reference."""
     pieces = [[("live", 8), ("live", 504), ("body", 70), ("live", 8), ("live", 130)],
               [("live", 200), ("body", 90), ("live", 1), ("live", 64)]]
     dims = dict(h=2, hv=4, kd=128, vd=64)

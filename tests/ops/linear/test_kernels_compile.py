@@ -2,8 +2,8 @@
 
 Triton's interpreter (the other kernel tests) runs the kernels' Python, not their compiled form:
 it does not check what only the compiler checks, e.g. that a loop-carried value keeps its type
-(session 15: a seam compose kernel, since removed, passed every interpreter test and then failed
-to compile on the device). Compiling needs no GPU: Triton's NVIDIA backend and its bundled ptxas run anywhere.
+(a seam compose kernel, since removed, passed every interpreter test and then failed to compile on
+the device). Compiling needs no GPU: Triton's NVIDIA backend and its bundled ptxas run anywhere.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ PTR = {"trans": "*fp32", "state": "*fp32", "init": "*fp32", "incoming": "*fp32",
        "num_table": "i64", "t_base": "i64", "s_base": "i64", "rows": "*i64", "out": "*fp32", "NW": "i64",
        "spans": "*i64", "out_base": "i64", "base": "*fp32", "base16": "*bf16", "num_tensors": "i32"}
 # Qwen3.5-35B-A3B's linear layers: 16 key heads, 32 value heads, K = V = 128
-DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, PRECISION="tf32x3", SPLIT=1, USE_G=True, T_UNIT=64, S_UNIT=64)
+DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, USE_G=True, T_UNIT=64, S_UNIT=64)
 
 
 def compile_sm90(fn, constexprs, num_warps=8, num_stages=None):
@@ -43,7 +43,7 @@ def compile_sm90(fn, constexprs, num_warps=8, num_stages=None):
 def test_chain_kernel_compiles_for_sm90(fuse, long_wy, source, record, t_packed):
     from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
 
-    constexprs = dict(DIMS, BV=32, MODE=0, HAS_INIT=False, WHILE_LOOP=False, HAS_SOURCE=source, HAS_RECORD=record,
+    constexprs = dict(DIMS, BV=32, MODE=0, HAS_INIT=False, INTERPRET=False, HAS_SOURCE=source, HAS_RECORD=record,
                       HAS_WY=True, LONG_WY=long_wy, BT=64, FUSE=fuse, T_PACKED=t_packed)
     assert compile_sm90(scan_chain_kernel, constexprs).asm["ptx"]
 
@@ -56,12 +56,12 @@ def test_pack_planes_kernel_compiles_for_sm90():
     assert "bar.sync" in ptx or "barrier.sync" in ptx  # every load before the in-place stores
 
 
-@pytest.mark.parametrize("split,bv,table", [(1, 32, False), (0, 64, False), (1, 64, True)])
-def test_zero_start_from_states_kernel_compiles_for_sm90(split, bv, table):
+@pytest.mark.parametrize("bv,table", [(32, False), (64, True)])
+def test_zero_start_from_states_kernel_compiles_for_sm90(bv, table):
     """Also with T read and S written through a store entries' address table (TABLE)."""
     from hypic.ops.linear._state_summary_kernel import zero_start_from_states_kernel
 
-    constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, BKK=32, PRECISION="tf32x3", SPLIT=split, TABLE=table)
+    constexprs = dict(HV=32, K=128, V=128, BK=128, BV=bv, BKK=32, INTERPRET=False, TABLE=table)
     assert compile_sm90(zero_start_from_states_kernel, constexprs).asm["ptx"]
 
 
@@ -69,22 +69,19 @@ def test_cold_walk_compiles_with_deeper_pipelines_for_sm90():
     """The configs a chain of live spans alone is tuned over (three stages, no T tile)."""
     from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
 
-    constexprs = dict(DIMS, BV=64, MODE=0, HAS_INIT=False, WHILE_LOOP=False, HAS_SOURCE=False, HAS_RECORD=True,
+    constexprs = dict(DIMS, BV=64, MODE=0, HAS_INIT=False, INTERPRET=False, HAS_SOURCE=False, HAS_RECORD=True,
                       HAS_WY=True, LONG_WY=True, BT=64, FUSE=0, T_PACKED=False)
     assert compile_sm90(scan_chain_kernel, constexprs, num_warps=4, num_stages=3).asm["ptx"]
 
 
-@pytest.mark.parametrize("split,bc,num_warps,out_table", [(1, 32, 2, False), (1, 64, 4, False), (0, 64, 8, False),
-                                                         (1, 64, 4, True)])
-def test_wy_transition_kernel_compiles_for_sm90(split, bc, num_warps, out_table):
+@pytest.mark.parametrize("bc,num_warps,out_table", [(32, 2, False), (64, 4, False), (64, 4, True)])
+def test_wy_transition_kernel_compiles_for_sm90(bc, num_warps, out_table):
     """The written spans' T (hypic/ops/linear/transition.py) in the configs it is tuned over, also
     written through an address table (OUT_TABLE)."""
     from hypic.ops.linear._transition_kernel import wy_transition_kernel
 
-    constexprs = dict(H=16, HV=32, K=128, BK=128, BC=bc, BT=64, USE_G=True, PRECISION="tf32x3", SPLIT=split,
-                      INTERPRET=False, OUT_TABLE=out_table)
+    constexprs = dict(H=16, HV=32, K=128, BK=128, BC=bc, BT=64, USE_G=True, INTERPRET=False, OUT_TABLE=out_table)
     assert compile_sm90(wy_transition_kernel, constexprs, num_warps=num_warps, num_stages=3).asm["ptx"]
-
 
 
 @pytest.mark.parametrize("rows,gated,warps,block_c", [(16, True, 2, 128), (64, True, 4, 128), (64, True, 8, 32),

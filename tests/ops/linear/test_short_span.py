@@ -133,10 +133,7 @@ def test_state_pass_is_u_minus_w_h0_per_span(lengths):
     assert torch.equal(h, h0.bfloat16()[[i for i, n_ in enumerate(lengths) if n_ > 0]])
 
 
-CUDA = torch.cuda.is_available()
-
-
-@pytest.mark.skipif(not CUDA, reason="fla path runs on CUDA only")
+@pytest.mark.cuda
 @pytest.mark.parametrize("lengths", [[8, 8, 0, 64, 1, 8], [8, 700, 8]])
 def test_fla_path_against_reference(lengths):
     from hypic.ops.linear import fla_paths
@@ -183,23 +180,6 @@ def test_reference_summarize_then_forward_can_skip_the_final_state():
     assert f2 is None and f1 is not None and torch.equal(o1, o2)
 
 
-@pytest.mark.parametrize("variable,module,getter,default,other", [
-    ("HYPIC_SUMMARY_DOT_PRECISION", "hypic.ops.linear._fla_summaries", "summary_dot_precision", "tf32", "tf32x3"),
-    ("HYPIC_SHORT_SPAN", "hypic.ops.linear.short_span", "short_span_impl", "triton", "fla"),
-])
-def test_environment_choices_are_validated(monkeypatch, variable, module, getter, default, other):
-    import importlib
-
-    read = getattr(importlib.import_module(module), getter)
-    monkeypatch.delenv(variable, raising=False)
-    assert read() == default
-    monkeypatch.setenv(variable, other)
-    assert read() == other
-    monkeypatch.setenv(variable, "bogus")
-    with pytest.raises(ValueError, match=variable):
-        read()
-
-
 KERNEL_CASE = textwrap.dedent("""
     import torch
     from hypic.ops.linear.short_span import (short_span_rows, short_span_state_pass, short_span_state_pass_triton,
@@ -232,7 +212,7 @@ def test_triton_kernels_match_torch_under_interpreter(gated):
     assert interpreted_error(KERNEL_CASE + f"print(case(torch.float16, 'cpu', gated={gated}))\n") < 2e-3
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("gated", [True, False])
 def test_triton_kernels_match_torch_on_cuda(gated):
     namespace: dict = {}

@@ -4,8 +4,8 @@ states a forward walked it with, ``S(C|0) = h_after - T_C h_before``.
 CPU (float64): the record and exit rows for spans inside and at the end of chains; the identity
 itself through the reference chain op (its recorded states and T give the zero-start S that
 ``gated_delta_summarize`` computes directly). Kernel: against the torch reference under the
-Triton interpreter and on CUDA. CUDA: the cold write path of the chain op in each
-``HYPIC_COLD_SUMMARIES`` mode, against the float64 CPU reference.
+Triton interpreter and on CUDA. CUDA: the cold write path of the chain op (S from the walk's
+states, T beside the walk), against the float64 CPU reference.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import torch
 
 from hypic.ops.linear import gated_delta
 from hypic.ops.linear.state_summary import (
-    cold_summaries_mode,
     written_span_rows,
     zero_start_from_states,
     zero_start_from_states_reference,
 )
 from tests.interpreter import interpreted_error
 from tests.ops.linear.test_transition import PROBLEM
-from tests.ops.linear.test_chain_forward import CUDA, HV, K, V, chain_problem, rel
+from tests.ops.linear.test_chain_forward import HV, K, V, chain_problem, rel
 
 # every element live: a cold prefill's chains (seam, body, seam, body, question) and a second
 # request whose last written body ends its chain
@@ -79,21 +78,11 @@ def test_reference_checks_its_shapes():
         zero_start_from_states_reference(t, inc, fin[..., :2], rows)
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.delenv("HYPIC_COLD_SUMMARIES", raising=False)
-    assert cold_summaries_mode() == "walk"
-    monkeypatch.setenv("HYPIC_COLD_SUMMARIES", "fla")
-    assert cold_summaries_mode() == "fla"
-    monkeypatch.setenv("HYPIC_COLD_SUMMARIES", "one_run")  # tried in session 16, removed
-    with pytest.raises(ValueError, match="HYPIC_COLD_SUMMARIES"):
-        cold_summaries_mode()
-
-
 KERNEL_CASE = textwrap.dedent("""
     import torch
     from hypic.ops.linear.state_summary import zero_start_from_states, zero_start_from_states_reference
 
-    def kernel_case(device, precision, nw=3, hv=2, kd=128, vd=64):
+    def kernel_case(device, nw=3, hv=2, kd=128, vd=64):
         gen = torch.Generator().manual_seed(0)
         trans = torch.randn(nw, hv, kd, kd, generator=gen) / kd ** 0.5
         incoming = torch.randn(nw + 1, hv, kd, vd, generator=gen)
@@ -103,23 +92,21 @@ KERNEL_CASE = textwrap.dedent("""
         ref = zero_start_from_states_reference(trans.double(), incoming.double(), final.double(), rows)
         final[0].fill_(float("nan"))  # NaN-poison: no span leaves with chain 0's final state
         d = lambda x: x.to(device)  # noqa: E731
-        out = zero_start_from_states(d(trans), d(incoming), d(final), d(rows), precision=precision)
+        out = zero_start_from_states(d(trans), d(incoming), d(final), d(rows))
         assert out.dtype == torch.float32 and out.shape == ref.shape and torch.isfinite(out).all()
         return float((out.double().cpu() - ref).norm() / ref.norm())
 """)
 
 
-@pytest.mark.parametrize("precision", ["bf16x3", "ieee"])
-def test_kernel_matches_reference_under_interpreter(precision):
-    assert interpreted_error(KERNEL_CASE + f"print(kernel_case('cpu', {precision!r}))\n") < 1e-4
+def test_kernel_matches_reference_under_interpreter():
+    assert interpreted_error(KERNEL_CASE + "print(kernel_case('cpu'))\n") < 1e-4
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
-@pytest.mark.parametrize("precision", ["bf16x3", "tf32x3"])
-def test_kernel_matches_reference_on_cuda(precision):
+@pytest.mark.cuda
+def test_kernel_matches_reference_on_cuda():
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
-    assert namespace["kernel_case"]("cuda", precision) < 1e-4
+    assert namespace["kernel_case"]("cuda") < 1e-4
 
 
 def targets_for(num_spans, hv, kd, vd, device, layers=3, row=1):
@@ -175,7 +162,7 @@ def test_kernels_write_into_targets_under_interpreter():
     assert interpreted_error(TARGETS_CASE + "print(targets_case('cpu'))\n") == 0.0
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+@pytest.mark.cuda
 def test_kernels_write_into_targets_on_cuda():
     namespace: dict = {}
     exec(TARGETS_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
@@ -227,14 +214,10 @@ def test_chain_op_writes_into_targets_on_cpu():
             **live, cu_seqlens=cu_live, cu_chains=cu_chains, summary_spans=(0, 3), summary_out=table)
 
 
-@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
-@pytest.mark.parametrize("mode,transition", [("walk", "triton"), ("walk", "fla"), ("fla", "triton")])
-def test_cold_write_path_on_cuda(monkeypatch, mode, transition):
+@pytest.mark.cuda
+def test_cold_write_path_on_cuda():
     """A cold prefill's write op on CUDA (every element live, 512-token segments after 8-token
-    seams, the bodies written) in each ``HYPIC_COLD_SUMMARIES`` mode (and, for ``walk``, each
-    ``HYPIC_TRANSITION_IMPL``), against the float64 CPU reference."""
-    monkeypatch.setenv("HYPIC_COLD_SUMMARIES", mode)
-    monkeypatch.setenv("HYPIC_TRANSITION_IMPL", transition)
+    seams, the bodies written), against the float64 CPU reference."""
     pieces = [[("live", 8), ("live", 504), ("live", 8), ("live", 504), ("live", 64)],
               [("live", 8), ("live", 200)]]
     dims = dict(h=2, hv=4, kd=128, vd=128)
@@ -254,7 +237,7 @@ def test_cold_write_path_on_cuda(monkeypatch, mode, transition):
     assert rel(s.state.cpu(), s_ref.state) < 2e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
+@pytest.mark.cuda
 def test_cold_write_path_into_targets_on_cuda():
     """The cold write op on CUDA with ``summary_out`` (the entry writer's layout: layer row 1 of
     per-write buffers, NaN-poisoned): T and S written by the kernels equal what the op returns

@@ -9,23 +9,19 @@ import pytest
 import torch
 
 from hypic.ops.linear import t_planes
-from hypic.ops.linear.gated_delta import select_spans
+from hypic.ops.linear.scan import gather_chain, scan_chain, scan_chain_from
 from hypic.ops.linear.summary import (
     DenseSummary,
     SummaryTable,
     apply_summary,
     check_summary_targets,
     compose,
-    gather_chain,
-    scan_chain,
-    scan_chain_from,
+    select_spans,
     summary_addresses,
     write_summaries_into,
 )
 from hypic.ops.linear.t_planes import pack_planes, pack_planes_, planes, split_planes, unpack_planes
 from tests.interpreter import interpreted_error
-
-CUDA = torch.cuda.is_available()
 
 
 def rel(a, b) -> float:
@@ -77,21 +73,9 @@ def test_pack_in_place_on_cpu_equals_the_reference():
         pack_planes(torch.randn(2, 8, 4))
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.delenv(t_planes.ENV, raising=False)
-    assert t_planes.t_presplit_mode() == "auto"
-    assert not t_planes.presplit_wanted(torch.device("cpu"))  # CPU walks read fp32 T
-    monkeypatch.setenv(t_planes.ENV, "1")
-    with pytest.raises(ValueError, match="HYPIC_T_PRESPLIT"):
-        t_planes.t_presplit_mode()
-    monkeypatch.setenv(t_planes.ENV, "0")
-    assert t_planes.t_presplit_mode() == "0"
-    assert not t_planes.presplit_wanted(torch.device("cuda", 0))
-    monkeypatch.setenv(t_planes.ENV, "auto")
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "tf32x3")  # its walk reads fp32 T
-    assert not t_planes.presplit_wanted(torch.device("cuda", 0))
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
-    assert t_planes.presplit_wanted(torch.device("cuda", 0))
+def test_entries_written_on_cuda_are_packed():
+    assert not t_planes.presplit_wanted(torch.device("cpu"))  # the CPU reference reads fp32 T
+    assert t_planes.presplit_wanted(torch.device("cuda", 0)) and t_planes.presplit_wanted("cuda")
 
 
 # ------------------------------------------------------------------------------------------
@@ -233,25 +217,12 @@ WALK_CASE = textwrap.dedent("""
 """)
 
 
-# fuse 1: seam_body_step reads the planes; fuse 0 and records: the body's own scan_step does
-@pytest.mark.parametrize("fuse,long_spans,record", [("1", False, False), ("0", False, False), ("1", False, True),
-                                                    ("1", True, True)])
-def test_walk_with_packed_bodies_equals_the_fp32_walk_under_interpreter(monkeypatch, fuse, long_spans, record):
-    monkeypatch.setenv("HYPIC_CHAIN_FUSE_SEAMS", fuse)
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
+# no records: seam_body_step reads the planes (and, after the 17-token seam, the body's own
+# scan_step); records: every body's scan_step does
+@pytest.mark.parametrize("long_spans,record", [(False, False), (False, True), (True, True)])
+def test_walk_with_packed_bodies_equals_the_fp32_walk_under_interpreter(long_spans, record):
     script = WALK_CASE + f"print(mismatches('cpu', long_spans={long_spans}, record={record}))\n"
     assert interpreted_error(script) == 0  # bit for bit: the same split, the same products
-
-
-def test_other_precisions_read_packed_bodies_as_values_under_interpreter(monkeypatch):
-    """A tf32x3 walk cannot read the planes: it is given a copy of T's values (hi + lo), within
-    T's 16 significant bits of the fp32 walk."""
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "tf32x3")
-    script = WALK_CASE + textwrap.dedent("""
-        a, b = walk('cpu', False), walk('cpu', True)
-        print(max(float((x.float() - y.float()).norm() / y.float().norm()) for x, y in zip(a, b)))
-    """)
-    assert interpreted_error(script) < 1e-3
 
 
 def test_pack_kernel_makes_the_walks_split_under_interpreter():
@@ -281,7 +252,7 @@ def test_pack_kernel_makes_the_walks_split_under_interpreter():
     assert interpreted_error(script) == 0
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
+@pytest.mark.cuda
 def test_pack_kernel_equals_the_reference_on_cuda():
     ts = [torch.randn(3, 4, 128, 128, device="cuda"), torch.randn(1, 4, 128, 128, device="cuda")]
     want = [pack_planes(t) for t in ts]
@@ -289,12 +260,9 @@ def test_pack_kernel_equals_the_reference_on_cuda():
     assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(ts, want))
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
-@pytest.mark.parametrize("fuse,long_spans,record", [("1", False, False), ("0", False, False), ("1", False, True),
-                                                    ("1", True, True)])
-def test_walk_with_packed_bodies_equals_the_fp32_walk_on_cuda(monkeypatch, fuse, long_spans, record):
-    monkeypatch.setenv("HYPIC_CHAIN_FUSE_SEAMS", fuse)
-    monkeypatch.setenv("HYPIC_SCAN_PRECISION", "bf16x3")
+@pytest.mark.cuda
+@pytest.mark.parametrize("long_spans,record", [(False, False), (False, True), (True, True)])
+def test_walk_with_packed_bodies_equals_the_fp32_walk_on_cuda(long_spans, record):
     namespace: dict = {}
     exec(WALK_CASE, namespace)  # noqa: S102 - the interpreter test's case
     assert namespace["mismatches"]("cuda", long_spans=long_spans, record=record, dtype=torch.bfloat16, kd=128,

@@ -2,7 +2,7 @@
 
 CPU (float64): the reference is the chain walk's reference with ``u = 0`` started from the
 identity, span by span; its checks. Kernel: against the reference under the Triton interpreter
-(both dot precisions, spans out of order, a span shorter than a chunk, an empty one) and on CUDA,
+(gated or not, spans out of order, a span shorter than a chunk, an empty one) and on CUDA,
 where it is also set against fla's ``V = 0`` summary launch and the float64 T of the raw
 recurrence.
 """
@@ -16,15 +16,13 @@ import torch
 
 from hypic.ops.linear.transition import (
     span_ids,
-    transition_impl,
-    transition_overlap,
     wy_transitions,
     wy_transitions_beside,
     wy_transitions_reference,
 )
 from hypic.ops.linear.triton_scan import scan_chain_wy_reference
 from tests.interpreter import interpreted_error
-from tests.ops.linear.test_chain_forward import CUDA, rel
+from tests.ops.linear.test_chain_forward import rel
 
 PROBLEM = textwrap.dedent("""
     import torch
@@ -94,65 +92,49 @@ def test_checks():
         wy_transitions_reference(k, w, g[:, :1], cu, (0, 2))
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.delenv("HYPIC_TRANSITION_IMPL", raising=False)
-    assert transition_impl() == "triton"
-    monkeypatch.setenv("HYPIC_TRANSITION_IMPL", "fla")
-    assert transition_impl() == "fla"
-    monkeypatch.setenv("HYPIC_TRANSITION_IMPL", "cp")
-    with pytest.raises(ValueError, match="HYPIC_TRANSITION_IMPL"):
-        transition_impl()
-    monkeypatch.delenv("HYPIC_TRANSITION_OVERLAP", raising=False)
-    assert transition_overlap()
-    monkeypatch.setenv("HYPIC_TRANSITION_OVERLAP", "0")
-    assert not transition_overlap()
-    monkeypatch.setenv("HYPIC_TRANSITION_OVERLAP", "yes")
-    with pytest.raises(ValueError, match="HYPIC_TRANSITION_OVERLAP"):
-        transition_overlap()
-
-
 KERNEL_CASE = PROBLEM + textwrap.dedent("""
     from hypic.ops.linear.transition import wy_transitions, wy_transitions_reference
 
-    def kernel_case(device, precision, gated=True, kd=32, lengths=(8, 504, 3, 130, 64, 0, 65), spans=(6, 1, 3, 5, 2),
+    def kernel_case(device, gated=True, kd=32, lengths=(8, 504, 3, 130, 64, 0, 65), spans=(6, 1, 3, 5, 2),
                     dtype=torch.bfloat16):
         k, w, g, cu = wy_problem(list(lengths), kd=kd, dtype=dtype)
         g = g.float() if gated else None
         spans = torch.tensor(spans)
         ref = wy_transitions_reference(k, w, g, cu, spans)  # the bf16 factors, exactly, in float64
         d = lambda x: None if x is None else x.to(device)  # noqa: E731
-        out = wy_transitions(d(k), d(w), d(g), d(cu), d(spans), precision=precision)
+        out = wy_transitions(d(k), d(w), d(g), d(cu), d(spans))
         assert out.dtype == torch.float32 and out.shape == ref.shape and torch.isfinite(out).all()
         return float((out.double().cpu() - ref).norm() / ref.norm())
 """)
 
 
-@pytest.mark.parametrize("precision,gated", [("bf16x3", True), ("ieee", True), ("bf16x3", False)])
-def test_kernel_matches_reference_under_interpreter(precision, gated):
+@pytest.mark.parametrize("gated", [True, False])
+def test_kernel_matches_reference_under_interpreter(gated):
     # bf16x3 keeps 16 significant bits of T per product (2.5e-6 gated, 1.6e-5 ungated measured)
-    tol = 1e-4 if precision == "bf16x3" else 1e-6
-    assert interpreted_error(KERNEL_CASE + f"print(kernel_case('cpu', {precision!r}, {gated}))\n") < tol
+    assert interpreted_error(KERNEL_CASE + f"print(kernel_case('cpu', {gated}))\n") < 1e-4
 
 
 def test_kernel_with_fp32_factors_under_interpreter():
     # fp32 WY factors (an fp32 model): both products split both operands
-    script = KERNEL_CASE + "print(kernel_case('cpu', 'bf16x3', True, dtype=torch.float32))\n"
+    script = KERNEL_CASE + "print(kernel_case('cpu', True, dtype=torch.float32))\n"
     assert interpreted_error(script) < 1e-4
 
 
-@pytest.mark.skipif(not CUDA, reason="Triton kernels compile for CUDA")
-@pytest.mark.parametrize("precision,kd", [("bf16x3", 128), ("tf32x3", 128), ("bf16x3", 64)])
-def test_kernel_matches_reference_on_cuda(precision, kd):
+@pytest.mark.cuda
+@pytest.mark.parametrize("kd", [128, 64])
+def test_kernel_matches_reference_on_cuda(kd):
     namespace: dict = {}
     exec(KERNEL_CASE, namespace)  # noqa: S102 - the same case as the interpreter test
-    assert namespace["kernel_case"]("cuda", precision, kd=kd) < 1e-4
+    assert namespace["kernel_case"]("cuda", kd=kd) < 1e-4
 
 
-@pytest.mark.skipif(not CUDA, reason="fla kernels need CUDA")
+@pytest.mark.cuda
 def test_against_fla_and_the_raw_recurrence_on_cuda():
     """From the same WY factors (fla's, bf16): T against fla's ``V = 0`` summary launch and
     against the float64 T of the raw gated delta rule, at the 35B-A3B head shape."""
-    from hypic.ops.linear import fla_paths, gated_delta
+    from hypic.ops.linear import gated_delta
+    from hypic.ops.linear._fla_summaries import _cp_summaries
+    from hypic.ops.linear._fla_wy import _wy_prepare
     from tests.ops.linear.test_chain_forward import chain_problem
 
     pieces = [[("live", 8), ("live", 504), ("live", 8), ("live", 200), ("live", 64)]]
@@ -160,10 +142,10 @@ def test_against_fla_and_the_raw_recurrence_on_cuda():
     exact = gated_delta.gated_delta_summarize(live["k"], live["v"], live["g"], live["beta"], cu_seqlens=cu_live)
     dev = {key: x.to("cuda", torch.bfloat16 if key != "g" else torch.float32) for key, x in live.items()}
     cu_d = cu_live.to("cuda")
-    cu, _, k4, gc, w, u = fla_paths._wy_prepare(dev["k"], dev["v"], dev["g"], dev["beta"], cu_d, cu_live)
+    cu, _, k4, gc, w, u = _wy_prepare(dev["k"], dev["v"], dev["g"], dev["beta"], cu_d, cu_live)
     spans = torch.tensor([1, 3], device="cuda")
     own = wy_transitions(k4[0], w[0], gc[0], cu, spans)
-    _, fla_t = fla_paths._cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=True)
+    _, fla_t = _cp_summaries(k4, w, u, gc, None, cu, cu.numel() - 1, transition_only=True)
     truth = exact.transition.index_select(0, spans.cpu())
     assert rel(fla_t.index_select(0, spans).cpu(), truth) < 2e-2
     assert rel(own.cpu(), truth) < 2e-2
@@ -171,7 +153,7 @@ def test_against_fla_and_the_raw_recurrence_on_cuda():
     assert rel(own, fla_t.index_select(0, spans)) < 1e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="streams need CUDA")
+@pytest.mark.cuda
 def test_side_stream_launch_on_cuda():
     """T set up, then work queued on the current stream (as the chain walk is), then T launched on
     the side stream from the mark before that work and more work queued: once ``result()`` has

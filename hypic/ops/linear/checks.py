@@ -1,4 +1,5 @@
-"""Argument validation shared by the linear-attention ops.
+"""Argument validation shared by the linear-attention ops (and the conv, RoPE and K/V gather ops,
+the CUDA graphs and the PIC runner, which take its tensor and device checks).
 
 Every public op checks ranks, shapes, dtypes and head counts up front and raises ``ValueError``
 naming the offending argument, so that nothing broadcasts silently.
