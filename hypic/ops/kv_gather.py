@@ -40,7 +40,6 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from hypic import envs
-from hypic.ops.attention_split import _interpreting
 from hypic.ops.linear.checks import FLOAT_DTYPES, check_tensor, concrete_device, on_device
 from hypic.ops.rope import apply_rotary
 
