@@ -9,6 +9,8 @@ after each test.
 and ``python3 -m pytest -m cuda tests`` runs exactly those tests on a GPU machine.
 """
 
+import threading
+
 import pytest
 import torch
 
@@ -30,3 +32,27 @@ def single_thread_torch():
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def hold_steps():
+    """``hold_steps(engine) -> release``: the engine's steps wait until ``release.set()`` (at most
+    10 s each), so a test can fill an asynchronous engine's queue before anything runs. Every
+    hold is released when the test ends, pass or fail."""
+    releases = []
+
+    def hold(engine):
+        release = threading.Event()
+        step = engine.step
+
+        def held_step():
+            release.wait(10)
+            return step()
+
+        engine.step = held_step
+        releases.append(release)
+        return release
+
+    yield hold
+    for release in releases:
+        release.set()

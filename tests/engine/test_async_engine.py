@@ -137,16 +137,9 @@ def test_a_failing_step_fails_the_held_requests_and_the_loop_goes_on(engine, exp
     assert not engine.engine.has_unfinished_requests()
 
 
-def test_bounded_queue_and_shutdown_drains(expected):
+def test_bounded_queue_and_shutdown_drains(expected, hold_steps):
     engine = LLMEngine("tiny", **ENGINE)
-    release = threading.Event()
-    step = engine.step
-
-    def held_step():
-        release.wait(10)
-        return step()
-
-    engine.step = held_step
+    release = hold_steps(engine)
     async_engine = AsyncLLMEngine(engine, max_waiting_requests=2)
 
     async def main():
