@@ -63,14 +63,4 @@ def triton_interpret() -> bool:
     return str(get("TRITON_INTERPRET")).strip().lower() in ("1", "true", "yes", "on", "y")
 
 
-def env_switch(name: str, default: bool = True) -> bool:
-    """The 0/1 switch ``name`` (unset: ``default``); any other value is a ``ValueError`` naming it.
-
-    Kept for the switches not yet retired; new knobs are declared in :data:`ENV_VARS`."""
-    value = os.environ.get(name, "1" if default else "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-__all__ = ["ENV_VARS", "EnvVar", "env_switch", "get", "triton_interpret"]
+__all__ = ["ENV_VARS", "EnvVar", "get", "triton_interpret"]

@@ -26,7 +26,7 @@ from hypic.config import DTYPES, EngineConfig
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.outputs import RequestOutput
 from hypic.engine.request import PicState, Request
-from hypic.engine.sampling import SamplingParams, sample
+from hypic.engine.sampling import SamplingParams, sample, token_logprobs
 from hypic.engine.scheduler import ScheduledBatch, Scheduler
 from hypic.engine.tokenizer import Tokenizer
 from hypic.runner.pic_runner import PicRunner
@@ -301,8 +301,8 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        token_ids = self._run(batch)
-        updated = self.scheduler.postprocess(batch, token_ids)
+        token_ids, logprobs = self._run(batch)
+        updated = self.scheduler.postprocess(batch, token_ids, logprobs)
         if batch.is_prefill:
             self.stats.num_prefill_steps += 1
             self.stats.num_prefill_tokens += batch.num_tokens
@@ -317,7 +317,9 @@ class LLMEngine:
         return outputs
 
     @torch.inference_mode()
-    def _run(self, batch: ScheduledBatch) -> list[int]:
+    def _run(self, batch: ScheduledBatch) -> tuple[list[int], list | None]:
+        """The step's forward and sampling: one token per sampling request, and their
+        ``{token_id: Logprob}`` where requested (None when no request of the batch asked)."""
         pic = [i for i, r in enumerate(batch.requests) if batch.is_prefill and r.atomic_prefill]
         plain = [i for i in range(len(batch.requests)) if not (batch.is_prefill and batch.requests[i].atomic_prefill)]
         rows: dict[int, torch.Tensor] = {}
@@ -327,11 +329,20 @@ class LLMEngine:
             rows.update(self._run_plain(batch, plain))
         sampling = [i for i, s in enumerate(batch.samples) if s]
         if not sampling:
-            return []
+            return [], None
         logits = torch.stack([rows[i] for i in sampling])
         requests = [batch.requests[i] for i in sampling]
         tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
-        return tokens.tolist()
+        asked = [j for j, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+        if not asked:
+            return tokens.tolist(), None
+        index = torch.tensor(asked, device=logits.device)
+        rows_logprobs = token_logprobs(logits.index_select(0, index), tokens.index_select(0, index),
+                                       [requests[j].sampling_params.logprobs for j in asked])
+        logprobs: list = [None] * len(requests)
+        for j, row in zip(asked, rows_logprobs):
+            logprobs[j] = row
+        return tokens.tolist(), logprobs
 
     def _run_plain(self, batch: ScheduledBatch, indices: list[int]) -> dict[int, torch.Tensor]:
         requests = [batch.requests[i] for i in indices]

@@ -11,13 +11,16 @@ from hypic.engine.request import Request, RequestMetrics
 @dataclass
 class CompletionOutput:
     """One completion. finish_reason: None while running, else "stop" | "length" | "abort";
-    stop_reason: the stop string or stop token id that fired (None for eos or length)."""
+    stop_reason: the stop string or stop token id that fired (None for eos or length);
+    logprobs: per generated token ``{token_id: Logprob}`` (the sampled token and the top
+    ``SamplingParams.logprobs`` ones), or None when not requested (vLLM's shape)."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: list[dict] | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -42,6 +45,7 @@ class RequestOutput:
             token_ids=list(request.output_token_ids),
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
+            logprobs=None if request.output_logprobs is None else list(request.output_logprobs),
         )
         return cls(
             request_id=request.request_id,

@@ -116,6 +116,9 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.output_token_ids: list[int] = []
+        # per output token {token_id: Logprob} (the sampled token and the top ones) when
+        # sampling_params.logprobs is set; None otherwise
+        self.output_logprobs: list[dict] | None = [] if sampling_params.logprobs is not None else None
         self.output_text = ""
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None

@@ -7,11 +7,49 @@ batch; only the random draw loops over rows, because generators cannot be batche
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from hypic.engine.sampling_params import SamplingParams
 
-__all__ = ["SamplingParams", "apply_top_k", "apply_top_p", "sample"]
+__all__ = ["Logprob", "SamplingParams", "apply_top_k", "apply_top_p", "sample", "token_logprobs"]
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability at one output position (vLLM's ``Logprob``): ``rank`` is 1 for
+    the most likely token; ``decoded_token`` its text alone (None without a tokenizer)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[dict[int, Logprob]]:
+    """Per row i: the log-probabilities of the sampled token ``token_ids[i]`` and of the
+    ``num_top[i]`` most likely tokens, as ``{token_id: Logprob}`` (the sampled token first; it
+    appears once when it is also among the top ones). Raw distribution: log-softmax of the fp32
+    logits. logits [N, V]; token_ids [N]; one device-to-host copy for the whole batch."""
+    if logits.dim() != 2 or token_ids.shape != (logits.shape[0],) or len(num_top) != logits.shape[0]:
+        raise ValueError(f"logits [N, V], token_ids [N] and num_top of length N expected, got "
+                         f"{tuple(logits.shape)}, {tuple(token_ids.shape)}, {len(num_top)}")
+    if not logits.shape[0]:
+        return []
+    logp = torch.log_softmax(logits.float(), dim=1)
+    chosen = logp.gather(1, token_ids.view(-1, 1)).squeeze(1)
+    # rank = 1 + the number of tokens strictly more likely than the sampled one
+    ranks = (logp > chosen.unsqueeze(1)).sum(dim=1) + 1
+    k = min(max(num_top), logp.shape[1])
+    top_values, top_ids = logp.topk(k, dim=1) if k else (logp[:, :0], token_ids.view(-1, 1)[:, :0])
+    host = [t.tolist() for t in (token_ids, chosen, ranks, top_values, top_ids)]
+    out = []
+    for i, (token, value, rank, values, ids) in enumerate(zip(*host)):
+        row = {int(token): Logprob(float(value), int(rank))}
+        for r, (v, t) in enumerate(zip(values[:num_top[i]], ids[:num_top[i]])):
+            row.setdefault(int(t), Logprob(float(v), r + 1))
+        out.append(row)
+    return out
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 # Temperatures below this are treated as greedy: dividing logits by ~0 overflows to inf/nan.
 _GREEDY_EPS = 1e-5
+# Most top log-probabilities a request may ask for per token (vLLM's default max_logprobs; the
+# OpenAI chat API's top_logprobs limit).
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,10 @@ class SamplingParams:
     seed: seeds this request's own generator (reproducible regardless of batch neighbours).
     n: number of completions; only 1 is supported.
     skip_special_tokens: drop special tokens when detokenising the output.
+    logprobs: None (none), or the number k in [0, 20] of most likely tokens whose log-probabilities
+    are returned for every generated token, beside the sampled token's own (vLLM's meaning). They
+    are the model's raw distribution (log-softmax of the logits, before temperature, top-k and
+    top-p), as vLLM returns by default.
     """
 
     temperature: float = 1.0
@@ -36,6 +43,7 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     skip_special_tokens: bool = True
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept the vLLM spellings (a single string, lists) but store immutable tuples.
@@ -70,6 +78,8 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.n != 1:
             raise ValueError(f"n must be 1 (several completions per prompt are not supported), got {self.n!r}")
 

@@ -21,6 +21,7 @@ the text is cut before the stop string (vLLM's behaviour without include_stop_st
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -212,21 +213,29 @@ class Scheduler:
         return ScheduledBatch(True, requests, counts, starts, samples)
 
     # ---- after the model ran ---------------------------------------------------------------
-    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: list[int]) -> list[Request]:
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: list[int],
+                    sampled_logprobs: list[dict | None] | None = None) -> list[Request]:
         """Record a step's results. ``sampled_token_ids`` has one id per sampling request, in
-        batch order. Returns the requests that received a token (finished ones included, and
-        already removed from the running set)."""
+        batch order; ``sampled_logprobs`` (optional, same order) the ``{token_id: Logprob}`` of
+        each request that asked for log-probabilities (None for the others). Returns the
+        requests that received a token (finished ones included, and already removed from the
+        running set)."""
         sampling = batch.sampling_requests
         if len(sampled_token_ids) != len(sampling):
             raise ValueError(
                 f"sampled_token_ids has {len(sampled_token_ids)} entries for "
                 f"{len(sampling)} sampling requests"
             )
+        if sampled_logprobs is None:
+            sampled_logprobs = [None] * len(sampling)
+        elif len(sampled_logprobs) != len(sampling):
+            raise ValueError(f"sampled_logprobs has {len(sampled_logprobs)} entries for {len(sampling)} "
+                             "sampling requests")
         now = time.monotonic()
         for request, n in zip(batch.requests, batch.num_scheduled_tokens):
             request.num_computed_tokens += n
         updated = []
-        sampled = iter(sampled_token_ids)
+        sampled = iter(zip(sampled_token_ids, sampled_logprobs))
         for request, samples in zip(batch.requests, batch.samples):
             if not samples or request.is_finished:  # aborted while the step ran
                 if samples:
@@ -236,8 +245,11 @@ class Scheduler:
                 self.waiting.remove(request)
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
-            token_id = int(next(sampled))
+            token_id, logprobs = next(sampled)
+            token_id = int(token_id)
             request.output_token_ids.append(token_id)
+            if request.output_logprobs is not None:
+                request.output_logprobs.append(self._decoded(logprobs or {}))
             request.metrics.generation_tokens += 1
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
@@ -245,6 +257,12 @@ class Scheduler:
             updated.append(request)
         self.running = [r for r in self.running if not r.is_finished]
         return updated
+
+    def _decoded(self, logprobs: dict) -> dict:
+        """``logprobs`` with each token's own text filled in (special tokens included)."""
+        if self.detokenize is None:
+            return logprobs
+        return {t: dataclasses.replace(lp, decoded_token=self.detokenize([t], False)) for t, lp in logprobs.items()}
 
     def _check_stop(self, request: Request, token_id: int, now: float) -> None:
         params = request.sampling_params

@@ -152,3 +152,33 @@ def test_sample_validates_lengths_and_shapes():
         apply_top_k(logits, torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="top_p"):
         apply_top_p(logits, torch.tensor([[0.5, 0.5]]))
+
+
+def test_token_logprobs_are_the_raw_log_softmax_with_ranks():
+    from hypic.engine.sampling import token_logprobs
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 11)
+    tokens = torch.tensor([4, int(logits[1].argmax()), 0])
+    rows = token_logprobs(logits, tokens, [2, 0, 11])
+    expected = torch.log_softmax(logits.double(), dim=1)
+    for i, row in enumerate(rows):
+        token = int(tokens[i])
+        assert next(iter(row)) == token  # the sampled token first
+        order = expected[i].argsort(descending=True).tolist()
+        assert row[token].rank == order.index(token) + 1
+        for t, lp in row.items():
+            assert lp.logprob == pytest.approx(float(expected[i, t]), abs=1e-5)
+            assert lp.rank == order.index(t) + 1
+        top = sorted((lp.rank, t) for t, lp in row.items() if lp.rank <= [2, 0, 11][i])
+        assert [t for _, t in top] == order[:[2, 0, 11][i]]
+    assert len(rows[1]) == 1 and rows[1][int(tokens[1])].rank == 1
+    assert len(rows[2]) == 11
+    with pytest.raises(ValueError, match="num_top of length N"):
+        token_logprobs(logits, tokens, [1])
+
+
+@pytest.mark.parametrize("bad", [-1, 21, 1.5, True])
+def test_logprobs_count_is_validated(bad):
+    with pytest.raises(ValueError, match="logprobs must be None or an int in \\[0, 20\\]"):
+        SamplingParams(logprobs=bad)

@@ -160,3 +160,23 @@ def test_max_tokens_beyond_max_model_len_is_refused(llm):
     out = small.generate("the mentor of kolton is", SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
                          use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 7 and out.outputs[0].finish_reason == "length"
+
+
+def test_logprobs_follow_every_generated_token(llm):
+    """Each generated position's log-probabilities equal those of a fresh one-token request on the
+    prompt extended by the tokens before it: decode steps score the right positions."""
+    prompt = "<sep> this passage is about kolton . kolton works as a"
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
+    out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs) == len(out.token_ids) == 4
+    assert llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0].logprobs is None
+    ids = llm.get_tokenizer().encode(prompt)
+    for i, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+        assert entry[token].rank == 1  # greedy
+        assert {lp.rank for lp in entry.values()} == {1, 2, 3}
+        assert entry[token].decoded_token == llm.get_tokenizer().decode([token])
+        fresh = llm.generate(ids + out.token_ids[:i], SamplingParams(temperature=0, max_tokens=1, logprobs=3),
+                             use_tqdm=False)[0].outputs[0].logprobs[0]
+        assert fresh.keys() == entry.keys()
+        for t in entry:
+            assert entry[t].logprob == pytest.approx(fresh[t].logprob, abs=1e-4)

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hypic.engine.async_engine import AsyncLLMEngine, EngineClosedError, QueueFullError, RequestStream
 from hypic.engine.outputs import RequestOutput
 from hypic.entrypoints.llm import chat_prompt
+from hypic.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
 from hypic.entrypoints.openai.metrics import ServerMetrics
 from hypic.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -60,6 +61,8 @@ class _Choice:
     def __init__(self, index: int, prompt_index: int, holdback: int) -> None:
         self.index, self.prompt_index, self.holdback = index, prompt_index, holdback
         self.sent_chars = 0
+        self.sent_tokens = 0  # tokens whose log-probabilities were streamed
+        self.logprob_chars = 0  # characters of those tokens' own texts (the next text_offset)
         self.output: RequestOutput | None = None
 
     def delta(self, output: RequestOutput) -> str:
@@ -71,6 +74,24 @@ class _Choice:
         piece = text[self.sent_chars:end]
         self.sent_chars = max(end, self.sent_chars)
         return piece
+
+    def logprobs(self, chat: bool, num_top: int | None, streamed: bool) -> dict | None:
+        """The choice's ``logprobs`` object: of every token (``streamed`` False) or of the tokens
+        not streamed yet; None when the request asked for none."""
+        completion = self.output.outputs[0]
+        if num_top is None or completion.logprobs is None:
+            return None
+        start = self.sent_tokens if streamed else 0
+        ids, entries = completion.token_ids[start:], completion.logprobs[start:]
+        if chat:
+            body = chat_logprobs(entries, ids, num_top)
+        else:
+            body = completion_logprobs(entries, ids, num_top, self.logprob_chars if streamed else 0)
+        if streamed:
+            self.sent_tokens = len(completion.token_ids)
+            if not chat and body["tokens"]:
+                self.logprob_chars = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body
 
 
 def _usage(choices: list[_Choice]) -> dict:
@@ -150,7 +171,9 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, e: StarletteHTTPException):
-        return _error_response(e.status_code, str(e.detail))
+        response = _error_response(e.status_code, str(e.detail))
+        response.headers.update(e.headers or {})  # 405's Allow header (RFC 9110)
+        return response
 
     @app.exception_handler(Exception)
     async def _internal_error(_: Request, e: Exception):
@@ -259,14 +282,16 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         def chunk(c: _Choice, piece, output):
             if output is None:
                 return None
-            body = dict(head, choices=[{"index": c.index, "text": piece, "logprobs": None,
+            body = dict(head, choices=[{"index": c.index, "text": piece,
+                                        "logprobs": c.logprobs(False, req.num_logprobs, streamed=True),
                                         "finish_reason": _finish(output), "stop_reason": _stop(output)}])
             if req.include_usage:
                 body["usage"] = None
             return body
 
         def final():
-            return dict(head, choices=[{"index": c.index, "text": c.output.outputs[0].text, "logprobs": None,
+            return dict(head, choices=[{"index": c.index, "text": c.output.outputs[0].text,
+                                        "logprobs": c.logprobs(False, req.num_logprobs, streamed=False),
                                         "finish_reason": _finish(c.output), "stop_reason": _stop(c.output)}
                                        for c in choices], usage=_usage(choices))
 
@@ -296,11 +321,14 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
                 "model": served_model_name}
 
         def chunk(c: _Choice, piece, output):
+            logprobs = None
             if output is None:
                 delta, finish = {"role": "assistant", "content": ""}, None
             else:
                 delta, finish = ({"content": piece} if piece else {}), _finish(output)
-            body = dict(head, choices=[{"index": c.index, "delta": delta, "logprobs": None, "finish_reason": finish}])
+                logprobs = c.logprobs(True, req.num_logprobs, streamed=True)
+            body = dict(head, choices=[{"index": c.index, "delta": delta, "logprobs": logprobs,
+                                        "finish_reason": finish}])
             if req.include_usage:
                 body["usage"] = None
             return body
@@ -308,7 +336,8 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         def final():
             return dict(head, object="chat.completion", choices=[
                 {"index": c.index, "message": {"role": "assistant", "content": c.output.outputs[0].text},
-                 "logprobs": None, "finish_reason": _finish(c.output), "stop_reason": _stop(c.output)}
+                 "logprobs": c.logprobs(True, req.num_logprobs, streamed=False),
+                 "finish_reason": _finish(c.output), "stop_reason": _stop(c.output)}
                 for c in choices], usage=_usage(choices))
 
         return await run(raw, streams, choices, req.stream, chunk, final, req.include_usage,
@@ -398,7 +427,55 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
             raise APIError(400, f"tokens must be ids in [0, {tok.vocab_size})", "tokens")
         return {"prompt": tok.decode(req.tokens)}
 
+    _document_errors(app, api_key is not None)
     return app
+
+
+_ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+_ERROR_STATUSES = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
+                   "503": "queue full or shutting down"}
+
+
+def _document_errors(app: FastAPI, with_key: bool) -> None:
+    """The OpenAPI document says what the routes answer: OpenAI's error object with 400 (never
+    FastAPI's 422), 401 where a key is required, 404 and 503 (/health answers 503 too)."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                statuses = dict(_ERROR_STATUSES)
+                if not with_key or path in ("/health", "/metrics"):
+                    statuses.pop("401")
+                for status, description in statuses.items():
+                    responses.setdefault(status, {"description": description,
+                                                  "content": {"application/json": {"schema": _ERROR_SCHEMA}}})
+        paths = schema.get("paths", {})
+        for path in ("/v1/completions", "/v1/chat/completions", "/generate"):  # stream=true: SSE
+            if path in paths:
+                ok = paths[path]["post"]["responses"].setdefault("200", {"description": "the completion"})
+                ok.setdefault("content", {})["text/event-stream"] = {"schema": {}}
+        if "/health" in paths:  # an empty 200
+            paths["/health"]["get"]["responses"]["200"] = {"description": "the engine is running"}
+        if "/metrics" in paths:
+            paths["/metrics"]["get"]["responses"]["200"] = {
+                "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+        schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+        schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi
 
 
 def _check(req, then: Callable[[], Any] | None = None):

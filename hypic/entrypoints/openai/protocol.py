@@ -4,19 +4,20 @@ Field names and defaults follow OpenAI's API and vLLM's extensions (``top_k``, `
 ``stop_token_ids``, ``skip_special_tokens``, ``cache_salt``); hypic adds ``segments`` (a list of
 segment texts or token-id lists, the last one the query) and the per-request PIC settings
 ``pic_mode`` / ``seam`` / ``cold_policy``. Fields OpenAI defines that the engine cannot honour
-(log-probabilities, penalties, logit bias, echo, tools, ...) are accepted only at their neutral
+(penalties, logit bias, echo, tools, ...) are accepted only at their neutral
 value; anything else is refused with :class:`UnsupportedField` (a 400 naming the field).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypic.engine.sampling_params import SamplingParams
+from hypic.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
-TokenIds = list[int]
+# Strict models: a JSON value of another type is a 400, never coerced ("1" or true as an int).
+TokenIds = list[Annotated[int, Field(ge=0)]]
 SegmentPiece = Union[str, TokenIds]
 
 
@@ -29,6 +30,8 @@ class UnsupportedField(ValueError):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -36,7 +39,7 @@ class StreamOptions(BaseModel):
 class _SamplingFields(BaseModel):
     """Sampling fields shared by the OpenAI routes."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
@@ -94,7 +97,13 @@ class _SamplingFields(BaseModel):
             ignore_eos=self.ignore_eos,
             seed=seed,
             skip_special_tokens=self.skip_special_tokens,
+            logprobs=self.num_logprobs,
         )
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top log-probabilities per generated token (SamplingParams.logprobs); None: none."""
+        return None
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -112,17 +121,15 @@ class CompletionRequest(_SamplingFields):
     token ids, or a list of token-id lists; or ``segments`` instead of ``prompt``."""
 
     prompt: str | list[str] | TokenIds | list[TokenIds] | None = None
-    segments: list[SegmentPiece] | None = None
+    segments: list[SegmentPiece] | None = Field(None, min_length=1)
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs is not None:
-            raise UnsupportedField("logprobs", "logprobs are not supported by this server")
         if self.echo:
             raise UnsupportedField("echo", "echo is not supported by this server")
         if self.best_of not in (None, 1, self.n):
@@ -131,6 +138,10 @@ class CompletionRequest(_SamplingFields):
             raise UnsupportedField("suffix", "suffix is not supported by this server")
         if (self.prompt is None) == (self.segments is None):
             raise UnsupportedField("prompt", "give exactly one of prompt and segments")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list:
         """The engine prompts, one per choice group."""
@@ -147,14 +158,14 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: str
     content: str | list[ContentPart] | None = None
@@ -169,7 +180,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -177,14 +188,18 @@ class ChatCompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            raise UnsupportedField("logprobs", "logprobs are not supported by this server")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs=true")
         if self.tools:
             raise UnsupportedField("tools", "tools are not supported by this server")
         if self.tool_choice not in (None, "none"):
             raise UnsupportedField("tool_choice", "tool_choice is not supported by this server")
         if self.response_format not in (None, {"type": "text"}):
             raise UnsupportedField("response_format", "response_format other than text is not supported")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -200,11 +215,11 @@ class GenerateRequest(BaseModel):
     ``sampling_params`` with SGLang's names (``max_new_tokens``, ``temperature``, ``top_p``,
     ``top_k``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``seed``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     text: str | None = None
-    input_ids: TokenIds | None = None
-    segments: list[SegmentPiece] | None = None
+    input_ids: TokenIds | None = Field(None, min_length=1)
+    segments: list[SegmentPiece] | None = Field(None, min_length=1)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
     rid: str | None = None
@@ -234,7 +249,7 @@ class GenerateRequest(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     prompt: str
@@ -242,7 +257,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     tokens: TokenIds

@@ -4,7 +4,6 @@ test model, which has a chat template)."""
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -19,7 +18,6 @@ TestClient = pytest.importorskip("fastapi.testclient").TestClient
 text_string_to_metric_families = pytest.importorskip("prometheus_client.parser").text_string_to_metric_families
 
 from hypic import LLM, SamplingParams
-from hypic.assets.make_seeded_tiny import write_tiny_model
 from hypic.data.language import question_text
 from hypic.data.suites import DocumentPool
 from hypic.engine.async_engine import AsyncLLMEngine
@@ -29,8 +27,9 @@ from hypic.entrypoints.openai.api_server import create_app
 from hypic.entrypoints.openai.serve import build_async_engine
 from hypic.pic.segments import PIC_SEP
 
+from .helpers import ENGINE
+
 PROMPTS = ["the mentor of kolton is", "<sep> this passage is about kolton . kolton works as a", "a"]
-ENGINE = dict(dtype="float32", device="cpu", seed=0, max_model_len=256, max_num_batched_tokens=64)
 POOL = DocumentPool("held_out", seed=0, pool_size=8, min_doc_tokens=36, max_doc_tokens=48)
 DOCS = [d.text for d in POOL.documents[:3]]
 QUESTION = question_text("lives", POOL.documents[0].subject)
@@ -121,6 +120,26 @@ def test_streaming_equals_non_streamed(client):
     assert all("usage" not in e and len(e["choices"]) == 1 for e in events)
 
 
+def test_logprobs_plain_and_streamed(client, reference):
+    request = {"prompt": PROMPTS[1], "max_tokens": 6, "temperature": 0, "logprobs": 2, "ignore_eos": True}
+    expected = greedy(reference, PROMPTS[1], max_tokens=6, logprobs=2, ignore_eos=True)
+    whole = client.post("/v1/completions", json=request).json()["choices"][0]
+    logprobs = whole["logprobs"]
+    assert len(logprobs["tokens"]) == len(expected.token_ids) == 6
+    for k, (token, entry) in enumerate(zip(expected.token_ids, expected.logprobs)):
+        assert logprobs["token_logprobs"][k] == pytest.approx(entry[token].logprob, abs=1e-6)
+        assert logprobs["tokens"][k] == entry[token].decoded_token
+        assert len(logprobs["top_logprobs"][k]) == 2
+        assert max(logprobs["top_logprobs"][k].values()) == pytest.approx(logprobs["token_logprobs"][k], abs=1e-6)
+    offsets = logprobs["text_offset"]
+    assert offsets[0] == 0 and all(b == a + len(t) for a, b, t in zip(offsets, offsets[1:], logprobs["tokens"]))
+    events = sse_events(client.post("/v1/completions", json={**request, "stream": True}).text)
+    streamed = [e["choices"][0]["logprobs"] for e in events]
+    assert [t for lp in streamed for t in lp["tokens"]] == logprobs["tokens"]
+    assert [o for lp in streamed for o in lp["text_offset"]] == offsets
+    assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}).json()["choices"][0]["logprobs"] is None
+
+
 def test_segmented_prompts(client, reference):
     text = PIC_SEP.join(DOCS + [QUESTION])
     expected = greedy(reference, text)
@@ -152,7 +171,7 @@ def test_cache_salt_keeps_tenants_apart_and_flush_cache(client):
 
 
 @pytest.mark.parametrize("body, status, param", [
-    ({"prompt": "a", "logprobs": 1}, 400, "logprobs"),
+    ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": "a", "echo": True}, 400, "echo"),
     ({"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"prompt": "a", "model": "nope"}, 404, "model"),
@@ -306,35 +325,6 @@ def test_api_key(engine):
 
 
 @pytest.fixture(scope="module")
-def seeded_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("seeded")
-    write_tiny_model(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def live_server(seeded_dir):
-    """uvicorn on a free port of 127.0.0.1, serving the seeded test model (ChatML template)."""
-    engine = AsyncLLMEngine(LLMEngine(str(seeded_dir), **ENGINE))
-    app = create_app(engine, served_model_name="seeded")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}", engine
-    server.should_exit = True
-    thread.join(10)
-    engine.shutdown(timeout_s=5)
-    sock.close()
-
-
-@pytest.fixture(scope="module")
 def seeded_reference(seeded_dir):
     return LLM(str(seeded_dir), **ENGINE)
 
@@ -372,8 +362,18 @@ def test_openai_client_against_a_real_server(live_server, seeded_reference):
     assert chat.choices[0].message.content == segmented.text
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other", prompt=prompt, max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.chat.completions.create(model="seeded", messages=messages, logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs=true"):
+        client.chat.completions.create(model="seeded", messages=messages, top_logprobs=2)
+    scored = client.chat.completions.create(model="seeded", messages=messages, max_tokens=10, temperature=0,
+                                            logprobs=True, top_logprobs=2)
+    content = scored.choices[0].logprobs.content
+    assert [c.token for c in content] == [seeded_reference.get_tokenizer().decode([t])
+                                          for t in expected_chat.token_ids]
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob == pytest.approx(c.logprob) for c in content)
+    streamed = client.chat.completions.create(model="seeded", messages=messages, max_tokens=10, temperature=0,
+                                              logprobs=True, top_logprobs=2, stream=True)
+    assert [c.token for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
+            for c in chunk.choices[0].logprobs.content] == [c.token for c in content]
     assert engine.num_unfinished_requests == 0
 
 
