@@ -91,14 +91,14 @@ def hf_greedy(model, prompt: List[int], num_new: int) -> List[int]:
 
 
 @torch.no_grad()
-def hypic_greedy(spec, model, prompt: List[int], num_new: int, dtype=torch.float32) -> List[int]:
-    cache = SequenceCache.allocate(spec, "cpu", dtype)
+def hypic_greedy(spec, model, prompt: List[int], num_new: int, dtype=torch.float32, device="cpu") -> List[int]:
+    cache = SequenceCache.allocate(spec, device, dtype)
     ctx = PlainContext(spec, [cache], [len(prompt)])
-    logits = model(torch.tensor(prompt), ctx.positions, ctx)
+    logits = model(torch.tensor(prompt, device=device), ctx.positions, ctx)
     out = []
     for _ in range(num_new):
         token = int(logits[-1].argmax())
         out.append(token)
         ctx = PlainContext(spec, [cache], [1])
-        logits = model(torch.tensor([token]), ctx.positions, ctx)
+        logits = model(torch.tensor([token], device=device), ctx.positions, ctx)
     return out
