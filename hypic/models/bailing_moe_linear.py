@@ -241,11 +241,7 @@ class BailingMoeLinearV2Model(DecoderStack):
     EMBEDDING = "word_embeddings"
 
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__(spec)
-        self.word_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(BailingMoeLinearV2DecoderLayer(spec, i, moe_backend)
-                                    for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        super().__init__(spec, BailingMoeLinearV2DecoderLayer, RMSNorm, moe_backend)
 
 
 class BailingMoeLinearV2ForCausalLM(CausalLM):
@@ -255,11 +251,7 @@ class BailingMoeLinearV2ForCausalLM(CausalLM):
     projections (the router stays a GEMM of its own: it runs in fp32)."""
 
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__()
-        self.spec = spec
-        self.model = BailingMoeLinearV2Model(spec, moe_backend)
-        if not spec.tie_word_embeddings:
-            self.lm_head = linear(spec.hidden_size, spec.vocab_size)
+        super().__init__(spec, BailingMoeLinearV2Model, moe_backend)
 
     def checkpoint_key(self, key: str) -> Optional[str]:
         """Skip the multi-token-prediction layers the checkpoints append after the last decoder

@@ -46,6 +46,13 @@ def _heads(fields: ConfigFields) -> Tuple[int, int, int, int]:
     return hidden, heads, kv_heads, head_dim
 
 
+def _lightning_geometry(heads: int, head_dim: int) -> dict:
+    """The spec fields of lightning linear layers: ``heads`` heads of ``head_dim`` for q, k and v
+    alike (their state ``[heads, head_dim, head_dim]``), no short conv."""
+    return dict(linear_family=LIGHTNING, linear_num_key_heads=heads, linear_num_value_heads=heads,
+                linear_key_head_dim=head_dim, linear_value_head_dim=head_dim, conv_kernel_size=0)
+
+
 def bailing_layer_types(num_layers: int, group_size: int) -> Tuple[str, ...]:
     """Ring-linear's layout: the last layer of each group of ``layer_group_size`` is softmax
     attention, and so is every layer past the last whole group."""
@@ -115,12 +122,7 @@ def bailing_moe_linear_spec(fields: ConfigFields) -> ModelSpec:
         max_position_embeddings=fields.integer("max_position_embeddings", 32768),
         attention_bias=fields.flag("use_qkv_bias", False),
         attention_output_gate=False,
-        linear_family=LIGHTNING,
-        linear_num_key_heads=heads,
-        linear_num_value_heads=heads,
-        linear_key_head_dim=head_dim,
-        linear_value_head_dim=head_dim,
-        conv_kernel_size=0,
+        **_lightning_geometry(heads, head_dim),
         intermediate_size=fields.integer("intermediate_size") if first_dense else fields.integer("intermediate_size", 0),
         moe_layers=tuple(i >= first_dense for i in range(num_layers)),
         num_experts=num_experts,
@@ -195,12 +197,7 @@ def minimax_spec(fields: ConfigFields) -> ModelSpec:
         max_position_embeddings=fields.integer("max_position_embeddings", 131072),
         attention_bias=False,
         attention_output_gate=False,
-        linear_family=LIGHTNING,
-        linear_num_key_heads=heads,
-        linear_num_value_heads=heads,
-        linear_key_head_dim=head_dim,
-        linear_value_head_dim=head_dim,
-        conv_kernel_size=0,
+        **_lightning_geometry(heads, head_dim),
         intermediate_size=fields.integer("intermediate_size"),
         moe_layers=(True,) * num_layers,
         num_experts=num_experts,

@@ -139,14 +139,17 @@ class StackedExperts(nn.Module):
 
 class DecoderStack(nn.Module):
     """A family's ``XModel``: an embedding (``EMBEDDING``, the checkpoint's name), decoder layers
-    called as ``layer(x, cos, sin, rotary, ctx)`` and a final ``norm``, run over packed live
-    tokens. Subclasses build the three."""
+    ``layer_cls(spec, i, moe_backend)`` called as ``layer(x, cos, sin, rotary, ctx)`` and a final
+    ``norm_cls`` norm, run over packed live tokens."""
 
     EMBEDDING = "embed_tokens"
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer_cls, norm_cls, moe_backend: str = "auto") -> None:
         super().__init__()
         self.spec = spec
+        setattr(self, self.EMBEDDING, nn.Embedding(spec.vocab_size, spec.hidden_size))
+        self.layers = nn.ModuleList(layer_cls(spec, i, moe_backend) for i in range(spec.num_layers))
+        self.norm = norm_cls(spec.hidden_size, spec.rms_norm_eps)
         # Kept outside the module tree (plain dict, not a buffer) so meta-device construction and
         # to_empty() never leave the RoPE tables uninitialised; one instance per device.
         self._rotary: Dict[torch.device, RotaryEmbedding] = {}
@@ -185,11 +188,15 @@ class DecoderStack(nn.Module):
 class CausalLM(nn.Module):
     """A family's ``XForCausalLM``: ``logits = model(input_ids [T], positions [T], ctx)`` -> fp32
     logits of the rows ``ctx.select_logits_rows`` keeps (e.g. the last token of each span).
-    Subclasses set ``self.model`` (a :class:`DecoderStack`) and, without tied embeddings,
-    ``self.lm_head``."""
+    ``model_cls(spec, moe_backend)`` builds the :class:`DecoderStack`; an ``lm_head`` unless the
+    embeddings are tied."""
 
-    spec: ModelSpec
-    model: DecoderStack
+    def __init__(self, spec: ModelSpec, model_cls, moe_backend: str = "auto") -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = model_cls(spec, moe_backend)
+        if not spec.tie_word_embeddings:
+            self.lm_head = linear(spec.hidden_size, spec.vocab_size)
 
     def fuse_projections(self) -> int:
         """Fuse the projections that share an input into one GEMM each (every submodule's own

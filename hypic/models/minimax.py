@@ -201,10 +201,7 @@ class MiniMaxDecoderLayer(nn.Module):
 
 class MiniMaxModel(DecoderStack):
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__(spec)
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(MiniMaxDecoderLayer(spec, i, moe_backend) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        super().__init__(spec, MiniMaxDecoderLayer, RMSNorm, moe_backend)
 
 
 class MiniMaxForCausalLM(CausalLM):
@@ -213,11 +210,7 @@ class MiniMaxForCausalLM(CausalLM):
     its ``output_gate`` and each softmax layer's ``q_proj``, ``k_proj``, ``v_proj``."""
 
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__()
-        self.spec = spec
-        self.model = MiniMaxModel(spec, moe_backend)
-        if not spec.tie_word_embeddings:
-            self.lm_head = linear(spec.hidden_size, spec.vocab_size)
+        super().__init__(spec, MiniMaxModel, moe_backend)
 
     def checkpoint_key(self, key: str) -> Optional[str]:
         """transformers' saved names -> parameter names: ``block_sparse_moe.experts.E.w1/w3/w2``

@@ -286,10 +286,7 @@ class Qwen3NextDecoderLayer(nn.Module):
 
 class Qwen3NextModel(DecoderStack):
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__(spec)
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i, moe_backend) for i in range(spec.num_layers))
-        self.norm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        super().__init__(spec, Qwen3NextDecoderLayer, ZeroCenteredRMSNorm, moe_backend)
 
 
 class Qwen3NextForCausalLM(CausalLM):
@@ -306,11 +303,7 @@ class Qwen3NextForCausalLM(CausalLM):
     docs/decisions.md)."""
 
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__()
-        self.spec = spec
-        self.model = Qwen3NextModel(spec, moe_backend)
-        if not spec.tie_word_embeddings:
-            self.lm_head = linear(spec.hidden_size, spec.vocab_size)
+        super().__init__(spec, Qwen3NextModel, moe_backend)
 
 
 # Qwen3.5 checkpoints run on the same classes (spec.arch.gdn_layout == "split").

@@ -4,13 +4,14 @@ of Ring-linear written from the layer equations (no hypic module is used by it).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
+
+from tests.models._hf import write_checkpoint
 
 VOCAB = 96
 
@@ -83,20 +84,8 @@ def ring_tensors(cfg: dict, seed: int = 0) -> Dict[str, torch.Tensor]:
 
 def save_ring_checkpoint(path: Path, cfg: dict = RING_CONFIG, seed: int = 0, shards: int = 2) -> Dict[str, torch.Tensor]:
     """``config.json`` and the tensors in ``shards`` safetensors files with an index, as published."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     tensors = ring_tensors(cfg, seed)
-    names = sorted(tensors)
-    weight_map = {}
-    for s in range(shards):
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = {n: tensors[n].contiguous() for n in names[s::shards]}
-        save_file(part, str(path / fname))
-        weight_map.update({n: fname for n in part})
-    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (path / "config.json").write_text(json.dumps(cfg))
+    write_checkpoint(path, cfg, tensors, shards)
     return tensors
 
 

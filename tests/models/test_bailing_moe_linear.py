@@ -12,8 +12,8 @@ from hypic.engine.context import PlainContext, SequenceCache
 from hypic.models.bailing_moe_linear import BailingMoeLinearV2ForCausalLM
 from hypic.models.lightning import alibi_slopes, bailing_decay_rates
 from hypic.models.loader import build_dummy_model, load_model
-from tests.models._hf import hypic_greedy
-from tests.models._lightning import RING_CONFIG, VOCAB, RingReference, save_ring_checkpoint
+from tests.models._hf import hypic_greedy, write_checkpoint
+from tests.models._lightning import RING_CONFIG, VOCAB, RingReference, ring_tensors, save_ring_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -48,16 +48,9 @@ def test_published_layout_loads(ring):
 
 
 def test_a_missing_tensor_is_named(tmp_path):
-    from safetensors.torch import save_file
-
-    import json
-
-    tensors = save_ring_checkpoint(tmp_path, shards=1)
+    tensors = ring_tensors(RING_CONFIG)
     del tensors["model.layers.1.attention.g_norm.weight"]
-    save_file(tensors, str(tmp_path / "model-00001-of-00001.safetensors"))
-    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
-    del index["weight_map"]["model.layers.1.attention.g_norm.weight"]
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    write_checkpoint(tmp_path, RING_CONFIG, tensors)
     with pytest.raises(ValueError, match="g_norm"):
         load_model(str(tmp_path), dtype=torch.float32)
 

@@ -20,7 +20,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import _family, fla_paths
-from .checks import GATE_DTYPES, check_cu_seqlens_cpu, check_tensor
+from .checks import GATE_DTYPES, check_chain_records, check_cu_seqlens_cpu, check_tensor
 from .scan import chain_incoming_states, chain_recorded_states
 from .summary import ScalarSummary, SummaryTable, select_spans
 
@@ -162,15 +162,7 @@ def simple_gla_chain_forward(
         raise ValueError("source and bodies go together: both or neither")
     if summary_spans is not None and not summarize:
         raise ValueError("summary_spans needs summarize=True")
-    num_elements = cu_seqlens.numel() - 1 if source is None else source.numel()
-    if record_rows is not None:
-        if num_records is None or num_records < 0:
-            raise ValueError("record_rows needs num_records >= 0")
-        if record_rows.dim() != 1 or record_rows.numel() != num_elements:
-            raise ValueError(f"record_rows must be [{num_elements}] (one per chain element), "
-                             f"got shape {tuple(record_rows.shape)}")
-    elif num_records is not None:
-        raise ValueError("num_records without record_rows")
+    check_chain_records(record_rows, num_records, cu_seqlens, source)
     live = simple_gla_summarize(k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     incoming, final = chain_incoming_states(live, cu_chains, source, bodies, initial_states)
     o, _ = simple_gla_forward(q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=incoming,

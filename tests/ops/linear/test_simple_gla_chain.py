@@ -12,11 +12,13 @@ import torch
 from hypic.ops.linear.scan import scan_chain
 from hypic.ops.linear.simple_gla import simple_gla_chain_forward, simple_gla_forward, simple_gla_summarize
 from hypic.ops.linear.summary import ScalarSummary, SummaryTable
+from tests.ops.linear.chain_cases import chain_problem, live_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 H, K, V = 3, 16, 8
-# two chains of live pieces and cached bodies; live spans numbered out of chain order
+# two chains of live pieces and cached bodies (spans past a 64-token chunk); live spans numbered
+# out of chain order
 PIECES = [[("live", 3), ("body", 70), ("live", 2), ("body", 7), ("live", 65)],
           [("body", 6), ("live", 1), ("live", 5)]]
 LIVE_ORDER = [3, 0, 4, 2, 1]
@@ -27,39 +29,12 @@ def rel(a, b):
 
 
 def problem(seed=0, heads=H):
-    """``(whole chains' q/k/v and bounds, live q/k/v and bounds, bodies' k/v and bounds, source,
-    cu_chains, live_rows)``; ``live_rows[s]``: the rows of live span s in the whole chains."""
-    gen = torch.Generator().manual_seed(seed)
-    chains = [[(kind, n, {name: torch.randn(n, heads, d, generator=gen, dtype=torch.float64) * 0.5
-                          for name, d in (("q", K), ("k", K), ("v", V))})
-               for kind, n in chain] for chain in PIECES]
-    whole = [x for chain in chains for _, _, x in chain]
-    full = {name: torch.cat([x[name] for x in whole]) for name in "qkv"}
-    cu_full = torch.tensor([0] + [sum(n for _, n, _ in c) for c in chains]).cumsum(0)
-    starts, row = [], 0
-    for chain in chains:
-        for kind, n, _ in chain:
-            starts.append((kind, row, n))
-            row += n
-    lives = [(r, n, x) for (kind, r, n), x in zip(starts, whole) if kind == "live"]
-    bodies = [(n, x) for (kind, _, n), x in zip(starts, whole) if kind == "body"]
-    live = {name: torch.cat([lives[i][2][name] for i in LIVE_ORDER]) for name in "qkv"}
-    cu_live = torch.tensor([0] + [lives[i][1] for i in LIVE_ORDER]).cumsum(0)
-    live_rows = [torch.arange(lives[i][0], lives[i][0] + lives[i][1]) for i in LIVE_ORDER]
-    body = {name: torch.cat([x[name] for _, x in bodies]) for name in "kv"}
-    cu_body = torch.tensor([0] + [n for n, _ in bodies]).cumsum(0)
-    span_of = {piece: s for s, piece in enumerate(LIVE_ORDER)}
-    source, live_i, body_i = [], 0, 0
-    for chain in chains:
-        for kind, _, _ in chain:
-            if kind == "live":
-                source.append(span_of[live_i])
-                live_i += 1
-            else:
-                source.append(-body_i - 1)
-                body_i += 1
-    cu_chains = torch.tensor([0] + [len(c) for c in chains]).cumsum(0)
-    return full, cu_full, live, cu_live, body, cu_body, torch.tensor(source), cu_chains, live_rows
+    """The chains' q, k, v (one head count: lightning has no GVA), as chain_problem lays them out."""
+    full, cu_full, live, cu_live, body, cu_body, source, cu_chains = chain_problem(
+        PIECES, LIVE_ORDER, seed=seed, h=heads, hv=heads, kd=K, vd=V)
+    pick = lambda d, names: {n: d[n] for n in names}  # noqa: E731
+    return (pick(full, "qkv"), cu_full, pick(live, "qkv"), cu_live, pick(body, "kv"), cu_body, source, cu_chains,
+            live_rows(PIECES, LIVE_ORDER))
 
 
 GAMMA = -torch.tensor([0.02, 0.3, 1e-4], dtype=torch.float64)
@@ -77,7 +52,7 @@ def test_chain_forward_equals_forward_of_whole_chains(as_table, with_init):
         **live, g_gamma=GAMMA, cu_seqlens=cu_live, cu_chains=cu_chains, source=source, bodies=bodies,
         initial_states=init, scale=0.7, summarize=True, summary_spans=(1, 3))
     assert records is None
-    assert rel(o, torch.cat([o_full[r] for r in live_rows])) < 1e-12
+    assert rel(o, o_full[live_rows]) < 1e-12
     assert rel(final, final_full) < 1e-12
     # the written spans' summaries are their zero-start summaries, T = length * log decay
     want = simple_gla_summarize(live["k"], live["v"], g_gamma=GAMMA, cu_seqlens=cu_live)
