@@ -18,7 +18,7 @@ import torch
 from hypic.ops.linear import gated_delta
 from hypic.ops.linear.summary import DenseSummary, SummaryTable
 from tests.interpreter import interpreted_error
-from tests.ops.linear.chain_cases import H, HV, K, V, chain_problem, live_rows, tokens
+from tests.ops.linear.chain_cases import HV, K, V, chain_problem, live_rows, tokens
 
 
 def rel(a, b):
