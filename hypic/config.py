@@ -31,7 +31,7 @@ import torch
 
 from hypic.engine.scheduler import SchedulerConfig
 from hypic.models.loader import LOAD_FORMATS
-from hypic.models.qwen3_next import MOE_BACKENDS
+from hypic.models.layers import MOE_BACKENDS
 from hypic.pic.modes import COLD_POLICIES, MODE_ALIASES, MODES, PICConfig, SeamSetting
 from hypic.runner.segment_parallel import SegmentParallelConfig
 

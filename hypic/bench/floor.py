@@ -3,8 +3,8 @@
 ``floor_s = max(flops / peak_flops, bytes / peak_bytes_per_s)`` (H200: 790e12 bf16 FLOP/s and
 4.3e12 B/s measured). Both counts are lower bounds of the work of the *live* part of a request:
 
-FLOPs (:func:`hypic.bench.flops.flop_model`): dense projections and the GDN recurrence per live
-token, attention per (live query, visible key) pair, the LM head for the one row whose logits are
+FLOPs (:func:`hypic.bench.flops.flop_model`): dense projections and the linear layers' recurrence
+per live token, attention per (live query, visible key) pair, the LM head for the one row whose logits are
 computed. A live query at absolute position ``p`` sees every earlier position and itself: ``p + 1``
 pairs (cached keys included, they are attended to). A segment prefilled **standalone** (the
 ``standalone`` cold policy) runs alone at position 0: ``L`` live tokens and ``L (L + 1) / 2`` pairs,
@@ -19,7 +19,7 @@ the recurrence are not counted, so it is a floor):
   embedding only the ``T`` rows looked up. Element size = the model's dtype (2 bytes in bf16).
   The standalone pre-pass is a second forward and reads the weights again.
 * **cached entries read**: the exact bytes (``SegmentEntry.nbytes``) of every store entry the plan
-  reuses (segment summaries + conv tails + body K/V); for ``prefix_cache`` the K/V of every
+  reuses (segment summaries + conv tails, where the family has a conv, + body K/V); for ``prefix_cache`` the K/V of every
   checkpoint of the prefix and the linear (+ conv) state of the last one only.
 * **KV written**: K and V of every live token at every full-attention layer (the request's decode
   cache), in the model dtype.
@@ -35,7 +35,7 @@ from typing import Iterable, Tuple
 import torch
 
 from hypic.bench.flops import flop_model
-from hypic.models.config import LINEAR_ATTENTION, ModelSpec
+from hypic.models.spec import LINEAR_ATTENTION, ModelSpec
 from hypic.pic.plan import RequestPlan
 
 H200_PEAK_FLOPS = 790e12
@@ -83,9 +83,10 @@ class WorkModel:
         num_moe = sum(1 for m in spec.moe_layers if m)
         expert_total = 0
         self.dtype_bytes = 2
+        embedding = model.model.input_embeddings().weight
         for name, p in model.named_parameters():
             nbytes = p.numel() * p.element_size()
-            if name.endswith("embed_tokens.weight"):
+            if p is embedding:  # embed_tokens, or Ring-linear's word_embeddings
                 self.embedding_row_bytes = p.shape[1] * p.element_size()
                 self.dtype_bytes = p.element_size()
             elif ".mlp.experts." in name:

@@ -45,7 +45,10 @@ they ran: where the tail comes from), ``first_request_ms`` (the last warm-up req
 prompt tokens), ``hit_rate`` (store acquire hits / look-ups during the measured requests; None
 without a store), ``flops, bytes`` (means), ``floor_ratio`` (p50 /
 floor), ``seam``, ``store_bytes_per_cached_token, store_bytes, store_entries, store_evictions,
-store_drops, store_budget_bytes, store_skipped_writes``; ``summary_overhead`` and ``speedup_vs_full_recompute`` on cold
+store_drops, store_budget_bytes, store_skipped_writes``, ``store_linear_bytes_per_cached_token``
+(the linear layers' part of the stored entries: summaries and conv tails, or a checkpoint's
+states, per cached token) beside ``kv_bytes_per_token`` (the model's own full-attention K and V
+of one token, what a KV cache holds per token); ``summary_overhead`` and ``speedup_vs_full_recompute`` on cold
 rows; ``speedup_vs_prefix_cache`` (prefix_cache's p50 / the row's) on all_hit and rag rows of the
 other modes when prefix_cache ran; ``corpus_documents, warmup_requests`` on rag rows; ``error`` (a traceback; timings None) when
 a mode failed (e.g. out of memory), the run then carrying on and exiting with 1.
@@ -72,9 +75,19 @@ from hypic.bench.ttft_mode import ModeBench, Sample
 from hypic.bench.ttft_report import (format_table, mean, merge_reports, parse_bytes, percentile, write_json,
                                      write_plots)
 from hypic.pic.modes import COLD_INLINE, COLD_STANDALONE, MODES, get_mode, validate_seam
+from hypic.pic.payload import payload_nbytes
 from hypic.pic.segments import SegmentedPrompt
 
 CASES = ("cold", "all_hit", "rag")
+
+
+def linear_bytes_per_cached_token(entries) -> Optional[float]:
+    """Bytes the store holds for the linear layers (summaries and conv tails; a checkpoint's states)
+    per body token of ``entries``; None without entries."""
+    tokens = sum(e.num_body_tokens for e in entries)
+    if not tokens:
+        return None
+    return sum(payload_nbytes(p) for e in entries for p in e.linear.values()) / tokens
 ALL_MODES = tuple(MODES)  # full_recompute, prefix_cache, addition, transition, transition_rope, hypic
 
 
@@ -257,6 +270,7 @@ class TtftBench:
             "seam": self.config.seam if get_mode(mode).seam_configurable else get_mode(mode).fixed_seam,
         }
         row["floor_ratio"] = row["ttft_p50_ms"] / row["floor_ms"] if row["floor_ms"] > 0 else None
+        row["kv_bytes_per_token"] = self.work.kv_bytes_per_token
         if bench is not None and bench.store is not None:
             st = bench.store.stats()
             hits = st.hits - stats_before.hits
@@ -264,6 +278,7 @@ class TtftBench:
             row.update({
                 "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
                 "store_bytes_per_cached_token": st.bytes_per_cached_token,
+                "store_linear_bytes_per_cached_token": linear_bytes_per_cached_token(bench.store.snapshot()),
                 "store_bytes": st.device_bytes + st.host_bytes,
                 "store_entries": st.device_entries + st.host_entries,
                 "store_evictions": st.evictions,
@@ -273,7 +288,8 @@ class TtftBench:
                 "store_skipped_writes": bench.runner.skipped_writes,
             })
         else:
-            row.update({"hit_rate": None, "store_bytes_per_cached_token": None, "store_bytes": 0,
+            row.update({"hit_rate": None, "store_bytes_per_cached_token": None,
+                        "store_linear_bytes_per_cached_token": None, "store_bytes": 0,
                         "store_entries": 0, "store_evictions": 0, "store_drops": 0,
                         "store_budget_bytes": None, "store_skipped_writes": 0})
         return row

@@ -24,6 +24,7 @@ from hypic.models.config import LINEAR_ATTENTION, ModelSpec
 from hypic.ops.attention import varlen_attention
 from hypic.ops.conv import causal_conv1d, causal_conv1d_update
 from hypic.ops.linear.gated_delta import gated_delta_decode, gated_delta_forward
+from hypic.ops.linear.simple_gla import simple_gla_decode, simple_gla_forward
 
 
 class ForwardContext(abc.ABC):
@@ -40,6 +41,17 @@ class ForwardContext(abc.ABC):
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
     ) -> torch.Tensor:
         """Gated delta rule over live tokens (q, k L2-normalised ``[T, H, K]``) -> ``[T, HV, V]``."""
+
+    @abc.abstractmethod
+    def lightning_attention(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+        scale: float, key_rotary=None,
+    ) -> torch.Tensor:
+        """Linear attention with a constant per-head decay over live tokens (lightning: Ring-linear,
+        MiniMax): ``S_t = exp(log_decay) S_{t-1} + k_t v_t^T``, ``o_t = scale * q_t^T S_t``. q, k, v
+        ``[T, H, D]``, ``log_decay [H]`` fp32 (<= 0) -> ``[T, H, D]``. ``key_rotary``: the
+        RotaryEmbedding the keys carry (applied at their positions by the model), or None: a
+        runner re-rotates reused states of such a layer."""
 
     @abc.abstractmethod
     def attention(
@@ -76,23 +88,25 @@ class ForwardContext(abc.ABC):
 
 
 class LinearLayerCache:
-    """GDN state of one sequence in one linear layer."""
+    """The linear-attention state of one sequence in one linear layer, and the short conv's
+    state before it (None for a family without a conv)."""
 
-    def __init__(self, recurrent_state: torch.Tensor, conv_state: torch.Tensor) -> None:
-        if recurrent_state.dim() != 3 or conv_state.dim() != 2:
-            raise ValueError("recurrent_state must be [HV, K, V] and conv_state [D, W-1]")
+    def __init__(self, recurrent_state: torch.Tensor, conv_state: Optional[torch.Tensor]) -> None:
+        if recurrent_state.dim() != 3 or (conv_state is not None and conv_state.dim() != 2):
+            raise ValueError("recurrent_state must be [HV, K, V] and conv_state [D, W-1] or None")
         self.recurrent_state = recurrent_state
         self.conv_state = conv_state
         self.num_tokens = 0
 
     def clone(self) -> "LinearLayerCache":
-        out = LinearLayerCache(self.recurrent_state.clone(), self.conv_state.clone())
+        conv = None if self.conv_state is None else self.conv_state.clone()
+        out = LinearLayerCache(self.recurrent_state.clone(), conv)
         out.num_tokens = self.num_tokens
         return out
 
     @property
     def nbytes(self) -> int:
-        return self.recurrent_state.nbytes + self.conv_state.nbytes
+        return self.recurrent_state.nbytes + (0 if self.conv_state is None else self.conv_state.nbytes)
 
 
 class AttentionLayerCache:
@@ -186,7 +200,8 @@ class SequenceCache:
     @classmethod
     def allocate(cls, spec: ModelSpec, device: Union[str, torch.device], dtype: torch.dtype = torch.float32) -> "SequenceCache":
         """Empty cache (zero states, no K/V). ``dtype`` is the model's activation dtype (K/V);
-        recurrent and conv states are fp32 (fp64 for an fp64 model)."""
+        recurrent and conv states are fp32 (fp64 for an fp64 model); no conv state where the
+        family has no conv (``spec.conv_kernel_size == 0``)."""
         device = torch.device(device)
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         layers: List[LayerCache] = []
@@ -198,7 +213,8 @@ class SequenceCache:
                             spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim,
                             dtype=state_dtype, device=device,
                         ),
-                        torch.zeros(spec.conv_dim, spec.conv_kernel_size - 1, dtype=state_dtype, device=device),
+                        torch.zeros(spec.conv_dim, spec.conv_kernel_size - 1, dtype=state_dtype, device=device)
+                        if spec.conv_kernel_size else None,
                     )
                 )
             else:
@@ -328,6 +344,20 @@ class PlainContext(ForwardContext):
         else:
             o, final = gated_delta_forward(q, k, v, g, beta, cu_seqlens=self.cu_seqlens, initial_state=states,
                                            cu_seqlens_cpu=self.cu_seqlens_cpu)
+        for layer, state, n in zip(layers, final, self.num_tokens_per_seq):
+            layer.recurrent_state = state.to(layer.recurrent_state.dtype)
+            layer.num_tokens += n
+        return o
+
+    def lightning_attention(self, layer_idx, q, k, v, log_decay, scale, key_rotary=None):
+        # The plain context continues each cache where its keys were rotated: nothing to move.
+        layers = self._linear_caches(layer_idx)
+        states = torch.stack([layer.recurrent_state for layer in layers])
+        if self.is_decode:
+            o, final = simple_gla_decode(q, k, v, None, states, g_gamma=log_decay, scale=scale)
+        else:
+            o, final = simple_gla_forward(q, k, v, g_gamma=log_decay, cu_seqlens=self.cu_seqlens,
+                                          initial_state=states, scale=scale, cu_seqlens_cpu=self.cu_seqlens_cpu)
         for layer, state, n in zip(layers, final, self.num_tokens_per_seq):
             layer.recurrent_state = state.to(layer.recurrent_state.dtype)
             layer.num_tokens += n

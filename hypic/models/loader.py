@@ -13,7 +13,7 @@
 * Once the weights are in place, the projections that share an input are fused into one GEMM
   each (``fuse_projections``, e.g. :meth:`hypic.models.qwen3_next.Qwen3NextForCausalLM.fuse_projections`).
 * ``moe_backend``: how the routed experts run, ``"auto"`` (the kernels for the device) or
-  ``"torch"`` (the pure-PyTorch reference, for debugging); :data:`hypic.models.qwen3_next.MOE_BACKENDS`.
+  ``"torch"`` (the pure-PyTorch reference, for debugging); :data:`hypic.models.layers.MOE_BACKENDS`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from hypic.models.config import ModelSpec, load_spec, spec_from_config
-from hypic.models.qwen3_next import check_moe_backend
+from hypic.models.layers import check_moe_backend
 from hypic.models.registry import model_class
 
 _SKIP_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
@@ -42,8 +42,21 @@ def build_empty_model(spec: ModelSpec, dtype: torch.dtype, device: Union[str, to
     with torch.device("meta"):
         model = model_class(spec.model_type)(spec, moe_backend=moe_backend)
     model = model.to(dtype=dtype)
+    _keep_fp32(model, dtype)
     model = model.to_empty(device=torch.device(device))
     return model.eval().requires_grad_(False)
+
+
+def _keep_fp32(model: nn.Module, dtype: torch.dtype) -> None:
+    """Parameters a module lists in ``FP32_PARAMETERS`` stay fp32 in a 16-bit model (Ring-linear's
+    routing bias: its values differ by less than a bf16 step, and they pick the experts)."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return
+    for module in model.modules():
+        for name in getattr(module, "FP32_PARAMETERS", ()):
+            param = getattr(module, name, None)
+            if param is not None:
+                setattr(module, name, nn.Parameter(param.to(torch.float32), requires_grad=False))
 
 
 def load_model(
@@ -106,25 +119,28 @@ def _check_dtype(dtype: torch.dtype) -> None:
 def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
     """Seeded random weights that keep activations in a realistic range:
 
-    linear / embedding / expert weights ~ N(0, std); zero-centred RMSNorm weights 0 (scale 1);
-    GDN gated-norm weight 1; conv weights U(-1/sqrt(W), 1/sqrt(W)) (PyTorch's Conv1d default);
+    linear / embedding / expert weights ~ N(0, std); norm weights their module's ``DUMMY_FILL``
+    (zero-centred RMSNorms 0, the others 1: scale 1 either way); routing biases 0; conv weights U(-1/sqrt(W), 1/sqrt(W)) (PyTorch's Conv1d default);
     ``A_log = log(U(1, 16))``; ``dt_bias = softplus^-1(dt)`` with ``dt`` log-uniform in
     [1e-3, 1e-1] (Mamba-style). Random numbers are drawn on the parameter's device, so a seed
     reproduces the same weights on the same device type (CPU and CUDA streams differ).
     """
+    # norm weights: the value that makes each norm module an identity scale (its DUMMY_FILL)
+    fills = {f"{prefix}.weight" if prefix else "weight": module.DUMMY_FILL
+             for prefix, module in model.named_modules() if hasattr(module, "DUMMY_FILL")}
     for name, param in model.named_parameters():
         gen = torch.Generator(device=param.device)
         # Per-parameter seed from the name: independent of iteration order and of other params.
         gen.manual_seed((seed * 1_000_003 + _stable_hash(name)) % (2**63 - 1))
-        if name.endswith("A_log"):
+        if name in fills:
+            param.fill_(fills[name])
+        elif name.endswith("expert_bias"):
+            param.zero_()  # routing by score alone
+        elif name.endswith("A_log"):
             param.copy_(torch.empty(param.shape, device=param.device).uniform_(1.0, 16.0, generator=gen).log_())
         elif name.endswith("dt_bias"):
             dt = torch.empty(param.shape, device=param.device).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp_()
             param.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
-        elif name.endswith("linear_attn.norm.weight"):
-            param.fill_(1.0)
-        elif name.endswith("norm.weight"):
-            param.zero_()  # zero-centred RMSNorms: input/post-attention/final/q/k
         elif name.endswith("conv1d.weight"):
             bound = 1.0 / math.sqrt(param.shape[-1])
             param.uniform_(-bound, bound, generator=gen)
@@ -186,13 +202,16 @@ class _LazyTensor:
         return self._handle.get_tensor(self._key)
 
 
-def _canonical_key(key: str) -> Optional[str]:
-    """Checkpoint key -> our parameter name, or None for keys that are skipped."""
+def _canonical_key(key: str, model: nn.Module) -> Optional[str]:
+    """Checkpoint key -> our parameter name, or None for keys that are skipped. A model class
+    whose checkpoints name some tensors otherwise than its parameters maps them in its
+    ``checkpoint_key(key)`` (None: skip)."""
     if key.startswith(_SKIP_PREFIXES):
         return None
     if key.startswith("model.language_model."):
-        return "model." + key[len("model.language_model.") :]
-    return key
+        key = "model." + key[len("model.language_model.") :]
+    rename = getattr(model, "checkpoint_key", None)
+    return key if rename is None else rename(key)
 
 
 @torch.no_grad()
@@ -205,7 +224,7 @@ def load_weights(model: nn.Module, tensors) -> None:
     loaded = set()
     expert_rows: Dict[str, set] = {}
     for key, tensor in tensors:
-        name = _canonical_key(key)
+        name = _canonical_key(key, model)
         if name is None:
             continue
         m = _EXPERT_KEY.match(name)

@@ -1,7 +1,7 @@
 """Qwen3-Next and Qwen3.5 (dense and MoE) hybrid models, Hugging Face shaped.
 
 One module serves the whole family; the only architectural switch is the Gated DeltaNet input
-projection layout (``spec.gdn_layout``):
+projection layout (``spec.arch.gdn_layout``):
 
 * ``"fused"`` (Qwen3-Next): ``in_proj_qkvz`` / ``in_proj_ba``, grouped **per key head**
   (``[q_h | k_h | v_h.. | z_h..]`` for each key head h), which is un-interleaved here;
@@ -20,59 +20,33 @@ positions, and every cache interaction goes through the ``ctx`` (docs/contracts.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypic.models.config import LINEAR_ATTENTION, ModelSpec
+from hypic.models.layers import (
+    CausalLM,
+    DecoderStack,
+    GatedRMSNorm,
+    MOE_BACKENDS,
+    StackedExperts,
+    SwiGLUMLP,
+    ZeroCenteredRMSNorm,
+    check_moe_backend,
+    columns,
+    fuse_linears,
+    linear,
+)
+from hypic.models.spec import LINEAR_ATTENTION, ModelSpec
 from hypic.ops.fused import add_sigmoid_gated, gdn_gates, sigmoid_gate, swiglu
 from hypic.ops.moe import moe_routed
-from hypic.ops.norms import add_rms_norm_zero_centered, gated_rms_norm, l2_normalize, rms_norm_zero_centered
+from hypic.ops.norms import add_rms_norm_zero_centered, l2_normalize
 from hypic.ops.rope import RotaryEmbedding, apply_rotary
 
 # transformers' l2norm inside the GDN kernels uses eps 1e-6 regardless of rms_norm_eps.
 QK_L2NORM_EPS = 1e-6
-# How the routed experts run: "auto" (the kernels hypic.ops.moe picks for the operands' device,
-# dtype and rows per expert; the reference on CPU) or "torch" (the pure-PyTorch reference
-# everywhere, for debugging a kernel).
-MOE_BACKENDS = {"auto": "auto", "torch": "reference"}
-
-
-def check_moe_backend(moe_backend: str) -> str:
-    """``moe_backend`` if it is one of :data:`MOE_BACKENDS`; a ValueError naming them if not."""
-    if moe_backend not in MOE_BACKENDS:
-        raise ValueError(f"moe_backend must be one of {tuple(MOE_BACKENDS)}, got {moe_backend!r}")
-    return moe_backend
-
-
-def _math_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-class ZeroCenteredRMSNorm(nn.Module):
-    """RMSNorm with output ``x_hat * (1 + weight)``; weight stored zero-centred."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_zero_centered(x, self.weight, self.eps)
-
-
-class GatedRMSNorm(nn.Module):
-    """GDN output norm: ``weight * rmsnorm(x) * silu(gate)`` per value head (weight around 1)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class DepthwiseConvWeight(nn.Module):
@@ -84,51 +58,11 @@ class DepthwiseConvWeight(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
 
 
-def _linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
-    # Weights are always filled by the loader (checkpoint or dummy); the loader builds the model
-    # on the meta device, so nn.Linear's own init costs nothing.
-    return nn.Linear(n_in, n_out, bias=bias)
-
-
-FUSED_ROWS_MULTIPLE = 8
-
-
-def fuse_linears(linears: Sequence[nn.Linear]) -> Optional[torch.Tensor]:
-    """One weight ``[sum N_i, K]`` for bias-free linears of one input: each linear's weight
-    becomes a row block (a view) of it, so their parameters, names and values stay and their
-    memory is the fused tensor's; one GEMM against it then gives every output as a column block.
-    None (nothing changed) when they cannot share one (a bias, another dtype, device or width).
-    Call it once the weights are loaded and on their device (a later ``.to()`` would copy the
-    views apart)."""
-    first = linears[0].weight
-    if any(lin.bias is not None or lin.weight.dtype != first.dtype or lin.weight.device != first.device
-           or lin.weight.shape[1] != first.shape[1] for lin in linears):
-        return None
-    num_rows = sum(lin.weight.shape[0] for lin in linears)
-    with torch.no_grad():
-        # zero rows up to a multiple of 8 outputs: 16-byte aligned output rows for the GEMM (the
-        # MoE block's 1,281 columns become 1,288), read by nobody
-        pad = first.new_zeros(-num_rows % FUSED_ROWS_MULTIPLE, first.shape[1])
-        fused = torch.cat([lin.weight for lin in linears] + [pad], dim=0)
-    row = 0
-    for lin in linears:
-        num_out = lin.weight.shape[0]
-        lin.weight = nn.Parameter(fused[row:row + num_out], requires_grad=lin.weight.requires_grad)
-        row += num_out
-    return fused
-
-
-def _columns(y: torch.Tensor, widths: Sequence[int]):
-    """The leading column blocks of ``widths`` of a fused GEMM's output (views; the padding
-    columns after them dropped)."""
-    return y.split(list(widths) + [y.shape[-1] - sum(widths)], dim=-1)[:len(widths)]
-
-
 class Qwen3NextGatedDeltaNet(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.layout = spec.gdn_layout
+        self.layout = spec.arch.gdn_layout
         self.num_k_heads = spec.linear_num_key_heads
         self.num_v_heads = spec.linear_num_value_heads
         self.head_k_dim = spec.linear_key_head_dim
@@ -138,18 +72,18 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         self.conv_dim = spec.conv_dim
         hidden = spec.hidden_size
         if self.layout == "fused":
-            self.in_proj_qkvz = _linear(hidden, 2 * self.key_dim + 2 * self.value_dim)
-            self.in_proj_ba = _linear(hidden, 2 * self.num_v_heads)
+            self.in_proj_qkvz = linear(hidden, 2 * self.key_dim + 2 * self.value_dim)
+            self.in_proj_ba = linear(hidden, 2 * self.num_v_heads)
         else:
-            self.in_proj_qkv = _linear(hidden, 2 * self.key_dim + self.value_dim)
-            self.in_proj_z = _linear(hidden, self.value_dim)
-            self.in_proj_b = _linear(hidden, self.num_v_heads)
-            self.in_proj_a = _linear(hidden, self.num_v_heads)
+            self.in_proj_qkv = linear(hidden, 2 * self.key_dim + self.value_dim)
+            self.in_proj_z = linear(hidden, self.value_dim)
+            self.in_proj_b = linear(hidden, self.num_v_heads)
+            self.in_proj_a = linear(hidden, self.num_v_heads)
         self.conv1d = DepthwiseConvWeight(self.conv_dim, spec.conv_kernel_size)
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads))
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v_dim, spec.rms_norm_eps)
-        self.out_proj = _linear(self.value_dim, hidden)
+        self.out_proj = linear(self.value_dim, hidden)
         # [qkv | z | b | a] (split layout) after fuse_projections(): one GEMM for the four
         self.fused_in_proj: Optional[torch.Tensor] = None
 
@@ -164,7 +98,7 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         num_tokens = x.shape[0]
         if self.fused_in_proj is not None:
             # column blocks of one output (views: the consumers take strided rows)
-            mixed, z, b, a = _columns(F.linear(x, self.fused_in_proj),
+            mixed, z, b, a = columns(F.linear(x, self.fused_in_proj),
                                       (self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads))
             return mixed, z.view(num_tokens, self.num_v_heads, self.head_v_dim), b, a
         if self.layout == "split":
@@ -222,10 +156,10 @@ class Qwen3NextAttention(nn.Module):
         self.head_dim = spec.head_dim
         self.scale = self.head_dim**-0.5
         hidden, bias = spec.hidden_size, spec.attention_bias
-        self.q_proj = _linear(hidden, self.num_heads * self.head_dim * 2, bias)
-        self.k_proj = _linear(hidden, self.num_kv_heads * self.head_dim, bias)
-        self.v_proj = _linear(hidden, self.num_kv_heads * self.head_dim, bias)
-        self.o_proj = _linear(self.num_heads * self.head_dim, hidden, bias)
+        self.q_proj = linear(hidden, self.num_heads * self.head_dim * 2, bias)
+        self.k_proj = linear(hidden, self.num_kv_heads * self.head_dim, bias)
+        self.v_proj = linear(hidden, self.num_kv_heads * self.head_dim, bias)
+        self.o_proj = linear(self.num_heads * self.head_dim, hidden, bias)
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, spec.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, spec.rms_norm_eps)
 
@@ -250,26 +184,9 @@ class Qwen3NextAttention(nn.Module):
         return self.output(o, gate)
 
 
-class Qwen3NextMLP(nn.Module):
-    """Dense SwiGLU: ``down(silu(gate(x)) * up(x))``."""
-
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_proj = _linear(hidden, intermediate)
-        self.up_proj = _linear(hidden, intermediate)
-        self.down_proj = _linear(intermediate, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
-class Qwen3NextExperts(nn.Module):
-    """Routed experts, fused for grouped GEMM: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
-
-    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+# the dense SwiGLU MLP and the stacked routed experts under their transformers names
+Qwen3NextMLP = SwiGLUMLP
+Qwen3NextExperts = StackedExperts
 
 
 class Qwen3NextSparseMoeBlock(nn.Module):
@@ -281,12 +198,12 @@ class Qwen3NextSparseMoeBlock(nn.Module):
         self.moe_impl = MOE_BACKENDS[check_moe_backend(moe_backend)]
         self.top_k = spec.num_experts_per_tok
         self.renormalize = spec.norm_topk_prob
-        self.gate = _linear(spec.hidden_size, spec.num_experts)
+        self.gate = linear(spec.hidden_size, spec.num_experts)
         self.experts = Qwen3NextExperts(spec.num_experts, spec.hidden_size, spec.moe_intermediate_size)
         self.has_shared = spec.shared_expert_intermediate_size > 0
         if self.has_shared:
             self.shared_expert = Qwen3NextMLP(spec.hidden_size, spec.shared_expert_intermediate_size)
-            self.shared_expert_gate = _linear(spec.hidden_size, 1)
+            self.shared_expert_gate = linear(spec.hidden_size, 1)
         # [shared gate | shared up | router | shared expert gate] after fuse_projections(): the
         # four GEMMs of the block's input in one (the router's logits at an aligned column)
         self.fused_in_proj: Optional[torch.Tensor] = None
@@ -301,7 +218,7 @@ class Qwen3NextSparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_in_proj is not None:
             inter = self.shared_expert.gate_proj.weight.shape[0]
-            gate, up, logits, shared_gate = _columns(F.linear(x, self.fused_in_proj),
+            gate, up, logits, shared_gate = columns(F.linear(x, self.fused_in_proj),
                                                      (inter, inter, self.gate.weight.shape[0], 1))
             shared = self.shared_expert.down_proj(swiglu(gate, up))
         else:
@@ -367,79 +284,28 @@ class Qwen3NextDecoderLayer(nn.Module):
         return ctx.token_wise(self.attention_out, o, gate, x)
 
 
-class Qwen3NextModel(nn.Module):
+class Qwen3NextModel(DecoderStack):
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__()
-        self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i, moe_backend) for i in range(spec.num_layers))
-        self.norm = ZeroCenteredRMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        # Kept outside the module tree (plain dict, not a buffer) so meta-device construction and
-        # to_empty() never leave the RoPE tables uninitialised; one instance per device.
-        self._rotary: Dict[torch.device, RotaryEmbedding] = {}
-
-    def rotary(self, device: torch.device) -> RotaryEmbedding:
-        device = torch.device(device)
-        if device not in self._rotary:
-            with torch.device(device):
-                rot = RotaryEmbedding(self.spec.head_dim, self.spec.rotary_dim, self.spec.rope_theta)
-            if isinstance(rot, nn.Module):
-                rot = rot.to(device)
-            self._rotary[device] = rot
-        return self._rotary[device]
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """input_ids, positions ``[T]`` (packed live tokens) -> final hidden states ``[T, H]``
-        before the final norm (the caller selects the rows it needs first)."""
-        if input_ids.dim() != 1 or input_ids.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"input_ids must be a 1-D integer tensor [T], got {tuple(input_ids.shape)} {input_ids.dtype}")
-        if positions.shape != input_ids.shape or positions.dtype not in (torch.int32, torch.int64):
-            raise ValueError(
-                f"positions must be an integer tensor of shape {tuple(input_ids.shape)}, "
-                f"got {tuple(positions.shape)} {positions.dtype}"
-            )
-        x = self.embed_tokens(input_ids)
-        rotary = self.rotary(x.device)
-        cos, sin = ctx.rope_cos_sin(rotary, positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, rotary, ctx)
-        return x
+        super().__init__(spec, Qwen3NextDecoderLayer, ZeroCenteredRMSNorm, moe_backend)
 
 
-class Qwen3NextForCausalLM(nn.Module):
+class Qwen3NextForCausalLM(CausalLM):
     """``logits = model(input_ids [T], positions [T], ctx)`` -> fp32 logits of the rows
     ``ctx.select_logits_rows`` keeps (e.g. the last token of each span). ``moe_backend``: how the
-    routed experts run (:data:`MOE_BACKENDS`)."""
+    routed experts run (:data:`MOE_BACKENDS`).
 
-    def fuse_projections(self) -> int:
-        """Fuse the projections that share an input (each GDN layer's four input projections,
-        each MoE block's router, shared-expert and shared-gate GEMMs) into one GEMM each, the
-        parameters becoming views of the fused weights (:func:`fuse_linears`); returns how many
-        modules are fused. Separate GEMMs of a cached request's few hundred rows are launch-bound:
-        on the H200 the router, shared-gate and GDN ``b``/``a`` GEMMs took 5.3-5.9 us each (140
-        of them in the all-hit 32k request's profile); fused, the GDN input GEMM took 1.26 ms
-        where its four took ~1.73, the MoE block's 0.32 where its four took ~1.04 (the request
-        56.34 against 56.67 ms p50, within the spread of runs; docs/decisions.md)."""
-        return sum(bool(m.fuse_projections()) for m in self.modules()
-                   if m is not self and hasattr(m, "fuse_projections"))
+    :meth:`fuse_projections` fuses each GDN layer's four input projections and each MoE block's
+    router, shared-expert and shared-gate GEMMs into one GEMM each. Separate GEMMs of a cached
+    request's few hundred rows are launch-bound: on the H200 the router, shared-gate and GDN
+    ``b``/``a`` GEMMs took 5.3-5.9 us each (140 of them in the all-hit 32k request's profile);
+    fused, the GDN input GEMM took 1.26 ms where its four took ~1.73, the MoE block's 0.32 where
+    its four took ~1.04 (the request 56.34 against 56.67 ms p50, within the spread of runs;
+    docs/decisions.md)."""
 
     def __init__(self, spec: ModelSpec, moe_backend: str = "auto") -> None:
-        super().__init__()
-        self.spec = spec
-        self.model = Qwen3NextModel(spec, moe_backend)
-        if not spec.tie_word_embeddings:
-            self.lm_head = _linear(spec.hidden_size, spec.vocab_size)
-
-    def output_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
-        hidden = self.model(input_ids, positions, ctx)
-        hidden = ctx.select_logits_rows(hidden)
-        hidden = self.model.norm(hidden)
-        return F.linear(hidden, self.output_weight()).float()
+        super().__init__(spec, Qwen3NextModel, moe_backend)
 
 
-# Qwen3.5 checkpoints run on the same classes (spec.gdn_layout == "split").
+# Qwen3.5 checkpoints run on the same classes (spec.arch.gdn_layout == "split").
 Qwen3_5ForCausalLM = Qwen3NextForCausalLM
 Qwen3_5MoeForCausalLM = Qwen3NextForCausalLM

@@ -1,4 +1,5 @@
-"""Sparse mixture-of-experts: softmax top-k routing and a grouped-by-expert reference.
+"""Sparse mixture-of-experts: softmax top-k routing, sigmoid routing with a bias and
+group-limited top-k, and a grouped-by-expert reference.
 
 Expert weights use the fused layout a grouped GEMM consumes directly:
 ``gate_up [E, 2*I, H]`` (rows ``[0, I)`` = gate, ``[I, 2I)`` = up) and ``down [E, H, I]``.
@@ -58,6 +59,62 @@ def route_topk_softmax_math(router_logits: torch.Tensor, top_k: int, renormalize
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def route_sigmoid_grouped(
+    router_logits: torch.Tensor,
+    expert_bias,
+    top_k: int,
+    num_groups: int = 1,
+    topk_groups: int = 1,
+    renormalize: bool = True,
+    scaling: float = 1.0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid routing with a selection bias and group-limited top-k (Ring-linear-2.0,
+    DeepSeek-V3's ``noaux_tc``): scores ``sigmoid(logits)``; experts are *picked* by score +
+    ``expert_bias`` ``[E]`` (None: no bias), first the ``topk_groups`` best of ``num_groups`` equal
+    groups (a group scored by its two best experts), then the ``top_k`` best experts inside them;
+    their *weights* are the plain scores, renormalised to sum 1 (when ``renormalize`` and
+    ``top_k > 1``) and multiplied by ``scaling``.
+
+    router_logits ``[T, E]`` -> (weights ``[T, top_k]`` fp32 (fp64 for fp64 logits), ids
+    ``[T, top_k]`` int64)."""
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
+        raise ValueError("router_logits must be a rank-2 tensor [T, E]")
+    if router_logits.dtype not in _FLOAT:
+        raise ValueError(f"router_logits must be floating point, got {router_logits.dtype}")
+    num_experts = router_logits.shape[1]
+    if expert_bias is not None and (not isinstance(expert_bias, torch.Tensor) or expert_bias.shape != (num_experts,)):
+        raise ValueError(f"expert_bias must be a tensor [{num_experts}] or None")
+    if num_groups < 1 or num_experts % num_groups or not 1 <= topk_groups <= num_groups:
+        raise ValueError(f"num_groups ({num_groups}) must divide the {num_experts} experts and topk_groups "
+                         f"({topk_groups}) be in [1, num_groups]")
+    if num_groups > 1 and num_experts // num_groups < 2:
+        raise ValueError("a group is scored by its two best experts: each needs at least 2")
+    if not 0 < top_k <= topk_groups * (num_experts // num_groups):
+        raise ValueError(f"top_k must be in [1, {topk_groups * (num_experts // num_groups)}], got {top_k}")
+    return dispatch(route_sigmoid_grouped_math, router_logits, graph_only=True)(
+        router_logits, expert_bias, top_k, num_groups, topk_groups, renormalize, scaling)
+
+
+def route_sigmoid_grouped_math(router_logits, expert_bias, top_k: int, num_groups: int, topk_groups: int,
+                               renormalize: bool, scaling: float):
+    """The unchecked math of :func:`route_sigmoid_grouped`."""
+    math = torch.float64 if router_logits.dtype == torch.float64 else torch.float32
+    scores = torch.sigmoid(router_logits.to(math))
+    choice = scores if expert_bias is None else scores + expert_bias.to(math)
+    if num_groups > 1:
+        num_tokens, num_experts = choice.shape
+        grouped = choice.view(num_tokens, num_groups, num_experts // num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, True)
+        choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(num_tokens, num_experts)
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize and top_k > 1:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
 
 
 def moe_routed(

@@ -18,9 +18,10 @@ the forward's peak memory loses every layer's summary records (64 writes x 30 la
 batch with checkpoints) has them copied like the other fields.
 
 Each entry owns one buffer per field (``transition``, ``state``, ``tail`` over its linear layers,
-``key``, ``value`` over its attention layers), so evicting the entry frees exactly its bytes, and
-its tensors are that buffer's rows; its conv tails are noted as one buffer's rows
-(:func:`~hypic.runner.pic_context.remember_tail_rows`) for the forwards that read them.
+no ``tail`` for a family without a conv; ``key``, ``value`` over its attention layers), so
+evicting the entry frees exactly its bytes, and its tensors are that buffer's rows; its conv
+tails are noted as one buffer's rows (:func:`~hypic.runner.pic_context.remember_tail_rows`) for
+the forwards that read them.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ class EntryWriter:
     def _linear(self, j: int, rec) -> tuple:
         """``(dsts, srcs)``: every write's copies of linear layer row ``j``'s records."""
         count = len(self.linear_layers)
-        tails = rec.tails.unbind(0)
+        tails = None if rec.tails is None else rec.tails.unbind(0)  # None: the family has no conv
         summaries = None
         in_place = self.linear_layers[j] in self._in_place
         if in_place and rec.write_summaries is not None:
@@ -164,12 +165,13 @@ class EntryWriter:
         dsts: List[torch.Tensor] = []
         srcs: List[torch.Tensor] = []
         for i, (_, _, w) in enumerate(self.writes):
+            tail = () if tails is None else (("tail", tails[i]),)
             if w.kind == WRITE_CHECKPOINT:
-                pairs = (("state", states[i]), ("tail", tails[i]))
+                pairs = (("state", states[i]),) + tail
             elif in_place:  # the op wrote T and S into the entries' rows
-                pairs = (("tail", tails[i]),)
+                pairs = tail
             else:
-                pairs = (("transition", summaries[0][i]), ("state", summaries[1][i]), ("tail", tails[i]))
+                pairs = (("transition", summaries[0][i]), ("state", summaries[1][i])) + tail
             for field, src in pairs:
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
@@ -216,19 +218,21 @@ class EntryWriter:
         for i, (_, _, w) in enumerate(self.writes):
             held = self._buffers[i]
             lin = {}
+            tails = held.get("tail")  # None: the family has no conv
             for j, layer in enumerate(self.linear_layers):
+                tail = None if tails is None else tails[1][j]
                 if w.kind == WRITE_CHECKPOINT:
-                    lin[layer] = LinearStateCheckpoint(held["state"][1][j], held["tail"][1][j])
+                    lin[layer] = LinearStateCheckpoint(held["state"][1][j], tail)
                 else:
                     summary = (DenseSummary(held["transition"][1][j], held["state"][1][j], True) if packed
                                else self._summary_cls(held["transition"][1][j], held["state"][1][j]))
-                    lin[layer] = LinearLayerCache(summary, held["tail"][1][j])
+                    lin[layer] = LinearLayerCache(summary, tail)
             att = {layer: AttentionLayerCache(held["key"][1][j], held["value"][1][j])
                    for j, layer in enumerate(self.attention_layers)}
             entry = SegmentEntry(key=w.key, linear=lin, attention=att, origin_position=w.origin_position)
-            if self.linear_layers:
+            if self.linear_layers and tails is not None:
                 # every layer's tail in one buffer: a forward reusing the entry reads them at once
-                tail_buffer, tail_rows = held["tail"]
+                tail_buffer, tail_rows = tails
                 remember_tail_rows(entry, "conv_state" if w.kind == WRITE_CHECKPOINT else "conv_tail",
                                    self.linear_layers, list(tail_rows), tail_buffer)
             entries.append(entry)

@@ -10,6 +10,12 @@ stores and the states a checkpoint stores). The short conv
 runs over maximal runs of live elements, each warmed up from the true preceding tail (a cached
 body's stored tail, the prefix checkpoint, or zeros).
 
+A linear layer of a scalar-decay family (lightning attention: Ring-linear, MiniMax) has no conv
+and a scalar T per head: the same chains run through ``simple_gla_chain_forward``, the cached
+bodies' summaries given as stored, or (where the layer's keys carry RoPE and the mode re-rotates)
+with S moved to the body's new position, ``S' = R(shift) S`` on the key axis
+(:func:`hypic.ops.rope.rotate_summary_keys`); T, a scalar, commutes with the rotation.
+
 Per full-attention layer: each request's keys are its prefix checkpoints' K, its live K and its
 cached bodies' K (re-rotated by the shift between where the body was cached and where it now
 sits, unless the mode keeps it as cached), gathered once into a packed varlen key set (one pass
@@ -41,7 +47,9 @@ from hypic.ops.linear.gated_delta import (
     gated_delta_forward,
 )
 from hypic.ops.linear.checks import on_device
-from hypic.ops.linear.summary import DenseSummary, SummaryTable
+from hypic.ops.linear.simple_gla import simple_gla_chain_forward, simple_gla_forward
+from hypic.ops.linear.summary import DenseSummary, ScalarSummary, SummaryTable
+from hypic.ops.rope import rotate_summary_keys
 
 
 ROPE_CACHE_MAX_TOKENS = 8192  # live tokens up to which a template keeps the RoPE tables
@@ -51,9 +59,9 @@ class LinearRecord:
     """What one linear layer leaves behind for the runner."""
 
     def __init__(self) -> None:
-        self.tails: Optional[torch.Tensor] = None  # [NT, D, W-1] conv inputs before each tail end
+        self.tails: Optional[torch.Tensor] = None  # [NT, D, W-1] conv inputs before each tail end (None: no conv)
         self.final_states: Optional[torch.Tensor] = None  # [B, HV, K, V]
-        self.write_summaries: Optional[DenseSummary] = None  # one per write (segment writes)
+        self.write_summaries = None  # one summary per write (segment writes): Dense or Scalar
         self.write_states: Optional[torch.Tensor] = None  # [NW, HV, K, V] state after each write
 
 
@@ -81,6 +89,8 @@ class PicContext(ForwardContext):
         # told when each layer's records are complete, it fills the store entries from them
         # (and hands a cold forward's layers the entries' rows to write their summaries into).
         self.writer = None
+        # per body: RoPE shift of its summaries (False: none moves); made at the first layer
+        self._body_shifts = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -254,6 +264,14 @@ class PicContext(ForwardContext):
             incoming = None if incoming is None else incoming.clone()
         else:
             o, final, live, incoming = write_core(q, k, v, g, beta, bodies, init)
+        self._record_writes(layer_idx, rec, final, live, incoming)
+        return o
+
+    def _record_writes(self, layer_idx: int, rec: LinearRecord, final: torch.Tensor, live, incoming) -> None:
+        """A writing forward's linear-layer records: the final states, the written spans'
+        summaries ``live`` (segment writes), the states after checkpoints (from the recorded
+        ``incoming`` states), handed to the entry writer."""
+        lay = self.layout
         rec.final_states = final
         # Only segment writes read the summaries (row i: write i's span; [K, K] T and [K, V] S,
         # 4 MiB per span and layer at 35B-A3B widths), so none are formed for checkpoints alone:
@@ -270,7 +288,64 @@ class PicContext(ForwardContext):
             rec.write_states = torch.stack([zero if a is None else a for a in after])
         if self.writer is not None:
             self.writer.linear_done(layer_idx, rec)
+
+    # -- lightning attention (scalar decay, no conv) ----------------------------------------------
+    def lightning_attention(self, layer_idx, q, k, v, log_decay, scale, key_rotary=None):
+        lay = self.layout
+        init = self._initial_states(layer_idx, v)
+        rec = self.records.setdefault(layer_idx, LinearRecord())
+        if lay.linear_one_run_per_request:
+            # nothing cached and nothing to record: each request's live tokens are one run
+            o, rec.final_states = simple_gla_forward(
+                q, k, v, g_gamma=log_decay, cu_seqlens=lay.cu_live_per_request, initial_state=init, scale=scale,
+                cu_seqlens_cpu=lay.cu_live_per_request_cpu)
+            return o
+        bodies = self._scalar_bodies(layer_idx, v.device, _state_dtype(v), key_rotary) if lay.bodies else None
+        checkpoints = lay.num_checkpoint_records > 0
+        spans = None
+        if lay.any_segment_write:
+            spans = lay.write_span_range if lay.write_span_range is not None else lay.write_spans
+        o, final, live, incoming = simple_gla_chain_forward(
+            q, k, v, g_gamma=log_decay, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains,
+            source=lay.chain_source if lay.bodies else None, bodies=bodies, initial_states=init, scale=scale,
+            cu_seqlens_cpu=lay.cu_spans_cpu, summarize=lay.any_segment_write, summary_spans=spans,
+            record_rows=lay.checkpoint_record_rows if checkpoints else None,
+            num_records=lay.num_checkpoint_records if checkpoints else None)
+        if not lay.writes:
+            rec.final_states = final
+            return o
+        self._record_writes(layer_idx, rec, final, live, incoming)
         return o
+
+    def _scalar_bodies(self, layer_idx: int, device: torch.device, dtype: torch.dtype, key_rotary):
+        """The cached bodies' scalar summaries in body order: read in place through the layout's
+        address table when they need no change, else stacked, with T dropped (the identity, log
+        decay 0) in ``addition`` mode and, for a layer whose keys carry RoPE, S rotated by each
+        body's shift where its request re-rotates (:meth:`_shifts`)."""
+        lay = self.layout
+        shifts = self._shifts(device) if key_rotary is not None else None
+        if lay.body_addresses is not None and shifts is None:
+            summaries = _LazyItems(lay.bodies, lambda body: body[1].entry.linear[layer_idx].summary)
+            return SummaryTable(summaries, lay.body_addresses[layer_idx])
+        decays, states = [], []
+        for idx, (_, body) in enumerate(lay.bodies):
+            summ = body.entry.linear[layer_idx].summary
+            decay = on_device(summ.log_decay, device, dtype)
+            decays.append(torch.zeros_like(decay) if lay.body_drop_transition_host[idx] else decay)
+            states.append(on_device(summ.state, device, dtype))
+        stacked = ScalarSummary(torch.cat(decays), torch.cat(states))
+        return stacked if shifts is None else rotate_summary_keys(stacked, shifts, key_rotary)
+
+    def _shifts(self, device: torch.device) -> Optional[torch.Tensor]:
+        """Per body, the positions its summaries move by (its segment's start now minus where
+        its entry was made; 0 where the request keeps cached positions), or None when every
+        shift is 0: the same for every layer of the forward, made once."""
+        if self._body_shifts is None:
+            lay = self.layout
+            shifts = [body.segment_start - body.entry.origin_position if lay.requests[b].rerotate_keys else 0
+                      for b, body in lay.bodies]
+            self._body_shifts = torch.tensor(shifts, dtype=torch.long, device=device) if any(shifts) else False
+        return None if self._body_shifts is False else self._body_shifts
 
     # -- full attention -------------------------------------------------------------------------
     def attention(self, layer_idx, q, k, v, scale, rotary):

@@ -207,12 +207,12 @@ class PicRunner:
         return budget
 
     def entry_nbytes(self, num_body_tokens: int, checkpoint: bool) -> int:
-        """Bytes of one store entry: per linear layer the fp32 summary (T dense K x K and S; a
-        checkpoint holds S only) and conv tail, per attention layer the body's K and V."""
+        """Bytes of one store entry: per linear layer the fp32 summary (S, and T in its family's
+        structure; a checkpoint holds S only) and conv tail (``ModelSpec.linear_entry_words``),
+        per attention layer the body's K and V."""
         s = self.spec
         state_bytes = 8 if self.dtype == torch.float64 else 4
-        hv, k, v = s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim
-        linear = hv * k * v + (0 if checkpoint else hv * k * k) + s.conv_dim * (s.conv_kernel_size - 1)
+        linear = s.linear_entry_words(checkpoint)
         attention = 2 * num_body_tokens * s.num_key_value_heads * s.head_dim
         elem = torch.empty(0, dtype=self.dtype).element_size()
         return len(self.linear_layers) * linear * state_bytes + len(self.attention_layers) * attention * elem
@@ -270,7 +270,8 @@ class PicRunner:
 
     # ---------------------------------------------------------------------------------------------
     def _forward(self, layouts: Sequence[RequestLayout], want_caches: bool = True):
-        width = self.spec.conv_kernel_size
+        # a family without a conv records no tails: width 1 leaves W - 1 = 0 tail rows
+        width = max(self.spec.conv_kernel_size, 1)
         layout = build_layout(layouts, width, self.device,
                               buffer_for=self.layout_graphs.buffer_for if self._core_graphs_on() else None,
                               templates=self.layout_templates)
@@ -332,7 +333,8 @@ class PicRunner:
             for i, kind in enumerate(self.spec.layer_types):
                 rec = ctx.records[i]
                 if kind == LINEAR_ATTENTION:
-                    cache = DecodeLinearCache(_own_row(rec.final_states, b), _own_row(rec.tails, lay.final_tail_slots[b]))
+                    tail = None if rec.tails is None else _own_row(rec.tails, lay.final_tail_slots[b])
+                    cache = DecodeLinearCache(_own_row(rec.final_states, b), tail)
                     cache.num_tokens = num_tokens
                 elif len(lay.requests) == 1:  # the record is this sequence's alone: no copy
                     cache = DecodeAttentionCache.adopt(rec.keys, rec.values, positions_k)

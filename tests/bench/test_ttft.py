@@ -136,6 +136,12 @@ def test_cold_case(report):
     assert sa["live_tokens_mean"] == n * SEAM + Q and sa["standalone_tokens_mean"] == n * S
     assert sa["speedup_vs_full_recompute"] == pytest.approx(full["ttft_p50_ms"] / sa["ttft_p50_ms"])
     assert hypic["store_bytes_per_cached_token"] > 0
+    # the linear layers' share of the entries (tiny config: 2 linear layers, dense T [4, 16, 16],
+    # S [4, 16, 16], conv tails [128, 3], fp32; bodies of S - SEAM tokens) beside the model's K/V
+    words = 2 * (4 * 16 * 16 * 2 + 128 * 3)
+    assert hypic["store_linear_bytes_per_cached_token"] == pytest.approx(4 * words / (S - SEAM))
+    assert hypic["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    assert full["store_linear_bytes_per_cached_token"] is None
 
 
 def test_all_hit_live_tokens(report):

@@ -109,3 +109,28 @@ def test_same_cache_twice_rejected():
     cache = SequenceCache.allocate(SPEC, "cpu")
     with pytest.raises(ValueError, match="twice"):
         PlainContext(SPEC, [cache, cache], [1, 1])
+
+
+def test_lightning_caches_have_no_conv_state_and_chunked_prefill_equals_one_pass():
+    """A conv-less family (Ring-linear): the linear caches hold the state alone, and a prompt
+    prefilled in chunks (several contexts over one cache), then decoded, equals one pass."""
+    from tests.models._lightning import RING_CONFIG
+
+    spec, model = build_dummy_model(RING_CONFIG, dtype=torch.float32, seed=0)
+    cache = SequenceCache.allocate(spec, "cpu", torch.float32)
+    lin = cache.layers[0]
+    assert lin.conv_state is None and lin.recurrent_state.shape == (4, 16, 16)
+    assert lin.nbytes == 4 * 16 * 16 * 4 and lin.clone().conv_state is None
+    ids = torch.randint(1, 90, (70,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = SequenceCache.allocate(spec, "cpu", torch.float32)
+        ctx = PlainContext(spec, [whole], [70])
+        want = model(ids, ctx.positions, ctx)
+        parts = SequenceCache.allocate(spec, "cpu", torch.float32)
+        for a, b in ((0, 30), (30, 69)):
+            ctx = PlainContext(spec, [parts], [b - a])
+            model(ids[a:b], ctx.positions, ctx)
+        ctx = PlainContext(spec, [parts], [1])  # the last token: a decode step
+        got = model(ids[69:], ctx.positions, ctx)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(parts.layers[0].recurrent_state, whole.layers[0].recurrent_state, atol=1e-5, rtol=0)

@@ -24,7 +24,7 @@ def test_buckets():
 
 def test_context_runs_the_block_eagerly_without_graphs():
     class Ctx(ForwardContext):
-        short_conv = linear_attention = attention = select_logits_rows = None
+        short_conv = linear_attention = lightning_attention = attention = select_logits_rows = None
 
     block = torch.nn.Linear(4, 3)
     x = torch.randn(5, 4)

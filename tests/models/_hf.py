@@ -1,10 +1,12 @@
-"""Tiny random transformers models (hybrid-models.md §7) saved to disk, and a greedy loop over
-hypic's PlainContext used by the parity tests."""
+"""Tiny random transformers models (hybrid-models.md §7) saved to disk, a checkpoint writer, and a
+greedy loop over hypic's PlainContext used by the parity tests."""
 
 from __future__ import annotations
 
+import json
 import math
-from typing import List
+from pathlib import Path
+from typing import Dict, List
 
 import torch
 
@@ -91,14 +93,35 @@ def hf_greedy(model, prompt: List[int], num_new: int) -> List[int]:
 
 
 @torch.no_grad()
-def hypic_greedy(spec, model, prompt: List[int], num_new: int, dtype=torch.float32) -> List[int]:
-    cache = SequenceCache.allocate(spec, "cpu", dtype)
+def hypic_greedy(spec, model, prompt: List[int], num_new: int, dtype=torch.float32, device="cpu") -> List[int]:
+    cache = SequenceCache.allocate(spec, device, dtype)
     ctx = PlainContext(spec, [cache], [len(prompt)])
-    logits = model(torch.tensor(prompt), ctx.positions, ctx)
+    logits = model(torch.tensor(prompt, device=device), ctx.positions, ctx)
     out = []
     for _ in range(num_new):
         token = int(logits[-1].argmax())
         out.append(token)
         ctx = PlainContext(spec, [cache], [1])
-        logits = model(torch.tensor([token]), ctx.positions, ctx)
+        logits = model(torch.tensor([token], device=device), ctx.positions, ctx)
     return out
+
+
+def write_checkpoint(path, config: dict, tensors: Dict[str, torch.Tensor], shards: int = 1) -> None:
+    """``config.json`` and ``tensors`` in one ``model.safetensors``, or in ``shards`` files with a
+    ``model.safetensors.index.json`` (as sharded Hugging Face checkpoints are published)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    if shards == 1:
+        save_file({k: t.contiguous() for k, t in tensors.items()}, str(path / "model.safetensors"))
+        return
+    keys = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: tensors[k].contiguous() for k in keys[s::shards]}
+        save_file(part, str(path / fname))
+        weight_map.update({k: fname for k in part})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.models.config import spec_from_config
 from hypic.models.loader import build_dummy_model, build_empty_model, load_model
+from tests.models._hf import write_checkpoint
 from tests.models.test_config import QWEN3_NEXT_80B, QWEN35_35B_TEXT
 
 TINY = {
@@ -43,22 +43,6 @@ def _hf_state_dict(model, prefix="model.", per_expert=True):
     return out
 
 
-def _write(path, config, tensors, shards=1):
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    if shards == 1:
-        save_file(tensors, str(path / "model.safetensors"))
-        return
-    keys = sorted(tensors)
-    weight_map = {}
-    for s in range(shards):
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = {k: tensors[k].contiguous() for k in keys[s::shards]}
-        save_file(part, str(path / fname))
-        weight_map.update({k: fname for k in part})
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-
-
 @torch.no_grad()
 def _logits(spec, model, ids):
     dtype = model.model.embed_tokens.weight.dtype
@@ -74,7 +58,7 @@ def reference():
 
 def test_roundtrip_single_file_per_expert(tmp_path, reference):
     spec, model = reference
-    _write(tmp_path / "m", TINY, _hf_state_dict(model))
+    write_checkpoint(tmp_path / "m", TINY, _hf_state_dict(model))
     spec2, loaded = load_model(str(tmp_path / "m"), dtype=torch.float32)
     assert spec2 == spec
     ids = list(range(1, 12))
@@ -91,7 +75,7 @@ def test_sharded_vlm_layout_with_stacked_experts_and_skipped_keys(tmp_path, refe
     tensors["mtp.layers.0.mlp.gate.weight"] = torch.zeros(3, 3)
     wrapper = {"model_type": "qwen3_5_moe", "text_config": dict(TINY, model_type="qwen3_5_moe_text"),
                "vision_config": {"depth": 1}}
-    _write(tmp_path / "m", wrapper, tensors, shards=3)
+    write_checkpoint(tmp_path / "m", wrapper, tensors, shards=3)
     _, loaded = load_model(str(tmp_path / "m"), dtype=torch.float64)
     assert loaded.model.embed_tokens.weight.dtype == torch.float64
     ids = list(range(3, 20))
@@ -102,7 +86,7 @@ def test_missing_key_is_named(tmp_path, reference):
     spec, model = reference
     tensors = _hf_state_dict(model)
     del tensors["model.layers.1.self_attn.k_norm.weight"]
-    _write(tmp_path / "m", TINY, tensors)
+    write_checkpoint(tmp_path / "m", TINY, tensors)
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_norm\.weight"):
         load_model(str(tmp_path / "m"))
 
@@ -111,7 +95,7 @@ def test_missing_expert_is_named(tmp_path, reference):
     spec, model = reference
     tensors = _hf_state_dict(model)
     del tensors["model.layers.2.mlp.experts.3.up_proj.weight"]
-    _write(tmp_path / "m", TINY, tensors)
+    write_checkpoint(tmp_path / "m", TINY, tensors)
     with pytest.raises(ValueError, match=r"model\.layers\.2\.mlp\.experts\.3\.up_proj"):
         load_model(str(tmp_path / "m"))
 
@@ -120,7 +104,7 @@ def test_wrong_shape_names_key_and_shapes(tmp_path, reference):
     spec, model = reference
     tensors = _hf_state_dict(model)
     tensors["model.layers.0.linear_attn.in_proj_z.weight"] = torch.zeros(31, 32)
-    _write(tmp_path / "m", TINY, tensors)
+    write_checkpoint(tmp_path / "m", TINY, tensors)
     with pytest.raises(ValueError, match=r"in_proj_z\.weight.*\[31, 32\].*expected \[32, 32\]"):
         load_model(str(tmp_path / "m"))
 
@@ -128,7 +112,7 @@ def test_wrong_shape_names_key_and_shapes(tmp_path, reference):
 def test_folder_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_model(str(tmp_path / "absent"))
-    _write(tmp_path / "noweights", TINY, {})
+    write_checkpoint(tmp_path / "noweights", TINY, {})
     (tmp_path / "noweights" / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="neither model.safetensors"):
         load_model(str(tmp_path / "noweights"))

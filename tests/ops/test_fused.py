@@ -19,6 +19,9 @@ def _cases(x, gate, w):
         "add_rms_norm_zero_centered": ((x, gate, w, 1e-6), norms._ADD_RMS_NORM_ZERO_CENTERED),
         "gated_rms_norm": ((x, gate, w + 1, 1e-6), norms.gated_rms_norm_math),
         "l2_normalize": ((x, 1e-6), norms.l2_normalize_math),
+        "rms_norm": ((x, w + 1, 1e-6), norms.rms_norm_math),
+        "add_rms_norm": ((x, gate, w + 1, 1e-6), norms._ADD_RMS_NORM),
+        "group_rms_norm_sigmoid_gated": ((x, gate, w + 1, 2, 1e-6), norms.group_rms_norm_sigmoid_gated_math),
         "swiglu": ((x, gate), fused.swiglu_math),
         "sigmoid_gate": ((x, gate), fused.sigmoid_gate_math),
         "add_sigmoid_gated": ((x, gate, gate[..., :1]), fused.add_sigmoid_gated_math),
@@ -38,6 +41,8 @@ def _row_cases(num_tokens, dtype, gen):
     return {
         "gdn_gates": ((b, a, a_log, dt_bias), fused.gdn_gates_math),
         "route_topk_softmax": ((logits, 4, True), moe.route_topk_softmax_math),
+        "route_sigmoid_grouped": ((logits, torch.linspace(-0.2, 0.2, 16, dtype=dtype), 4, 4, 2, True, 2.5),
+                                  moe.route_sigmoid_grouped_math),
         "apply_rotary (partial)": ((q, cos, sin), rope.apply_rotary_math),
         "apply_rotary (whole head)": ((q[..., :8].contiguous(), cos, sin), rope.apply_rotary_math),
     }

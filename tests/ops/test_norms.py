@@ -2,7 +2,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hypic.ops.norms import gated_rms_norm, l2_normalize, rms_norm_zero_centered
+from hypic.ops.norms import (
+    add_rms_norm,
+    gated_rms_norm,
+    group_rms_norm_sigmoid_gated,
+    l2_normalize,
+    rms_norm,
+    rms_norm_zero_centered,
+)
 
 
 def test_zero_centered_rms_norm_formula_and_dtype():
@@ -45,6 +52,40 @@ def test_add_rms_norm_is_the_residual_add_then_the_norm():
         add_rms_norm_zero_centered(x, h[:3], w, 1e-6)
 
 
+def test_rms_norm_rounds_before_the_weight_as_transformers():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 16, generator=gen, dtype=torch.float64)
+    w = 1 + torch.randn(16, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    # bf16: the normalised value is rounded to bf16, then multiplied by the bf16 weight
+    xb, wb = x.bfloat16(), w.bfloat16()
+    want = wb * (xb.float() * torch.rsqrt(xb.float().pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    assert torch.equal(rms_norm(xb, wb, 1e-5), want)
+    s, n = add_rms_norm(xb, xb, wb, 1e-5)
+    assert torch.equal(s, xb + xb) and torch.equal(n, rms_norm(xb + xb, wb, 1e-5))
+    with pytest.raises(ValueError, match="add_rms_norm"):
+        add_rms_norm(xb, xb[:2], wb, 1e-5)
+
+
+def test_group_rms_norm_normalises_each_group_then_gates():
+    gen = torch.Generator().manual_seed(3)
+    x, z = torch.randn(4, 24, generator=gen, dtype=torch.float64), torch.randn(4, 24, generator=gen, dtype=torch.float64)
+    w = 1 + torch.randn(24, generator=gen, dtype=torch.float64)
+    got = group_rms_norm_sigmoid_gated(x, z, w, 3, 1e-6)
+    for g in range(3):
+        part = x[:, 8 * g:8 * (g + 1)]
+        want = part / torch.sqrt(part.pow(2).mean(-1, keepdim=True) + 1e-6) * w[8 * g:8 * (g + 1)] \
+            * torch.sigmoid(z[:, 8 * g:8 * (g + 1)])
+        torch.testing.assert_close(got[:, 8 * g:8 * (g + 1)], want)
+    # one group: the RMS over the whole row
+    whole = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w * torch.sigmoid(z)
+    torch.testing.assert_close(group_rms_norm_sigmoid_gated(x, z, w, 1, 1e-6), whole)
+    with pytest.raises(ValueError, match="num_groups must divide 24"):
+        group_rms_norm_sigmoid_gated(x, z, w, 5, 1e-6)
+    with pytest.raises(ValueError, match="gate shape"):
+        group_rms_norm_sigmoid_gated(x, z[:, :8], w, 3, 1e-6)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_eager_variants_match_the_math(device, dtype):
@@ -62,6 +103,7 @@ def test_fused_eager_variants_match_the_math(device, dtype):
         (norms.rms_norm_zero_centered_eager(x, w, eps), norms.rms_norm_zero_centered_math(x, w, eps)),
         (norms.gated_rms_norm_eager(x, gate, w + 1, eps), norms.gated_rms_norm_math(x, gate, w + 1, eps)),
         (norms.l2_normalize_eager(x, eps), norms.l2_normalize_math(x, eps)),
+        (norms.rms_norm_eager(x, w + 1, eps), norms.rms_norm_math(x, w + 1, eps)),
     ]
     s_eager, n_eager = norms._ADD_RMS_NORM_ZERO_CENTERED_EAGER(x, h, w, eps)
     s_math, n_math = norms._ADD_RMS_NORM_ZERO_CENTERED(x, h, w, eps)

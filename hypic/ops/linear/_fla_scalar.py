@@ -65,7 +65,9 @@ def gla_decode(q, k, v, g, state, *, scale=None):
     return o[:, 0].to(v.dtype), new_state
 
 
-def _simple_gla_call(q, k, v, g, g_gamma, cu, initial_state, scale):
+def _simple_gla_call(q, k, v, g, g_gamma, cu, initial_state, scale, cu_cpu=None):
+    """fla's ``chunk_simple_gla`` over packed spans; ``cu_cpu`` (the host copy of ``cu``) lets fla
+    build its chunk table without reading ``cu`` back from the device."""
     from fla.ops.simple_gla import chunk_simple_gla
 
     hv = v.shape[1]
@@ -74,7 +76,7 @@ def _simple_gla_call(q, k, v, g, g_gamma, cu, initial_state, scale):
         g=None if g is None else _b1(g.float()),
         g_gamma=None if g_gamma is None else g_gamma.float().contiguous(),
         scale=scale, initial_state=_state_or_none(initial_state), output_final_state=True,
-        cu_seqlens=cu,
+        cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
     )
     return o[0].to(v.dtype), final
 
@@ -86,18 +88,21 @@ def _scalar_log_decay(g, g_gamma, cu):
     return (lengths[:, None] * g_gamma.double()[None, :]).float()
 
 
-def simple_gla_forward(q, k, v, g=None, *, g_gamma=None, cu_seqlens, initial_state=None, scale=None):
+def simple_gla_forward(q, k, v, g=None, *, g_gamma=None, cu_seqlens, initial_state=None, scale=None,
+                       cu_seqlens_cpu=None):
     """Varlen simple GLA / RetNet / lightning via fla's ``chunk_simple_gla``."""
     _check_fla_inputs("simple_gla_forward", 0, q, k, v, g, g_gamma)
     with torch.no_grad():
-        return _simple_gla_call(q, k, v, g, g_gamma, _cu(cu_seqlens, k.device), initial_state, scale)
+        return _simple_gla_call(q, k, v, g, g_gamma, _cu(cu_seqlens, k.device), initial_state, scale, cu_seqlens_cpu)
 
 
-def simple_gla_summarize(k, v, g=None, *, g_gamma=None, cu_seqlens):
+def simple_gla_summarize(k, v, g=None, *, g_gamma=None, cu_seqlens, cu_seqlens_cpu=None):
+    """S from the chunk kernel with zero start (q = k, output discarded); T = the summed log decay
+    per head, never a matrix."""
     _check_fla_inputs("simple_gla_summarize", 0, k, v, g, g_gamma)
     cu = _cu(cu_seqlens, k.device)
     with torch.no_grad():
-        _, zero_start = _simple_gla_call(k, k, v, g, g_gamma, cu, None, 1.0)
+        _, zero_start = _simple_gla_call(k, k, v, g, g_gamma, cu, None, 1.0, cu_seqlens_cpu)
     return ScalarSummary(log_decay=_scalar_log_decay(g, g_gamma, cu), state=zero_start)
 
 

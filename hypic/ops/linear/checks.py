@@ -110,6 +110,20 @@ def check_cu_seqlens_cpu(cu_seqlens_cpu: object, cu_seqlens: torch.Tensor, num_t
     cu_seqlens_to_list(cu_seqlens_cpu, num_tokens, name="cu_seqlens_cpu")
 
 
+def check_chain_records(record_rows, num_records, cu_seqlens: torch.Tensor, source) -> None:
+    """The chain ops' ``record_rows`` (int64 ``[M]``, one per chain element: the live spans of
+    ``cu_seqlens``, or the elements ``source`` lists) and ``num_records``, given together."""
+    num_elements = int(cu_seqlens.numel() - 1) if source is None else int(source.numel())
+    if record_rows is not None:
+        if num_records is None or num_records < 0:
+            raise ValueError("record_rows needs num_records >= 0")
+        if record_rows.dim() != 1 or record_rows.numel() != num_elements:
+            raise ValueError(f"record_rows must be [{num_elements}] (one per chain element), "
+                             f"got shape {tuple(record_rows.shape)}")
+    elif num_records is not None:
+        raise ValueError("num_records without record_rows")
+
+
 def cu_seqlens_to_list(cu_seqlens: torch.Tensor, num_tokens: int, name: str = "cu_seqlens") -> list:
     """Value check: starts at 0, non-decreasing, ends at ``num_tokens``. Returns a Python list."""
     values = [int(x) for x in cu_seqlens.tolist()]

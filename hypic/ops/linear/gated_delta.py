@@ -11,7 +11,7 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 
 from . import _family, fla_paths
-from .checks import check_cu_seqlens_cpu
+from .checks import check_chain_records, check_cu_seqlens_cpu
 from .scan import chain_incoming_states, chain_recorded_states
 from .summary import DenseSummary, SummaryTable, check_summary_targets, select_spans, write_summaries_into
 
@@ -242,15 +242,7 @@ def gated_delta_chain_forward_and_summarize(
     forms the live summaries beside it from the same WY factors only when asked; the reference
     below summarizes, scans and runs the forward from the scanned states."""
     scale_f = _validate_chains(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, scale, cu_seqlens_cpu)
-    num_elements = int(cu_seqlens.numel() - 1) if source is None else int(source.numel())
-    if record_rows is not None:
-        if num_records is None or num_records < 0:
-            raise ValueError("record_rows needs num_records >= 0")
-        if record_rows.dim() != 1 or record_rows.numel() != num_elements:
-            raise ValueError(f"record_rows must be [{num_elements}] (one per chain element), "
-                             f"got shape {tuple(record_rows.shape)}")
-    elif num_records is not None:
-        raise ValueError("num_records without record_rows")
+    check_chain_records(record_rows, num_records, cu_seqlens, source)
     num_spans = int(cu_seqlens.numel() - 1)
     _check_summary_spans(summary_spans, num_spans)
     _check_summary_spans_host(summary_spans_host, summary_spans, num_spans)

@@ -6,17 +6,23 @@
   ``-rate_h``; lightning models use ``scale=1.0``).
 Plain undecayed linear attention is ``g_gamma = zeros(HV)``. T is a scalar per head
 (``ScalarSummary``). GVA ``HV % H == 0``.
+
+:func:`simple_gla_chain_forward` runs a PIC forward's live spans between cached bodies: the live
+spans' zero-start summaries, the scan along each chain (one Triton launch on CUDA,
+:mod:`hypic.ops.linear.triton_scan`, scalar T) and the varlen forward from the scanned states;
+on CUDA each of the three takes its fast path.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
 from . import _family, fla_paths
-from .checks import GATE_DTYPES, check_tensor
-from .summary import ScalarSummary
+from .checks import GATE_DTYPES, check_chain_records, check_cu_seqlens_cpu, check_tensor
+from .scan import chain_incoming_states, chain_recorded_states
+from .summary import ScalarSummary, SummaryTable, select_spans
 
 SPEC = _family.FamilySpec("simple_gla", gate="scalar", delta=False)
 
@@ -45,13 +51,17 @@ def simple_gla_forward(
     cu_seqlens: torch.Tensor,
     initial_state: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Varlen forward. q, k ``[T, H, K]``; v ``[T, HV, V]``; g ``[T, HV]`` xor g_gamma ``[HV]``."""
+    """Varlen forward. q, k ``[T, H, K]``; v ``[T, HV, V]``; g ``[T, HV]`` xor g_gamma ``[HV]``.
+    ``cu_seqlens_cpu``: optional host copy of ``cu_seqlens`` (spares the GPU path reading it)."""
     gate = _per_token_gate(g, g_gamma, v)
     scale_f = _family.validate_forward(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
     if fla_paths.fla_takes(q, k, v, g, g_gamma, initial_state):
         return fla_paths.simple_gla_forward(
-            q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
+            q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale,
+            cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.forward(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale_f)
 
 
@@ -80,12 +90,15 @@ def simple_gla_summarize(
     *,
     g_gamma: Optional[torch.Tensor] = None,
     cu_seqlens: torch.Tensor,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
 ) -> ScalarSummary:
     """Summaries of every span: T = exp(sum of g) per head, S = S(C|0)."""
     gate = _per_token_gate(g, g_gamma, v)
     _family.validate_summarize(SPEC, k, v, gate, None, cu_seqlens)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, k.shape[0])
     if fla_paths.fla_takes(k, v, g, g_gamma):
-        return fla_paths.simple_gla_summarize(k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens)
+        return fla_paths.simple_gla_summarize(k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens,
+                                              cu_seqlens_cpu=cu_seqlens_cpu)
     return _family.summarize(SPEC, k, v, gate, None, cu_seqlens)
 
 
@@ -106,3 +119,53 @@ def simple_gla_forward_and_summarize(
     gate = _per_token_gate(g, g_gamma, v)
     scale_f = _family.validate_forward(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale)
     return _family.forward_and_summarize(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale_f)
+
+
+def simple_gla_chain_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: Optional[torch.Tensor] = None,
+    *,
+    g_gamma: Optional[torch.Tensor] = None,
+    cu_seqlens: torch.Tensor,
+    cu_chains: torch.Tensor,
+    source: Optional[torch.Tensor] = None,
+    bodies: Optional[Union[ScalarSummary, SummaryTable]] = None,
+    initial_states: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+    summarize: bool = False,
+    summary_spans: Optional[Union[torch.Tensor, Tuple[int, int]]] = None,
+    record_rows: Optional[torch.Tensor] = None,
+    num_records: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[ScalarSummary], Optional[torch.Tensor]]:
+    """Forward of live spans that sit in chains between cached bodies (a PIC forward's linear
+    layer of a scalar-decay family): each live span starts from the state its chain reaches there.
+
+    The B chains (``cu_chains [B+1]``) list elements in order: element i is live span
+    ``source[i]`` of ``cu_seqlens`` when ``source[i] >= 0``, else body ``-source[i] - 1`` of
+    ``bodies`` (scalar summaries, or a :class:`SummaryTable` read where the store holds them);
+    without ``source`` the chains are the live spans in order. ``initial_states [B, HV, K, V]``
+    (None: zeros) start the chains. Returns ``(o [T, HV, V], final [B, HV, K, V], summary,
+    incoming)``: ``summary`` (with ``summarize``) the zero-start summaries of the live spans
+    ``summary_spans`` (an index tensor, a host ``(a, b)`` range, or None: all), else None;
+    ``incoming [num_records, HV, K, V]`` (with ``record_rows``, int64 ``[M]`` per chain element,
+    -1: not kept) the state entering element i in row ``record_rows[i]``, else None.
+
+    The live spans' summaries, :func:`~hypic.ops.linear.scan.scan_chain_from` and a forward from
+    the scanned states; T is closed-form, so no kernel forms it."""
+    gate = _per_token_gate(g, g_gamma, v)
+    _family.validate_forward(SPEC, q, k, v, gate, None, cu_seqlens, None, scale)
+    check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens, q.shape[0])
+    if (source is None) != (bodies is None):
+        raise ValueError("source and bodies go together: both or neither")
+    if summary_spans is not None and not summarize:
+        raise ValueError("summary_spans needs summarize=True")
+    check_chain_records(record_rows, num_records, cu_seqlens, source)
+    live = simple_gla_summarize(k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    incoming, final = chain_incoming_states(live, cu_chains, source, bodies, initial_states)
+    o, _ = simple_gla_forward(q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=incoming,
+                              scale=scale, cu_seqlens_cpu=cu_seqlens_cpu)
+    records = chain_recorded_states(live, cu_chains, source, bodies, initial_states, record_rows, num_records)
+    return o, final, select_spans(live, summary_spans) if summarize else None, records

@@ -364,14 +364,15 @@ def write_summaries_into(table: "SummaryTable", summary: DenseSummary) -> None:
     torch._foreach_copy_([item.state for item in items], list(summary.state.unsqueeze(1).unbind(0)))
 
 
-def select_spans(summary: DenseSummary, spans) -> DenseSummary:
+def select_spans(summary: Summary, spans) -> Summary:
     """The summaries of ``spans`` (None: all; a host ``(a, b)``: views of spans a..b-1; an index
-    tensor: a gathered copy, in its order)."""
+    tensor: a gathered copy, in its order), of ``summary``'s class and storage form."""
     if spans is None:
         return summary
     if isinstance(spans, tuple):
         a, b = spans
-        return DenseSummary(summary.transition[a:b], summary.state[a:b])
+        t, state = summary.parts()
+        return summary._rebuild(t[a:b], state[a:b])
     return summary.index(spans.to(torch.int64))
 
 

@@ -14,55 +14,15 @@ import textwrap
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hypic.ops.linear import gated_delta
 from hypic.ops.linear.summary import DenseSummary, SummaryTable
 from tests.interpreter import interpreted_error
-
-H, HV, K, V = 2, 4, 16, 8
+from tests.ops.linear.chain_cases import HV, K, V, chain_problem, live_rows, tokens
 
 
 def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-
-
-def tokens(n, gen, dtype, h=H, hv=HV, kd=K, vd=V):
-    return dict(q=F.normalize(torch.randn(n, h, kd, generator=gen, dtype=torch.float64), dim=-1).to(dtype),
-                k=F.normalize(torch.randn(n, h, kd, generator=gen, dtype=torch.float64), dim=-1).to(dtype),
-                v=torch.randn(n, hv, vd, generator=gen, dtype=torch.float64).to(dtype),
-                g=F.logsigmoid(torch.randn(n, hv, generator=gen, dtype=torch.float64) + 2.0).to(dtype),
-                beta=torch.sigmoid(torch.randn(n, hv, generator=gen, dtype=torch.float64)).to(dtype))
-
-
-def chain_problem(pieces, live_order, seed=0, dtype=torch.float64, **dims):
-    """Chains of pieces ``("live" | "body", num_tokens)``. Returns the whole chains' tokens and
-    bounds, the live spans' tokens (in ``live_order``, a permutation of the live pieces), their
-    bounds, the bodies' tokens and bounds, and ``source``."""
-    gen = torch.Generator().manual_seed(seed)
-    chains = [[(kind, n, tokens(n, gen, dtype, **dims)) for kind, n in chain] for chain in pieces]
-    cat = lambda xs, key: torch.cat([x[key] for x in xs])  # noqa: E731
-    whole = [x for chain in chains for _, _, x in chain]
-    full = {key: cat(whole, key) for key in whole[0]}
-    cu_full = torch.tensor([0] + [sum(n for _, n, _ in c) for c in chains]).cumsum(0)
-    lives = [(n, x) for chain in chains for kind, n, x in chain if kind == "live"]
-    bodies = [(n, x) for chain in chains for kind, n, x in chain if kind == "body"]
-    live = {key: cat([lives[i][1] for i in live_order], key) for key in whole[0]}
-    cu_live = torch.tensor([0] + [lives[i][0] for i in live_order]).cumsum(0)
-    body = {key: cat([x for _, x in bodies], key) for key in whole[0]} if bodies else None
-    cu_body = torch.tensor([0] + [n for n, _ in bodies]).cumsum(0)
-    span_of = {piece: s for s, piece in enumerate(live_order)}
-    source, live_i, body_i = [], 0, 0
-    for chain in chains:
-        for kind, _, _ in chain:
-            if kind == "live":
-                source.append(span_of[live_i])
-                live_i += 1
-            else:
-                source.append(-body_i - 1)
-                body_i += 1
-    cu_chains = torch.tensor([0] + [len(c) for c in chains]).cumsum(0)
-    return full, cu_full, live, cu_live, body, cu_body, torch.tensor(source), cu_chains
 
 
 PIECES = [[("live", 3), ("body", 5), ("live", 2), ("body", 7), ("live", 4)],
@@ -80,19 +40,7 @@ def test_reference_equals_forward_of_whole_chains(as_table, with_init):
     bodies = SummaryTable([summ.index(torch.tensor([i])) for i in range(summ.num_spans)]) if as_table else summ
     o, final = gated_delta.gated_delta_chain_forward(**live, cu_seqlens=cu_live, cu_chains=cu_chains, source=source,
                                                      bodies=bodies, initial_states=init)
-    # the live tokens' rows of the whole-chain output, in live span order
-    starts = {}
-    pos = 0
-    live_i = 0
-    for chain, base in zip(PIECES, cu_full[:-1].tolist()):
-        pos = base
-        for kind, n in chain:
-            if kind == "live":
-                starts[live_i] = (pos, n)
-                live_i += 1
-            pos += n
-    rows = torch.cat([torch.arange(starts[i][0], starts[i][0] + starts[i][1]) for i in LIVE_ORDER])
-    assert rel(o, o_full[rows]) < 1e-10
+    assert rel(o, o_full[live_rows(PIECES, LIVE_ORDER)]) < 1e-10
     assert rel(final, final_full) < 1e-10
 
 
