@@ -44,6 +44,15 @@ SMOKE = {
                                       "--warmup", "1"],
                          {"device", "results"}, {"mode", "workers", "ttft_p50_ms", "speedup_vs_full_recompute"},
                          "results"),
+    # launches `hypic serve tiny` itself (one mode), a few requests of ~80 tokens
+    "serve": (lambda cfg: ["--device", "cpu", "--modes", "hypic", "--prompt-tokens", "80", "--segment-tokens", "16",
+                           "--doc-tokens", "16,32", "--system-tokens", "8", "--query-tokens", "4,4",
+                           "--output-tokens", "2,3", "--request-rates", "4", "--warmup-s", "0", "--measure-s", "1",
+                           "--min-requests", "3", "--calibration-requests", "1", "--no-corpus-warmup"],
+              {"model", "config", "corpus", "targets", "results", "summary"},
+              {"mode", "request_rate_rps", "completed", "failed", "request_throughput", "request_goodput",
+               "output_throughput", "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+               "median_itl_ms", "median_e2el_ms", "meets_slo"}, "results"),
 }
 
 
