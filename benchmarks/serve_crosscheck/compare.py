@@ -1,10 +1,12 @@
 """Compare the TTFT that `hypic bench serve` and AIPerf measured on the same schedule (run.sh).
 
-Per run: requests, failures, TTFT mean / p50 / p90 / p99 (linear interpolation), and how late the
-requests were sent against the schedule. Per pair of runs: the differences of those statistics,
+Per run: requests, failures, TTFT mean / p50 / p90 / p99 (linear interpolation), and how late each
+request was sent against its scheduled offset from the first request (send lag). Per pair of runs: the differences of those statistics,
 the median of the per-request TTFT differences (request i is the same prompt at the same instant
 in every run), and the two-sample Kolmogorov-Smirnov distance with its asymptotic p-value. The two
-runs of one tool give the noise floor the cross-tool differences are read against.
+runs of one tool give the noise floor the cross-tool differences are read against: per statistic,
+the verdict is "within noise" when the median absolute difference over the cross-tool pairs is
+no larger than the largest absolute difference between two runs of one tool.
 
     python3 benchmarks/serve_crosscheck/compare.py --ours A.json B.json --aiperf A/profile_export.jsonl \
         B/profile_export.jsonl [--json OUT.json]
@@ -30,8 +32,10 @@ def load_ours(path: str) -> dict:
     report = json.loads(Path(path).read_text())
     (row,) = [r for r in report["results"] if "samples" in r]
     samples = row["samples"]
+    first = samples[0]
     return {"ttft_ms": [s["ttft_ms"] if s["success"] else None for s in samples],
-            "send_lag_ms": [(s["start_s"] - s["scheduled_s"]) * 1e3 for s in samples],
+            "send_lag_ms": [((s["start_s"] - first["start_s"]) - (s["scheduled_s"] - first["scheduled_s"])) * 1e3
+                            for s in samples],
             "command": report["command"], "commit": report["commit"]}
 
 
@@ -41,13 +45,13 @@ def load_aiperf(path: str, schedule_ms: list) -> dict:
     by_index = {r["metadata"]["session_num"]: r for r in records}
     if sorted(by_index) != list(range(len(schedule_ms))):
         raise ValueError(f"{path}: {len(by_index)} records for a schedule of {len(schedule_ms)}")
-    t0 = min(r["metadata"]["request_start_ns"] for r in records)
+    t0 = by_index[0]["metadata"]["request_start_ns"]
     ttft, lag = [], []
     for i, at_ms in enumerate(schedule_ms):
         r = by_index[i]
         ok = "error" not in r or r["error"] is None
         ttft.append(r["metrics"]["time_to_first_token"]["value"] if ok else None)
-        lag.append((r["metadata"]["request_start_ns"] - t0) / 1e6 - at_ms)
+        lag.append((r["metadata"]["request_start_ns"] - t0) / 1e6 - (at_ms - schedule_ms[0]))
     return {"ttft_ms": ttft, "send_lag_ms": lag}
 
 
@@ -87,17 +91,21 @@ def compare(x: dict, y: dict) -> dict:
     return out
 
 
+def _tool(run_name: str) -> str:
+    return run_name.rsplit("_", 1)[0]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ours", nargs="+", required=True)
     p.add_argument("--aiperf", nargs="+", required=True)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    runs = {f"hypic_bench_{k}": load_ours(path) for k, path in zip("abcdef", args.ours)}
+    runs = {f"hypic_bench_{k}": load_ours(path) for k, path in enumerate(args.ours, 1)}
     first = json.loads(Path(args.ours[0]).read_text())
     (row,) = [r for r in first["results"] if "samples" in r]
     schedule_ms = [round(s["scheduled_s"] * 1e3) for s in row["samples"]]
-    runs.update({f"aiperf_{k}": load_aiperf(path, schedule_ms) for k, path in zip("abcdef", args.aiperf)})
+    runs.update({f"aiperf_{k}": load_aiperf(path, schedule_ms) for k, path in enumerate(args.aiperf, 1)})
     table = {name: summary(run) for name, run in runs.items()}
     pairs = {f"{x} -> {y}": compare(runs[x], runs[y]) for x, y in itertools.combinations(runs, 2)}
     print(f"{'run':16s} {'n':>4s} {'fail':>4s} {'mean':>8s} {'p50':>8s} {'p90':>8s} {'p99':>8s} "
@@ -113,8 +121,22 @@ def main() -> int:
         print(f"{name:34s} {c['ttft_mean_ms_diff_ms']:8.1f} {c['ttft_p50_ms_diff_ms']:8.1f} "
               f"{c['ttft_p90_ms_diff_ms']:8.1f} {c['ttft_p99_ms_diff_ms']:8.1f} {c['paired_median_diff_ms']:10.1f} "
               f"{c['paired_median_abs_diff_ms']:9.1f} {c['ks_distance']:6.3f} {c['ks_p_value']:6.3f}")
+    verdicts = {}
+    print()
+    print(f"{'statistic':18s} {'same tool max |d|':>18s} {'cross-tool median |d|':>22s} {'max |d|':>8s}  verdict")
+    for key in ("ttft_mean_ms_diff_ms", "ttft_p50_ms_diff_ms", "ttft_p90_ms_diff_ms", "ttft_p99_ms_diff_ms",
+                "ks_distance"):
+        same = [abs(c[key]) for name, c in pairs.items() if _tool(name.split(" -> ")[0]) == _tool(name.split(" -> ")[1])]
+        cross = [abs(c[key]) for name, c in pairs.items()
+                 if _tool(name.split(" -> ")[0]) != _tool(name.split(" -> ")[1])]
+        within = statistics.median(cross) <= max(same)
+        verdicts[key] = {"same_tool_max_abs": max(same), "cross_tool_median_abs": statistics.median(cross),
+                         "cross_tool_max_abs": max(cross), "within_noise": within}
+        print(f"{key.replace('_diff_ms', ''):18s} {max(same):18.3f} {statistics.median(cross):22.3f} "
+              f"{max(cross):8.3f}  {'within noise' if within else 'OUTSIDE noise'}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": table, "pairs": pairs, "ours_command": first["command"],
+        Path(args.json).write_text(json.dumps({"runs": table, "pairs": pairs, "verdicts": verdicts,
+                                               "ours_command": first["command"],
                                                "ours_commit": first["commit"],
                                                "ttft_ms": {k: r["ttft_ms"] for k, r in runs.items()}}, indent=1))
     return 0

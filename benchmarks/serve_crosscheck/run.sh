@@ -7,15 +7,16 @@
 # machine's load hits both tools alike. compare.py then puts the TTFT distributions side by side,
 # with the two runs of each tool as the noise floor.
 #
-#   bash benchmarks/serve_crosscheck/run.sh OUT_DIR [AIPERF_BIN]
+#   bash benchmarks/serve_crosscheck/run.sh OUT_DIR [AIPERF_BIN] [ROUNDS]
 #
 # AIPerf is not a dependency of hypic: install it apart, e.g.
 #   python3 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0
 # skip_special_tokens=false on both sides: tiny emits special tokens (empty text otherwise), and
 # AIPerf times the first token with text.
 set -euo pipefail
-OUT=${1:?usage: run.sh OUT_DIR [AIPERF_BIN]}
+OUT=${1:?usage: run.sh OUT_DIR [AIPERF_BIN] [ROUNDS]}
 AIPERF=${2:-aiperf}
+ROUNDS=${3:-3}  # runs of each tool
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
@@ -58,10 +59,13 @@ theirs() {
   stop_server
 }
 
-ours hypic_bench_a
-theirs aiperf_a
-ours hypic_bench_b
-theirs aiperf_b
-python3 benchmarks/serve_crosscheck/compare.py --ours "$OUT/hypic_bench_a.json" "$OUT/hypic_bench_b.json" \
-  --aiperf "$OUT/aiperf_a/profile_export.jsonl" "$OUT/aiperf_b/profile_export.jsonl" --json "$OUT/crosscheck.json" \
+OURS=()
+THEIRS=()
+for k in $(seq "$ROUNDS"); do
+  ours "hypic_bench_$k"
+  theirs "aiperf_$k"
+  OURS+=("$OUT/hypic_bench_$k.json")
+  THEIRS+=("$OUT/aiperf_$k/profile_export.jsonl")
+done
+python3 benchmarks/serve_crosscheck/compare.py --ours "${OURS[@]}" --aiperf "${THEIRS[@]}" --json "$OUT/crosscheck.json" \
   | tee "$OUT/crosscheck.txt"

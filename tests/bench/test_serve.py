@@ -4,7 +4,9 @@ real ``hypic serve tiny`` process on 127.0.0.1 (bounded: a few seconds)."""
 import asyncio
 import json
 import math
+import shlex
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -246,3 +248,22 @@ def test_requests_still_running_at_the_drain_timeout_fail_and_are_aborted(tiny_s
     assert [r.success for r in results] == [False, False]
     assert all(r.error.startswith("cancelled") for r in results)
     assert wait_idle(tiny_server.base_url, timeout_s=20)  # the server aborted both
+
+
+def test_the_h200_plan_parses_into_a_valid_run():
+    """Every line of benchmarks/plans/serve_h200.plan is a valid `hypic bench serve` command whose
+    launched servers get the full-size model's engine options."""
+    from hypic.bench.serve import config_from_args
+
+    plan = Path(__file__).resolve().parents[2] / "benchmarks" / "plans" / "serve_h200.plan"
+    lines = [line for line in plan.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert lines
+    for line in lines:
+        argv = shlex.split(line.replace("$OUT", "/tmp/out"))
+        assert argv[:3] == ["python3", "-m", "hypic"]
+        args = build_parser().parse_args(argv[3:])
+        config = config_from_args(args)
+        assert config.modes == ("hypic", "prefix_cache") and config.prompt_tokens == (8192, 32768)
+        flags = engine_flags(args)
+        assert flags[flags.index("--load-format") + 1] == "dummy" and "--device" in flags
+        assert args.dummy_config and Path(plan.parents[2] / args.dummy_config).is_file()
