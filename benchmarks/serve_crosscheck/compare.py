@@ -1,12 +1,13 @@
-"""Compare the TTFT that `hypic bench serve` and AIPerf measured on the same schedule (run.sh).
+"""Compare the TTFT that `hypic bench serve` and AIPerf measured on one schedule (run.sh).
 
 Per run: requests, failures, TTFT mean / p50 / p90 / p99 (linear interpolation), and how late each
-request was sent against its scheduled offset from the first request (send lag). Per pair of runs: the differences of those statistics,
-the median of the per-request TTFT differences (request i is the same prompt at the same instant
-in every run), and the two-sample Kolmogorov-Smirnov distance with its asymptotic p-value. The two
-runs of one tool give the noise floor the cross-tool differences are read against: per statistic,
-the verdict is "within noise" when the median absolute difference over the cross-tool pairs is
-no larger than the largest absolute difference between two runs of one tool.
+request was sent against its scheduled offset from the first request (send lag). Per pair of runs:
+the differences of those statistics, the median of the per-request TTFT differences (request i is
+the same prompt at the same instant in every run), and the two-sample Kolmogorov-Smirnov distance
+with its asymptotic p-value. The runs of one tool give the noise floor the cross-tool differences
+are read against: per statistic, the verdict is "within noise" when the median absolute
+difference over the cross-tool pairs is no larger than the largest absolute difference between
+two runs of one tool.
 
     python3 benchmarks/serve_crosscheck/compare.py --ours A.json B.json --aiperf A/profile_export.jsonl \
         B/profile_export.jsonl [--json OUT.json]
@@ -52,7 +53,10 @@ def load_aiperf(path: str, schedule_ms: list) -> dict:
         ok = "error" not in r or r["error"] is None
         ttft.append(r["metrics"]["time_to_first_token"]["value"] if ok else None)
         lag.append((r["metadata"]["request_start_ns"] - t0) / 1e6 - (at_ms - schedule_ms[0]))
-    return {"ttft_ms": ttft, "send_lag_ms": lag}
+    summary_path = Path(path).with_name("profile_export_aiperf.json")  # AIPerf's own summary beside it
+    info = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return {"ttft_ms": ttft, "send_lag_ms": lag, "command": info.get("run_info", {}).get("cli_command"),
+            "aiperf_version": info.get("aiperf_version")}
 
 
 def summary(run: dict) -> dict:
@@ -126,9 +130,8 @@ def main() -> int:
     print(f"{'statistic':18s} {'same tool max |d|':>18s} {'cross-tool median |d|':>22s} {'max |d|':>8s}  verdict")
     for key in ("ttft_mean_ms_diff_ms", "ttft_p50_ms_diff_ms", "ttft_p90_ms_diff_ms", "ttft_p99_ms_diff_ms",
                 "ks_distance"):
-        same = [abs(c[key]) for name, c in pairs.items() if _tool(name.split(" -> ")[0]) == _tool(name.split(" -> ")[1])]
-        cross = [abs(c[key]) for name, c in pairs.items()
-                 if _tool(name.split(" -> ")[0]) != _tool(name.split(" -> ")[1])]
+        same = [abs(pairs[f"{x} -> {y}"][key]) for x, y in itertools.combinations(runs, 2) if _tool(x) == _tool(y)]
+        cross = [abs(pairs[f"{x} -> {y}"][key]) for x, y in itertools.combinations(runs, 2) if _tool(x) != _tool(y)]
         within = statistics.median(cross) <= max(same)
         verdicts[key] = {"same_tool_max_abs": max(same), "cross_tool_median_abs": statistics.median(cross),
                          "cross_tool_max_abs": max(cross), "within_noise": within}
@@ -138,6 +141,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps({"runs": table, "pairs": pairs, "verdicts": verdicts,
                                                "ours_command": first["command"],
                                                "ours_commit": first["commit"],
+                                               "commands": {k: r.get("command") for k, r in runs.items()},
+                                               "aiperf_version": next((r["aiperf_version"] for r in runs.values()
+                                                                       if r.get("aiperf_version")), None),
                                                "ttft_ms": {k: r["ttft_ms"] for k, r in runs.items()}}, indent=1))
     return 0
 

@@ -24,7 +24,9 @@ Rates: ``--request-rates 1,2,4`` runs that ladder; without it the search starts 
 doubles while points meet the SLO (halves while they miss), then bisects geometrically between
 the highest passing and lowest failing rate ``--bisect-steps`` times. The SLO: at least
 ``--slo-attainment`` (0.9) of the measured requests complete with TTFT <= ``--slo-ttft-ms``
-(1000). ``--max-seconds`` bounds each (target, trace)'s points: no point starts after it.
+(1000). ``--max-seconds`` bounds each (target, trace)'s points: a point starts only if its
+arrivals end within that many seconds of the first point's start (its drain may run past it). A
+point where no request completed stops the (target, trace) when the server no longer answers.
 
 Report (``--json``): ``command``, ``commit``, the configuration, the corpus per trace with the
 fraction the store's budgets hold (``corpus``), one row per point (``results``: the metrics of
@@ -113,7 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trace requests of the corpus warm-up before those covering the rest of the corpus")
     s.add_argument("--calibration-requests", type=int, default=4)
     s.add_argument("--max-seconds", type=float, default=None,
-                   help="no rate point of a (target, trace) starts after this many seconds of points")
+                   help="a rate point of a (target, trace) starts only if its arrivals end within this many "
+                        "seconds of the first point's start")
     s.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     s.add_argument("--slo-attainment", type=float, default=0.9)
     s.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
@@ -253,9 +256,11 @@ def run(args: argparse.Namespace) -> int:
                 log = os.path.join(log_dir, f"server_{mode}.log")
                 try:
                     with LaunchedServer(mode, args, log, start_timeout_s=args.server_start_timeout_s) as server:
-                        target.update(command=" ".join(server.argv[1:]), startup_s=server.startup_s, log=log)
+                        target.update(command="python3 " + " ".join(server.argv[1:]), startup_s=server.startup_s,
+                                      log=log)
                         print(f"[{mode}] server ready in {server.startup_s:.1f} s at {server.base_url}", flush=True)
-                        bench.run_target(mode, server.base_url, server.served_model_name, target)
+                        bench.run_target(mode, server.base_url, server.served_model_name, target,
+                                         alive=server.running)
                 except RuntimeError as e:  # the server did not start: recorded, next mode
                     bench.errors += 1
                     target["error"] = str(e)

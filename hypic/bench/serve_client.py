@@ -209,6 +209,13 @@ def wait_idle(base_url: str, timeout_s: float) -> bool:
         time.sleep(0.05)
 
 
+def health_ok(base_url: str, timeout_s: float = 10.0) -> bool:
+    try:
+        return httpx.get(base_url.rstrip("/") + "/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def served_model(base_url: str, api_key: Optional[str] = None) -> str:
     """The first model ``/v1/models`` lists."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -208,12 +208,14 @@ GAUGES = {
 
 def metrics_delta(before: Optional[Dict[str, float]], after: Optional[Dict[str, float]]) -> Optional[Dict]:
     """What the server's ``/metrics`` moved by over a point (its warm-up requests included):
-    counter deltas, store gauges after, and the token hit rates and store hit rate they give.
+    counter deltas, the store gauges after (and ``*_before``), and the token hit rates and store
+    hit rate they give.
     None where the server has no hypic metrics."""
     if before is None or after is None or COUNTERS["prompt_tokens"] not in after:
         return None
     out: Dict[str, Optional[float]] = {k: after.get(n, 0.0) - before.get(n, 0.0) for k, n in COUNTERS.items()}
     out.update({k: after.get(n) for k, n in GAUGES.items()})
+    out.update({f"{k}_before": before.get(n) for k, n in GAUGES.items()})
     prompt = out["prompt_tokens"]
     out["segment_hit_rate"] = out["segment_hit_tokens"] / prompt if prompt else None
     out["prefix_hit_rate"] = out["prefix_hit_tokens"] / prompt if prompt else None

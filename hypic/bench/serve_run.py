@@ -14,7 +14,8 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from hypic.bench.serve_client import encode_body, flush_cache, run_closed_loop, run_schedule, scrape_metrics, wait_idle
+from hypic.bench.serve_client import (encode_body, flush_cache, health_ok, run_closed_loop, run_schedule, scrape_metrics,
+                                      wait_idle)
 from hypic.bench.serve_metrics import metrics_delta, point_metrics
 from hypic.bench.serve_trace import (PROMPT_FORMS, ServeRequest, build_trace, corpus_fit, poisson_arrivals_s,
                                      rate_stream_name, request_body, request_stream)
@@ -102,35 +103,45 @@ class RateSearch:
         self.config = config
         self.ladder = sorted(config.request_rates) if config.request_rates else None
         self.next_rate: Optional[float] = self.ladder[0] if self.ladder else start_rps
-        self.passing: Optional[float] = None  # highest passing rate below every failing one
-        self.failing: Optional[float] = None  # lowest failing rate
+        self.outcomes: Dict[float, bool] = {}  # rate -> met the SLO
         self.bisections = 0
-        self.tried: List[float] = []
+
+    @property
+    def tried(self) -> List[float]:
+        return list(self.outcomes)
+
+    @property
+    def failing(self) -> Optional[float]:
+        """The lowest failing rate."""
+        failed = [r for r, ok in self.outcomes.items() if not ok]
+        return min(failed) if failed else None
+
+    @property
+    def passing(self) -> Optional[float]:
+        """The highest passing rate below every failing one (a pass above a failure is noise)."""
+        ceiling = self.failing
+        passed = [r for r, ok in self.outcomes.items() if ok and (ceiling is None or r < ceiling)]
+        return max(passed) if passed else None
 
     def record(self, rate: float, passed: bool) -> None:
-        self.tried.append(rate)
-        if passed and (self.failing is None or rate < self.failing):
-            self.passing = rate if self.passing is None else max(self.passing, rate)
-        if not passed:
-            self.failing = rate if self.failing is None else min(self.failing, rate)
-            if self.passing is not None and self.passing > self.failing:
-                self.passing = None  # noise above a failure: keep searching below it
-        self.next_rate = self._next()
+        self.outcomes[rate] = passed
+        self.next_rate = self._next(rate)
 
-    def _next(self) -> Optional[float]:
+    def _next(self, last: float) -> Optional[float]:
         if self.ladder is not None:
-            rest = [r for r in self.ladder if r not in self.tried]
+            rest = [r for r in self.ladder if r not in self.outcomes]
             return rest[0] if rest else None
         factor = self.config.rate_factor
-        if self.failing is None:
-            return _sig2(self.tried[-1] * factor)
-        if self.passing is None:
-            lower = _sig2(min(self.tried) / factor)
+        passing, failing = self.passing, self.failing
+        if failing is None:
+            return _sig2(last * factor)
+        if passing is None:
+            lower = _sig2(min(self.outcomes) / factor)
             return lower if lower >= self.config.min_rate else None
         if self.bisections >= self.config.bisect_steps:
             return None
-        middle = _sig2(math.sqrt(self.passing * self.failing))
-        if not self.passing < middle < self.failing or middle in self.tried:
+        middle = _sig2(math.sqrt(passing * failing))
+        if not passing < middle < failing or middle in self.outcomes:
             return None
         self.bisections += 1
         return middle
@@ -143,6 +154,7 @@ class ServeBench:
     def __init__(self, config: ServeBenchConfig, *, vocab_size: int, first_token_id: int, words, spec, dtype,
                  seam, budgets: Dict[str, Optional[int]], api_key: Optional[str], schedule_dir: Optional[str],
                  checkpoint=None) -> None:
+        self._alive = None  # set per launched server: whether its process still runs
         self.config = config
         self.vocab_size, self.first_token_id, self.words = vocab_size, first_token_id, words
         self.spec, self.dtype, self.seam, self.budgets = spec, dtype, seam, budgets
@@ -178,8 +190,9 @@ class ServeBench:
         return [encode_body({**request_body(r, self.config.prompt_form, model=model, words=self.words), **extra})
                 for r in requests]
 
-    def run_target(self, mode: str, base_url: str, model: str, target: Dict) -> None:
-        """Every trace against one server."""
+    def run_target(self, mode: str, base_url: str, model: str, target: Dict, alive=None) -> None:
+        """Every trace against one server (``alive()``: whether a launched server's process runs)."""
+        self._alive = alive
         for p in self.config.prompt_tokens:
             info = {"prompt_tokens": p}
             target.setdefault("traces", []).append(info)
@@ -219,12 +232,17 @@ class ServeBench:
         search = RateSearch(c, start)
         t_start = time.perf_counter()
         while search.next_rate is not None and len(search.tried) < c.max_points:
-            if c.max_seconds is not None and time.perf_counter() - t_start > c.max_seconds:
-                info["stopped"] = f"time budget of {c.max_seconds:g} s spent"
-                break
             rate = search.next_rate
+            span_s = sum(point_sizes(c, rate)) / rate
+            if c.max_seconds is not None and time.perf_counter() - t_start + span_s > c.max_seconds:
+                # a slow rate's arrivals alone can outlast any budget: a point starts only if they fit
+                info["stopped"] = (f"{rate:g} req/s ({span_s:.0f} s of arrivals) does not fit the time budget of "
+                                   f"{c.max_seconds:g} s")
+                break
             row = self.run_point(mode, base_url, model, p, rate)
             self.rows.append(row)
+            if row["completed"] == 0:
+                self._check_alive(base_url)
             search.record(rate, row["meets_slo"])
             self._checkpoint()
             print(f"[{mode} P={p}] {rate:g} req/s: TTFT p50 {_ms(row['median_ttft_ms'])} p90 "
@@ -232,12 +250,21 @@ class ServeBench:
                   f"{row['completed']}/{row['num_requests']} done, steady={row['steady']} -> "
                   f"{'meets' if row['meets_slo'] else 'misses'} SLO", flush=True)
 
+    def _check_alive(self, base_url: str) -> None:
+        """Raise when the server is gone (a crash, out of memory): the search would otherwise go on
+        halving the rate against a dead server."""
+        if self._alive is not None and not self._alive():
+            raise RuntimeError("the server process has exited")
+        if not health_ok(base_url):
+            raise RuntimeError(f"{base_url}/health does not answer 200")
+
     def run_point(self, mode: str, base_url: str, model: str, p: int, rate: float) -> Dict:
         c = self.config
         n_warm, n_meas = point_sizes(c, rate)
         requests = request_stream(self.trace(p), n_warm + n_meas, rate_stream_name(rate), *c.output_tokens)
         # whole milliseconds: the instants an external tool replaying --schedule-dir can send at
-        arrivals = [round(t * 1e3) / 1e3 for t in poisson_arrivals_s(n_warm + n_meas, rate, f"{c.trace_seed}-{p}-{rate:.6g}")]
+        arrivals = [round(t * 1e3) / 1e3
+                    for t in poisson_arrivals_s(n_warm + n_meas, rate, f"{c.trace_seed}-{p}-{rate:.6g}")]
         if self.schedule_dir is not None:
             write_schedule(os.path.join(self.schedule_dir, f"schedule_{p}_{rate:g}.jsonl"), requests, arrivals,
                            [request_body(r, "text", model=model, words=self.words)["prompt"] for r in requests])

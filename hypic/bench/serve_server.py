@@ -21,9 +21,8 @@ import tempfile
 import time
 from typing import List, Optional
 
-import httpx
-
 import hypic
+from hypic.bench.serve_client import health_ok
 from hypic.config import ENGINE_OPTIONS
 
 # options the benchmark sets itself for each server
@@ -127,14 +126,14 @@ class LaunchedServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"`hypic serve` ({self.mode}) exited with {self.process.returncode} before it "
                                    f"was ready; the end of {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if health_ok(self.base_url, timeout_s=5):
+                return
             time.sleep(0.2)
         raise RuntimeError(f"`hypic serve` ({self.mode}) not ready after {self.start_timeout_s:g} s; the end of "
                            f"{self.log_path}:\n{self.log_tail()}")
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def log_tail(self, num_lines: int = 30) -> str:
         try:

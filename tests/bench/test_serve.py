@@ -155,6 +155,16 @@ def test_rate_search_brackets_the_capacity():
         assert search.passing is not None and search.failing is not None
         assert search.passing <= capacity < search.failing
         assert search.failing / search.passing <= 2 ** (1 / 4) * 1.1  # doubled, then three bisections
+    # a pass above a failure is noise: the bracket stays below the lowest failure
+    noisy = RateSearch(config, 1.0)
+    for rate, ok in ((1.0, True), (2.0, True), (4.0, False), (2.8, False)):
+        assert noisy.next_rate == rate
+        noisy.record(rate, ok)
+    assert (noisy.passing, noisy.failing) == (2.0, 2.8) and noisy.next_rate == 2.4
+    noisy.record(2.4, True)
+    noisy.record(noisy.next_rate, False)  # 2.6
+    noisy.record(3.5, True)  # above the failures: not a pass that counts
+    assert (noisy.passing, noisy.failing) == (2.4, 2.6)
     ladder = RateSearch(ServeBenchConfig(modes=("m",), prompt_tokens=(8,), request_rates=(4.0, 1.0, 2.0)), 99.0)
     seen = []
     while ladder.next_rate is not None:
@@ -225,6 +235,7 @@ def test_bench_serve_against_a_live_server(tiny_server, tmp_path):
     assert row["total_input_tokens"] == sum(s["prompt_tokens"] for s in measured)
     # the server's counters moved by at least the measured requests' tokens (warm-up ones come on top)
     server = row["server_metrics"]
+    assert server["store_device_bytes"] >= server["store_device_bytes_before"] > 0  # the corpus warm-up filled it
     assert server["generation_tokens"] == sum(s["output_tokens"] for s in samples)
     assert server["prompt_tokens"] == sum(s["prompt_tokens"] for s in samples)
     assert server["segment_hit_tokens"] == sum(s["segment_hit_tokens"] for s in samples) > 0
