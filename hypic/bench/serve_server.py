@@ -69,13 +69,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_env() -> dict:
-    """This environment, with the checkout this benchmark runs from first on PYTHONPATH: the
-    server measured is this code, also where another copy of hypic is installed."""
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(hypic.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
+# The server runs `python -m hypic` in the folder holding this hypic package: -m puts the working
+# folder first on sys.path, so the server measured is this code also where another copy of hypic is
+# installed.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(hypic.__file__)))
 
 
 class LaunchedServer:
@@ -88,6 +85,8 @@ class LaunchedServer:
         self.base_url = f"http://{host}:{self.port}"
         self._model_dir: Optional[str] = None
         model = str(args.model)
+        if os.path.exists(model):  # a checkpoint folder: the server runs in another working folder
+            model = os.path.abspath(model)
         if getattr(args, "dummy_config", None):
             self._model_dir = tempfile.mkdtemp(prefix="hypic-bench-model-")
             shutil.copyfile(args.dummy_config, os.path.join(self._model_dir, "config.json"))
@@ -105,7 +104,7 @@ class LaunchedServer:
         log = open(self.log_path, "w", encoding="utf-8")
         t0 = time.perf_counter()
         try:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=_child_env(),
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=_CHECKOUT,
                                             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         finally:
             log.close()
