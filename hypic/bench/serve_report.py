@@ -105,7 +105,8 @@ def format_table(rows: Sequence[Dict], summary: Sequence[Dict]) -> str:
             f"{s['mode']:14s} {s['prompt_tokens']:6d}: sustainable {_fmt(s['sustainable_rate_rps'], '.3g')} req/s "
             f"(next tried {_fmt(s['lowest_failing_rate_rps'], '.3g')}), p50 definition "
             f"{_fmt(s['sustainable_rate_p50_rps'], '.3g')} req/s, peak output "
-            f"{_fmt(s['peak_output_throughput'], '.1f')} tok/s" + ("" if s["monotone"] else ", NOT monotone") + ("; " + "; ".join(ratios) if ratios else ""))
+            f"{_fmt(s['peak_output_throughput'], '.1f')} tok/s" + ("" if s["monotone"] else ", NOT monotone")
+            + ("; " + "; ".join(ratios) if ratios else ""))
     return "\n".join(lines)
 
 

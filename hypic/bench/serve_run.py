@@ -14,8 +14,8 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from hypic.bench.serve_client import (encode_body, flush_cache, health_ok, run_closed_loop, run_schedule, scrape_metrics,
-                                      wait_idle)
+from hypic.bench.serve_client import (encode_body, flush_cache, health_ok, run_closed_loop, run_schedule,
+                                      scrape_metrics, wait_idle)
 from hypic.bench.serve_metrics import metrics_delta, point_metrics
 from hypic.bench.serve_trace import (PROMPT_FORMS, ServeRequest, build_trace, corpus_fit, poisson_arrivals_s,
                                      rate_stream_name, request_body, request_stream)
