@@ -207,15 +207,8 @@ class PicRunner:
         return budget
 
     def entry_nbytes(self, num_body_tokens: int, checkpoint: bool) -> int:
-        """Bytes of one store entry: per linear layer the fp32 summary (S, and T in its family's
-        structure; a checkpoint holds S only) and conv tail (``ModelSpec.linear_entry_words``),
-        per attention layer the body's K and V."""
-        s = self.spec
-        state_bytes = 8 if self.dtype == torch.float64 else 4
-        linear = s.linear_entry_words(checkpoint)
-        attention = 2 * num_body_tokens * s.num_key_value_heads * s.head_dim
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        return len(self.linear_layers) * linear * state_bytes + len(self.attention_layers) * attention * elem
+        """Bytes of one store entry (:func:`entry_nbytes` of this runner's model and dtype)."""
+        return entry_nbytes(self.spec, self.dtype, num_body_tokens, checkpoint)
 
     def _request_layout(self, plan: RequestPlan, standalone: Dict[object, SegmentHandle],
                         budget: "_WriteBudget",
@@ -408,6 +401,20 @@ def _writes_in_place(plans: Sequence[RequestPlan]) -> bool:
         if any(s.kind not in (SpanKind.MISS, SpanKind.QUERY) for s in plan.spans):
             return False
     return True
+
+
+def entry_nbytes(spec: ModelSpec, dtype: torch.dtype, num_body_tokens: int, checkpoint: bool) -> int:
+    """Bytes of one store entry of a model run in ``dtype``: per linear layer the fp32 summary (S,
+    and T in its family's structure; a checkpoint holds S only) and conv tail
+    (``ModelSpec.linear_entry_words``), per attention layer the body's K and V. Needs only the
+    model's config, so a benchmark can size a store before any weights exist."""
+    state_bytes = 8 if dtype == torch.float64 else 4
+    linear = spec.linear_entry_words(checkpoint)
+    attention = 2 * num_body_tokens * spec.num_key_value_heads * spec.head_dim
+    elem = torch.empty(0, dtype=dtype).element_size()
+    num_linear = sum(1 for t in spec.layer_types if t == LINEAR_ATTENTION)
+    num_attention = len(spec.layer_types) - num_linear
+    return num_linear * linear * state_bytes + num_attention * attention * elem
 
 
 def device_free_bytes(device: torch.device) -> Optional[int]:

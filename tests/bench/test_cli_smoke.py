@@ -44,7 +44,29 @@ SMOKE = {
                                       "--warmup", "1"],
                          {"device", "results"}, {"mode", "workers", "ttft_p50_ms", "speedup_vs_full_recompute"},
                          "results"),
+    # launches `hypic serve` itself (one mode) on dummy weights without a tokenizer, as on the GPU:
+    # token-id prompts of ~80 tokens, streamed chunks that carry token ids and no text
+    "serve": (lambda cfg: [*_dummy(cfg), "--modes", "hypic", "--prompt-tokens", "80", "--segment-tokens", "16",
+                           "--doc-tokens", "16,32", "--system-tokens", "8", "--query-tokens", "4,4",
+                           "--output-tokens", "2,3", "--request-rates", "4", "--warmup-s", "0", "--measure-s", "1",
+                           "--min-requests", "3", "--calibration-requests", "1", "--no-corpus-warmup"],
+              {"model", "config", "corpus", "targets", "results", "summary"},
+              {"mode", "request_rate_rps", "completed", "failed", "request_throughput", "request_goodput",
+               "output_throughput", "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+               "median_itl_ms", "median_e2el_ms", "meets_slo"}, "results"),
 }
+
+
+def _serve_counts_add_up(report):
+    # without a tokenizer the chunks carry no text: the token ids must still time and count every token
+    for row in report["results"]:
+        assert row["completed"] == row["num_requests"] and row["failed"] == 0
+        assert row["output_tokens_mismatch"] == 0 and row["total_output_tokens"] == row["expected_output_tokens"]
+        assert row["median_itl_ms"] is not None and row["median_ttft_ms"] < row["median_e2el_ms"]
+
+
+# invariants a subcommand's JSON must hold beyond its keys
+CHECKS = {"serve": _serve_counts_add_up}
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +93,4 @@ def test_subcommand_runs_and_writes_its_json(name, tiny_config_path, tmp_path):
         assert row_keys <= set(row), (name, sorted(row))
     assert report["command"] == "python3 -m hypic " + " ".join(argv)
     assert "commit" in report
+    CHECKS.get(name, lambda report: None)(report)

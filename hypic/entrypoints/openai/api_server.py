@@ -63,6 +63,7 @@ class _Choice:
         self.sent_chars = 0
         self.sent_tokens = 0  # tokens whose log-probabilities were streamed
         self.logprob_chars = 0  # characters of those tokens' own texts (the next text_offset)
+        self.streamed_ids = 0  # tokens whose ids were streamed (return_token_ids)
         self.output: RequestOutput | None = None
 
     def delta(self, output: RequestOutput) -> str:
@@ -92,6 +93,13 @@ class _Choice:
             if not chat and body["tokens"]:
                 self.logprob_chars = body["text_offset"][-1] + len(body["tokens"][-1])
         return body
+
+    def new_token_ids(self) -> list[int]:
+        """Token ids generated since the last call (after :meth:`delta` took the output)."""
+        ids = self.output.outputs[0].token_ids
+        new = list(ids[self.streamed_ids:])
+        self.streamed_ids = len(ids)
+        return new
 
 
 def _usage(choices: list[_Choice]) -> dict:
@@ -229,7 +237,7 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         return lambda j: req.sampling_params(max_tokens, j)
 
     async def run(raw: Request, streams: list[RequestStream], choices: list[_Choice], stream: bool,
-                  chunk: Callable[[_Choice, str, RequestOutput], dict | None], final: Callable[[], dict],
+                  chunk: Callable[[_Choice, str, RequestOutput, list[int]], dict | None], final: Callable[[], dict],
                   include_usage: bool, usage_chunk: Callable[[dict], dict]):
         merged = _merge(streams)
         if not stream:
@@ -245,14 +253,18 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         async def events():
             try:
                 for c in choices:
-                    first = chunk(c, None, None)  # role header of chat; None for completions
+                    first = chunk(c, None, None, [])  # role header of chat; None for completions
                     if first is not None:
                         yield _sse(first)
                 async for i, output in merged:
                     c = choices[i]
                     piece = c.delta(output)
-                    if piece or output.finished:
-                        yield _sse(chunk(c, piece, output))
+                    new_ids = c.new_token_ids()
+                    # A chunk for every step that produced tokens, even when their text is held
+                    # back (a stop string may still match) or empty (no tokenizer): clients time
+                    # the first token and the gaps between tokens by these chunks.
+                    if piece or new_ids or output.finished:
+                        yield _sse(chunk(c, piece, output, new_ids))
                     if await raw.is_disconnected():
                         return
                 if include_usage:
@@ -279,21 +291,27 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         now = int(time.time())
         head = {"id": rid, "object": "text_completion", "created": now, "model": served_model_name}
 
-        def chunk(c: _Choice, piece, output):
+        def chunk(c: _Choice, piece, output, new_ids):
             if output is None:
                 return None
-            body = dict(head, choices=[{"index": c.index, "text": piece,
-                                        "logprobs": c.logprobs(False, req.num_logprobs, streamed=True),
-                                        "finish_reason": _finish(output), "stop_reason": _stop(output)}])
+            choice = {"index": c.index, "text": piece, "logprobs": c.logprobs(False, req.num_logprobs, streamed=True),
+                      "finish_reason": _finish(output), "stop_reason": _stop(output)}
+            if req.return_token_ids:
+                choice["token_ids"] = new_ids
+            body = dict(head, choices=[choice])
             if req.include_usage:
                 body["usage"] = None
             return body
 
         def final():
-            return dict(head, choices=[{"index": c.index, "text": c.output.outputs[0].text,
+            body = dict(head, choices=[{"index": c.index, "text": c.output.outputs[0].text,
                                         "logprobs": c.logprobs(False, req.num_logprobs, streamed=False),
                                         "finish_reason": _finish(c.output), "stop_reason": _stop(c.output)}
                                        for c in choices], usage=_usage(choices))
+            if req.return_token_ids:
+                for c, choice in zip(choices, body["choices"]):
+                    choice["token_ids"] = list(c.output.outputs[0].token_ids)
+            return body
 
         return await run(raw, streams, choices, req.stream, chunk, final, req.include_usage,
                          lambda usage: dict(head, choices=[], usage=usage))
@@ -320,7 +338,7 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": served_model_name}
 
-        def chunk(c: _Choice, piece, output):
+        def chunk(c: _Choice, piece, output, new_ids):
             logprobs = None
             if output is None:
                 delta, finish = {"role": "assistant", "content": ""}, None

@@ -75,6 +75,12 @@ class ServerMetrics:
         self.cached_tokens = Counter("hypic:prompt_cached_tokens",
                                      "Prompt tokens reused from the segment store (segment and prefix hits)",
                                      labels, registry=r)
+        # the split of prompt_cached_tokens, as usage.pic reports it per request
+        self.segment_hit_tokens = Counter("hypic:prompt_segment_hit_tokens",
+                                          "Prompt tokens reused from stored segment entries (any position)",
+                                          labels, registry=r)
+        self.prefix_hit_tokens = Counter("hypic:prompt_prefix_hit_tokens",
+                                         "Prompt tokens reused from prefix-cache checkpoints", labels, registry=r)
         self.request_success = Counter("hypic:request_success", "Finished requests by finish reason",
                                        labels + ["finished_reason"], registry=r)
         self.ttft = Histogram("hypic:time_to_first_token_seconds", "Time to first token", labels,
@@ -107,6 +113,8 @@ class ServerMetrics:
             self._last_token_time.pop(rid, None)
             self.prompt_tokens.labels(**label).inc(m.prompt_tokens)
             self.cached_tokens.labels(**label).inc(m.cached_tokens + m.prefix_hit_tokens)
+            self.segment_hit_tokens.labels(**label).inc(m.cached_tokens)
+            self.prefix_hit_tokens.labels(**label).inc(m.prefix_hit_tokens)
             reason = output.outputs[0].finish_reason or "abort"
             self.request_success.labels(finished_reason=reason, **label).inc()
             if m.e2e_latency is not None:

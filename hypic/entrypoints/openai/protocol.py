@@ -1,8 +1,8 @@
 """Request bodies of the HTTP server (pydantic) and their mapping onto :class:`SamplingParams`.
 
 Field names and defaults follow OpenAI's API and vLLM's extensions (``top_k``, ``ignore_eos``,
-``stop_token_ids``, ``skip_special_tokens``, ``cache_salt``); hypic adds ``segments`` (a list of
-segment texts or token-id lists, the last one the query) and the per-request PIC settings
+``stop_token_ids``, ``skip_special_tokens``, ``cache_salt``, ``return_token_ids``); hypic adds
+``segments`` (a list of segment texts or token-id lists, the last one the query) and the per-request PIC settings
 ``pic_mode`` / ``seam`` / ``cold_policy``. Fields OpenAI defines that the engine cannot honour
 (penalties, logit bias, echo, tools, ...) are accepted only at their neutral
 value; anything else is refused with :class:`UnsupportedField` (a 400 naming the field).
@@ -127,6 +127,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    return_token_ids: bool = False  # vLLM's: each choice (each streamed chunk) carries its new token ids
 
     def check_supported(self) -> None:
         super().check_supported()

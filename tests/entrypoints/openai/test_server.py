@@ -157,6 +157,31 @@ def test_segmented_prompts(client, reference):
     assert usage["pic"]["live_tokens"] < usage["prompt_tokens"]
 
 
+def test_token_id_segments_stream_one_chunk_per_token(client, reference):
+    """Segments given as token-id lists (a model without a tokenizer is served so): the same
+    output as the text form, and with ``return_token_ids`` every streamed chunk carries the ids
+    of its tokens, one chunk per generated token, also while a stop string holds the text back."""
+    tok = reference.get_tokenizer()
+    pieces = DOCS[::-1] + [QUESTION]
+    ids = [tok.encode(p) for p in pieces]
+    request = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    text = client.post("/v1/completions", json={**request, "segments": pieces}).json()
+    by_ids = client.post("/v1/completions", json={**request, "segments": ids, "return_token_ids": True}).json()
+    assert by_ids["choices"][0]["text"] == text["choices"][0]["text"]
+    assert len(by_ids["choices"][0]["token_ids"]) == 6 and "token_ids" not in text["choices"][0]
+    for extra in ({}, {"stop": ["no such words at all"]}):
+        events = sse_events(client.post("/v1/completions", json={
+            **request, **extra, "segments": ids, "stream": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True}}).text)
+        *chunks, usage = events
+        assert [len(c["choices"][0]["token_ids"]) for c in chunks] == [1] * 6
+        assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == by_ids["choices"][0]["token_ids"]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == text["choices"][0]["text"]
+        assert usage["usage"]["completion_tokens"] == 6
+    assert "token_ids" not in sse_events(client.post("/v1/completions", json={
+        **request, "segments": ids, "stream": True}).text)[0]["choices"][0]
+
+
 def test_cache_salt_keeps_tenants_apart_and_flush_cache(client):
     request = {"segments": DOCS[1:] + [QUESTION], "max_tokens": 2, "temperature": 0}
 
@@ -237,14 +262,19 @@ def test_metrics_parse_and_count_tokens(client):
         return {s.name: s.value for f in families.values() for s in f.samples if not s.name.endswith("_created")}
 
     before = scrape()
-    usages = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 5, "temperature": 0}).json()["usage"]
-              for p in PROMPTS]
+    bodies = [{"prompt": p} for p in PROMPTS] + [{"segments": DOCS + [QUESTION]}, {"segments": DOCS[1:] + [QUESTION]}]
+    usages = [client.post("/v1/completions", json={**b, "max_tokens": 5, "temperature": 0}).json()["usage"]
+              for b in bodies]
     after = scrape()
     for name, key in (("hypic:prompt_tokens_total", "prompt_tokens"),
                       ("hypic:generation_tokens_total", "completion_tokens")):
         assert after[name] - before[name] == sum(u[key] for u in usages)
-    assert after["hypic:time_to_first_token_seconds_count"] - before["hypic:time_to_first_token_seconds_count"] == 3
-    assert after["hypic:e2e_request_latency_seconds_count"] - before["hypic:e2e_request_latency_seconds_count"] == 3
+    for name, key in (("hypic:prompt_segment_hit_tokens_total", "segment_hit_tokens"),
+                      ("hypic:prompt_prefix_hit_tokens_total", "prefix_hit_tokens")):
+        assert after[name] - before[name] == sum(u["pic"][key] for u in usages)
+    assert after["hypic:prompt_segment_hit_tokens_total"] > before["hypic:prompt_segment_hit_tokens_total"]
+    assert after["hypic:time_to_first_token_seconds_count"] - before["hypic:time_to_first_token_seconds_count"] == 5
+    assert after["hypic:e2e_request_latency_seconds_count"] - before["hypic:e2e_request_latency_seconds_count"] == 5
     assert after["hypic:inter_token_latency_seconds_count"] > before["hypic:inter_token_latency_seconds_count"]
     for name in ("hypic:num_requests_running", "hypic:num_requests_waiting", "hypic:segment_cache_hits_total",
                  "hypic:segment_cache_misses_total", "hypic:segment_cache_device_bytes"):
