@@ -102,7 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--rate-start", type=float, default=None, help="first rate of the search (default: calibrated)")
     s.add_argument("--rate-factor", type=float, default=2.0)
     s.add_argument("--bisect-steps", type=int, default=2)
-    s.add_argument("--max-points", type=int, default=8, help="rate points per (target, trace) at most")
+    s.add_argument("--max-points", type=int, default=8,
+                   help="rate points per (target, trace) at most; 0: only the idle TTFT of the calibration "
+                        "requests (one request at a time)")
     s.add_argument("--min-rate", type=float, default=0.01)
     s.add_argument("--warmup-s", type=float, default=5.0, help="seconds of excluded arrivals before a point")
     s.add_argument("--measure-s", type=float, default=20.0, help="seconds of measured arrivals of a point")

@@ -72,8 +72,8 @@ class ServeBenchConfig:
             raise ValueError("--rate-start: expected > 0")
         if self.warmup_s < 0 or not 0 < self.slo_attainment <= 1:
             raise ValueError("--warmup-s must be >= 0 and --slo-attainment in (0, 1]")
-        if not 1 <= self.min_requests <= self.max_requests or self.max_points < 1 or self.bisect_steps < 0:
-            raise ValueError("need 1 <= --min-requests <= --max-requests, --max-points >= 1, --bisect-steps >= 0")
+        if not 1 <= self.min_requests <= self.max_requests or self.max_points < 0 or self.bisect_steps < 0:
+            raise ValueError("need 1 <= --min-requests <= --max-requests, --max-points >= 0 (0: calibration only), --bisect-steps >= 0")
         if self.calibration_requests < 1 and self.request_rates is None and self.rate_start is None:
             raise ValueError("the rate search starts from the calibration: keep --calibration-requests >= 1 "
                              "or give --rate-start / --request-rates")
@@ -223,9 +223,13 @@ class ServeBench:
             results = asyncio.run(run_closed_loop(base_url, self._bodies(calib, model, output_tokens=1),
                                                   api_key=self.api_key))
             _raise_if_all_failed(results, "calibration")
-            idle_ttft_ms = statistics.median(r.ttft_s * 1e3 for r in results if r.success)
+            print(f"[{mode} P={p}] idle TTFT p50 {statistics.median(r.ttft_s * 1e3 for r in results if r.success):.2f} "
+                  f"ms over {len(results)} requests one at a time", flush=True)
+            done_ms = sorted(r.ttft_s * 1e3 for r in results if r.success)
+            idle_ttft_ms = statistics.median(done_ms)
             info["calibration"] = {"requests": len(results), "failed": sum(not r.success for r in results),
                                    "idle_ttft_ms": idle_ttft_ms,
+                                   "idle_ttft_p90_ms": done_ms[min(len(done_ms) - 1, int(0.9 * len(done_ms)))],
                                    "ttft_ms": [None if r.ttft_s is None else r.ttft_s * 1e3 for r in results]}
         start = c.rate_start if c.rate_start is not None else (
             _sig2(500.0 / idle_ttft_ms) if idle_ttft_ms else None)

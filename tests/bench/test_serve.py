@@ -17,6 +17,7 @@ from hypic.assets import resolve_model_path
 from hypic.bench.rag_trace import chunk
 from hypic.bench.serve_client import RequestResult, encode_body, run_schedule, wait_idle
 from hypic.bench.serve_metrics import parse_goodput, point_metrics, steady_state
+from hypic.bench.serve import config_from_args
 from hypic.bench.serve_report import sustainable_rate
 from hypic.bench.serve_run import RateSearch, ServeBenchConfig, point_sizes
 from hypic.bench.serve_server import LaunchedServer, engine_flags
@@ -248,6 +249,25 @@ def test_bench_serve_against_a_live_server(tiny_server, tmp_path):
     (corpus,) = report["corpus"]
     assert corpus["corpus_documents"] == len(trace.documents)
     assert corpus["budgets"]["device"]["fits_bytes_fraction"] == 1.0
+
+
+def test_calibration_only_measures_the_idle_all_hit_ttft(tiny_server, tmp_path):
+    """--max-points 0: the corpus warm-up, then one request at a time (the server-side TTFT that
+    the offline `hypic bench ttft` all-hit case is compared with); every document is in every
+    request, so after the warm-up each is all-hit."""
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--base-url", tiny_server.base_url, "--modes", "tiny-hypic", "--prompt-tokens", "136",
+            "--segment-tokens", "32", "--doc-tokens", "32,32", "--system-tokens", "0", "--query-tokens", "8,8",
+            "--output-tokens", "2,2", "--num-documents", "4", "--zipf", "0", "--calibration-requests", "3",
+            "--max-points", "0", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["results"] == []  # no rate point
+    calibration = report["targets"][0]["traces"][0]["calibration"]
+    assert calibration["failed"] == 0 and len(calibration["ttft_ms"]) == 3
+    assert 0 < calibration["idle_ttft_ms"] <= calibration["idle_ttft_p90_ms"]
+    with pytest.raises(ValueError, match="--max-points >= 0"):
+        config_from_args(build_parser().parse_args(["bench", "serve", "--max-points", "-1"]))
 
 
 def test_requests_still_running_at_the_drain_timeout_fail_and_are_aborted(tiny_server):
