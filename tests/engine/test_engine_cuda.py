@@ -32,8 +32,10 @@ def test_generation_on_cuda_matches_cpu_with_graphs_in_prefill_and_decode(device
     prompts, requests = _prompts()
     half = len(requests)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    cpu = LLM("tiny", dtype="float32", device="cpu", seed=0)
-    gpu = LLM("tiny", dtype="float32", device=device, seed=0)
+    # a 256-token step budget: start-up captures the buckets up to 256 (8 of them) instead of up to
+    # the default 2048, each with compiled glue; prefill and decode steps still replay graphs
+    cpu = LLM("tiny", dtype="float32", device="cpu", seed=0, max_num_batched_tokens=256)
+    gpu = LLM("tiny", dtype="float32", device=device, seed=0, max_num_batched_tokens=256)
     graphs = gpu.llm_engine.pic_runner.graphs
     if device == "cuda":
         assert graphs is not None and graphs.num_captures > 0  # captured at start-up
