@@ -19,8 +19,8 @@ the recurrence are not counted, so it is a floor):
   embedding only the ``T`` rows looked up. Element size = the model's dtype (2 bytes in bf16).
   The standalone pre-pass is a second forward and reads the weights again.
 * **cached entries read**: the exact bytes (``SegmentEntry.nbytes``) of every store entry the plan
-  reuses (segment summaries + conv tails + body K/V); for ``prefix_cache`` the K/V of every
-  checkpoint of the prefix and the linear (+ conv) state of the last one only.
+  reuses (segment summaries + conv tails + body K/V); of the prefix-cache checkpoints it resumes
+  from, the K/V of every one and the linear (+ conv) state of the last one only.
 * **KV written**: K and V of every live token at every full-attention layer (the request's decode
   cache), in the model dtype.
 * **entries written**: the exact bytes of the entries the prefill inserts into the store
@@ -117,13 +117,12 @@ class WorkModel:
         flops = self.flops.prefill(main_live, visible_pairs(plan), logits_rows=1)
         nbytes = self.weight_bytes(main_live) + main_live * self.kv_bytes_per_token
         resume = plan.resume_handle
+        for h in plan.prefix_handles:
+            # every checkpoint's K/V is attended to, but only the last one's linear state is read
+            # (the resume point)
+            nbytes += h.entry.nbytes if h is resume else sum(a.nbytes for a in h.entry.attention.values())
         for h in plan.handles:
-            if plan.prefix_num_segments and h is not resume:
-                # prefix_cache: every checkpoint's K/V is attended to, but only the last one's
-                # linear state is read (the resume point)
-                nbytes += sum(a.nbytes for a in h.entry.attention.values())
-            else:
-                nbytes += h.entry.nbytes
+            nbytes += h.entry.nbytes
         nbytes += written_entry_bytes + reread_entry_bytes
         standalone = [len(plan.prompt.segments[i]) for i in plan.standalone_segments]
         sa_tokens = sum(standalone)

@@ -100,9 +100,9 @@ def test_count_prefix_cache_reads_kv_of_all_and_state_of_last_checkpoint():
         harness.runner.prefill([plan])
     wm = WorkModel(spec, model)
     with harness.plan(segs, [5] * 3) as plan:
-        assert plan.prefix_num_segments == 3
-        kv = sum(a.nbytes for h in plan.handles for a in h.entry.attention.values())
-        last = plan.handles[-1].entry
+        assert plan.prefix_tokens == 24 and plan.handles == ()
+        kv = sum(a.nbytes for h in plan.prefix_handles for a in h.entry.attention.values())
+        last = plan.prefix_handles[-1].entry
         state = last.nbytes - sum(a.nbytes for a in last.attention.values())
         work = wm.count(plan)
         assert plan.live_tokens == 3

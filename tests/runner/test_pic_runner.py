@@ -407,11 +407,11 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
 
     prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
-    prefix.run(segs, random_segment(4, 1))  # records the checkpoints (the write path runs here)
+    prefix.run(segs, query)  # records the checkpoints (the write path runs here)
     assert calls  # the spy sees the write path when it runs
     calls.clear()
-    plan, res = prefix.run(segs, query)
-    assert plan.prefix_hit_tokens == sum(len(s) for s in segs)
+    plan, res = prefix.run(segs, query)  # everything but the last token found: nothing to write
+    assert plan.prefix_hit_tokens == sum(len(s) for s in segs) + len(query) - 1 and plan.checkpoints == ()
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
 
 
@@ -496,35 +496,44 @@ def test_writes_beyond_the_device_headroom_are_skipped(tiny, monkeypatch):
     h = PicHarness(spec, model)  # an unbounded store: the headroom alone limits the writes
     query = random_segment(4, 3)
     plan, res = h.run([a, b, c], query)
-    # a cold forward writes its entries in place: each once
-    assert asked == [(plan.live_tokens, pic_runner.IN_PLACE_PEAK_FACTOR)]
+    # a cold forward writes its entries in place: each charged once against the raw headroom
+    assert asked == [(plan.live_tokens, 1)]
     assert len(h.store) == 2 and h.runner.skipped_writes == 1
     assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
 
 
 def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, monkeypatch):
-    """The device headroom of a forward's writes takes each entry's bytes once when its linear
-    layers write the summaries straight into the entries (a cold forward), else
+    """The device headroom of a forward's writes takes a segment entry's bytes once when its
+    linear layers write the summaries straight into the entries (a cold forward), else
     RECORD_PEAK_FACTOR times (the rows copied from the forward's records: a cached request with a
-    missed segment, or prefix-cache checkpoints)."""
+    missed segment), and a prefix-cache checkpoint's RECORD_PEAK_FACTOR times always."""
     from hypic.runner import pic_runner
 
     spec, model = tiny
     a, b, c = (random_segment(n, 900 + n) for n in (40, 30, 50))
-    factors = []
-    monkeypatch.setattr(pic_runner, "record_headroom_bytes",
-                        lambda device, n, factor=pic_runner.RECORD_PEAK_FACTOR: factors.append(factor) or None)
-    copied = pic_runner.RECORD_PEAK_FACTOR
-    cold = pic_runner.IN_PLACE_PEAK_FACTOR
+    charged = []
+    real = pic_runner.PicRunner._take_budget
+
+    def spy(self, budget, num_tokens, checkpoint):
+        before = budget.remaining()[1]
+        taken = real(self, budget, num_tokens, checkpoint)
+        charged.append((checkpoint, (before - budget.remaining()[1]) // self.entry_nbytes(num_tokens, checkpoint)))
+        return taken
+
+    monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n, factor=1: 1 << 40)
+    monkeypatch.setattr(pic_runner.PicRunner, "_take_budget", spy)
+    copied, cold = pic_runner.RECORD_PEAK_FACTOR, pic_runner.IN_PLACE_PEAK_FACTOR
     h = PicHarness(spec, model)
     query = random_segment(4, 3)
     h.run([a, b], query)  # cold
+    assert charged == [(False, cold)] * 2
+    charged.clear()
     h.run([a, c, b], query)  # two hits and a miss: the miss's rows are copied after the forward
-    assert factors == [cold, copied]
+    assert charged == [(False, copied)]
     p = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
-    factors.clear()
+    charged.clear()
     p.run([a, b], query)  # checkpoints are copied from the records
-    assert factors == [copied]
+    assert charged and all(c == (True, copied) for c in charged)
 
 
 def test_writes_in_place_follows_the_entry_writer_conditions():
@@ -533,15 +542,12 @@ def test_writes_in_place_follows_the_entry_writer_conditions():
     from hypic.runner import pic_runner
     from hypic.pic.plan import SpanKind
 
-    def plan(*kinds, checkpoints=False):
-        mode = SimpleNamespace(uses_prefix_checkpoints=checkpoints)
-        return SimpleNamespace(policy=SimpleNamespace(mode=mode), spans=[SimpleNamespace(kind=k) for k in kinds])
+    def plan(*kinds):
+        return SimpleNamespace(spans=[SimpleNamespace(kind=k) for k in kinds])
 
     cold = plan(SpanKind.MISS, SpanKind.MISS, SpanKind.QUERY)
     assert pic_runner._writes_in_place([cold, cold])
     assert not pic_runner._writes_in_place([cold, plan(SpanKind.HIT, SpanKind.MISS, SpanKind.QUERY)])
-    assert not pic_runner._writes_in_place([plan(SpanKind.PREFIX, SpanKind.MISS, SpanKind.QUERY)])
-    assert not pic_runner._writes_in_place([plan(SpanKind.MISS, SpanKind.QUERY, checkpoints=True)])
 
 
 def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkeypatch):
