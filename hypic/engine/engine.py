@@ -206,6 +206,8 @@ class LLMEngine:
                 raise ValueError(f"request {request_id}: two different cache_salt values (the prompt's and the call's)")
             cache_salt = prompt["cache_salt"]
             prompt = {k: v for k, v in prompt.items() if k != "cache_salt"}
+        if isinstance(prompt, dict) and set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
+            prompt = prompt["prompt"]  # vLLM's TextPrompt: the text itself (its segments included)
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"request {request_id}: cache_salt must be a non-empty string, got {cache_salt!r}")
         segmented = self._segmented_prompt(prompt, request_id, any(x is not None for x in (mode, seam, cold_policy)))
