@@ -31,6 +31,7 @@ import torch
 
 from hypic.runner.pic_context import _LazyItems, remember_tail_rows
 from hypic.runner.layout import WRITE_CHECKPOINT, PackedLayout
+from hypic.ops.linear.low_rank import LowRankSummary
 from hypic.ops.linear.summary import DenseSummary, SummaryTable, compose
 from hypic.ops.linear.t_planes import pack_planes_, presplit_wanted
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
@@ -73,11 +74,13 @@ class EntryWriter:
         parts = iter(layout.write_parts)
         row = 0
         for i, (_, _, w) in enumerate(self.writes):
-            if w.kind != WRITE_CHECKPOINT:
+            if w.kind != WRITE_CHECKPOINT and not w.low_rank:
                 n = next(parts)
                 self._summary_row[i] = (row, n)
                 row += n
         self._targets_on = bool(self._summary_row)
+        # the factored segment writes: write index -> its row of a record's low_rank_summaries
+        self._low_rank_row = {i: j for j, (i, _, _) in enumerate(layout.low_rank_writes)}
 
     # ---------------------------------------------------------------------------------------------
     def _rows(self, i: int, field: str, count: int, like: torch.Tensor, device=None) -> tuple:
@@ -176,6 +179,10 @@ class EntryWriter:
         for i, (_, _, w) in enumerate(self.writes):
             if w.kind == WRITE_CHECKPOINT:
                 pairs = (("state", states[i]), ("tail", tails[i]))
+            elif w.low_rank:  # formed from the body's rows (hypic.ops.linear.low_rank)
+                lr = rec.low_rank_summaries[self._low_rank_row[i]]
+                pairs = (("tail", tails[i]),) + tuple((LOW_RANK_FIELD + name, getattr(lr, name))
+                                                      for name in LOW_RANK_PARTS)
             elif in_place:  # the op wrote T and S into the entries' rows
                 pairs = (("tail", tails[i]),)
             else:
@@ -233,6 +240,9 @@ class EntryWriter:
             for j, layer in enumerate(self.linear_layers):
                 if w.kind == WRITE_CHECKPOINT:
                     lin[layer] = LinearStateCheckpoint(held["state"][1][j], held["tail"][1][j])
+                elif w.low_rank:
+                    parts = {name: held[LOW_RANK_FIELD + name][1][j] for name in LOW_RANK_PARTS}
+                    lin[layer] = LinearLayerCache(LowRankSummary(**parts), held["tail"][1][j])
                 else:
                     summary = (DenseSummary(held["transition"][1][j], held["state"][1][j], True) if packed
                                else self._summary_cls(held["transition"][1][j], held["state"][1][j]))
@@ -281,6 +291,11 @@ class EntryWriter:
         buffers = [held["transition"][0] for held in self._buffers if "transition" in held]
         pack_planes_(buffers)
         return bool(buffers)
+
+# a factored summary's tensors (LowRankSummary's fields), each one buffer over the linear layers
+LOW_RANK_PARTS = ("log_decay", "keys", "weights", "values")
+LOW_RANK_FIELD = "low_rank."
+
 
 def _part_fields(parts: int) -> List[str]:
     """Buffer name suffixes of a segment write's summary rows: its own (``""``) when its body is

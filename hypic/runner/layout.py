@@ -56,6 +56,9 @@ class Write:
     # body may span several live elements (a checkpoint falls inside it), whose summaries the
     # entry writer composes; None: the element's own start
     first_position: Optional[int] = None
+    # a segment whose body is stored factored (hypic.ops.linear.low_rank: short bodies), formed
+    # from the body's token rows instead of the linear op's dense summaries
+    low_rank: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,10 @@ class PackedLayout:
     write_span_range: Optional[Tuple[int, int]]
     # host: the same span indices, for ops that select the written spans' rows on the host
     write_spans_host: Tuple[int, ...]
-    # host: whether some write is a segment's
+    # host: whether some write is a segment's with a dense summary
     any_segment_write: bool
+    # the factored segment writes: (index in `writes`, first and end packed live row of its body)
+    low_rank_writes: List[Tuple[int, int, int]]
     # The states checkpoints store, as the chain walk records them
     # (gated_delta_chain_forward_and_summarize): per chain element its row among those (-1: not
     # kept), their count, and per write the row holding the state after it (-1: its request's
@@ -286,8 +291,9 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     run_init: List[Tuple[str, int]] = []
     tail_ends: List[Tuple[int, int]] = []  # (run index, run-local end) of each recorded tail
     writes: List[Tuple[int, int, Write]] = []
-    segment_write_spans: List[int] = []  # the live elements of each segment write, in order
+    segment_write_spans: List[int] = []  # the live elements of each (dense) segment write, in order
     write_parts: List[int] = []
+    low_rank_writes: List[Tuple[int, int, int]] = []
     write_chain_pos: List[int] = []
     write_key_rows: List[Tuple[int, int]] = []
     cu_keys = [0]
@@ -320,6 +326,7 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
         prev_live = False
         run_local = 0
         live_starts: List[Tuple[int, int, int]] = []  # (position, span index, tokens) of its live elements
+        live_rows: List[int] = []  # the first packed row of each of them
         for e in req.elements:
             if e.start != position:
                 raise ValueError(f"request {b}: element starts at {e.start}, expected {position}")
@@ -350,6 +357,7 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
                 piece_lengths.append(n)
                 num_keys += n
                 live_starts.append((position, s, n))
+                live_rows.append(first)
                 for w in e.writes:
                     writes.append((b, s, w))
                     write_chain_pos.append(len(chain_source) - 1)
@@ -364,8 +372,12 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
                         if not _tiles(live_starts[len(live_starts) - len(parts):], first_pos):
                             raise ValueError(f"request {b}: a segment write from {first_pos} is not a run of "
                                              f"live elements ending at {e.start + n}")
-                        segment_write_spans.extend(parts)
-                        write_parts.append(len(parts))
+                        if w.low_rank:
+                            low_rank_writes.append((len(writes) - 1, live_rows[len(live_rows) - len(parts)],
+                                                    num_live))
+                        else:
+                            segment_write_spans.extend(parts)
+                            write_parts.append(len(parts))
                 prev_live = True
             elif isinstance(e, BodyElement):
                 n = e.num_tokens
@@ -465,7 +477,8 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
         write_span_range=_as_range(write_span_ids),
         write_spans_host=tuple(write_span_ids),
         write_parts=write_parts,
-        any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
+        any_segment_write=any(w.kind == WRITE_SEGMENT and not w.low_rank for _, _, w in writes),
+        low_rank_writes=low_rank_writes,
         num_checkpoint_records=num_checkpoint_rows,
         write_after_checkpoint_rows=write_after_checkpoint_rows,
         cu_keys_host=cu_keys,

@@ -87,7 +87,8 @@ def request_geometry(req: RequestLayout) -> Optional[Tuple[tuple, List[LiveEleme
             kinds: tuple = ()
         else:
             # where a write's K/V (and a segment's parts) start picks its key and summary rows
-            kinds = tuple((i, tuple((w.kind, w.first_position) for w in ws)) for i, ws in enumerate(writes) if ws)
+            kinds = tuple((i, tuple((w.kind, w.first_position, w.low_rank) for w in ws))
+                          for i, ws in enumerate(writes) if ws)
         prefix = tuple(map(_NUM_TOKENS, req.prefix))
     except (AttributeError, TypeError, OverflowError):  # no such element, a start that is no int64
         return None
@@ -228,6 +229,7 @@ class LayoutTemplate:
             write_span_range=g["write_span_range"],
             write_spans_host=g["write_spans_host"],
             write_parts=list(g["write_parts"]),
+            low_rank_writes=list(g["low_rank_writes"]),
             any_segment_write=g["any_segment_write"],
             num_checkpoint_records=g["num_checkpoint_records"],
             write_after_checkpoint_rows=list(g["write_after_checkpoint_rows"]),
@@ -251,7 +253,8 @@ class LayoutTemplate:
 # lists are copied, so that a caller changing one cannot change the template)
 _GEOMETRY_FIELDS = (
     "cu_live_host", "linear_one_run_per_request", "body_drop_transition_host", "chain_has_prefix",
-    "run_init", "write_span_range", "write_spans_host", "write_parts", "any_segment_write", "num_checkpoint_records",
+    "run_init", "write_span_range", "write_spans_host", "write_parts", "low_rank_writes", "any_segment_write",
+    "num_checkpoint_records",
     "write_after_checkpoint_rows", "cu_keys_host", "index_causal", "keys_by_position",
     "max_live_per_request", "max_keys_per_request", "write_key_rows", "final_tail_slots",
 )

@@ -38,6 +38,7 @@ from hypic.runner.layout import (
     make_live,
 )
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
+from hypic.ops.linear.low_rank import low_rank_is_smaller
 from hypic.pic.keys import KeyNamespace, resume_key
 from hypic.pic.modes import COLD_CANONICAL
 from hypic.pic.payload import AttentionLayerCache, LinearStateCheckpoint, SegmentEntry
@@ -229,13 +230,26 @@ class PicRunner:
             budget = self.store.device_budget_bytes + self.store.host_budget_bytes
         return budget, record_headroom_bytes(self.device, num_live_tokens, 1)
 
+    def _factored(self, num_body_tokens: int) -> bool:
+        """Whether a segment body of ``num_body_tokens`` is stored factored: fewer bytes than dense
+        (:func:`~hypic.ops.linear.low_rank.low_rank_is_smaller`)."""
+        s = self.spec
+        return low_rank_is_smaller(num_body_tokens, s.linear_key_head_dim, s.linear_value_head_dim)
+
     def entry_nbytes(self, num_body_tokens: int, checkpoint: bool) -> int:
-        """Bytes of one store entry: per linear layer the fp32 summary (T dense K x K and S; a
-        checkpoint holds S only) and conv tail, per attention layer the body's K and V."""
+        """Bytes of one store entry: per linear layer the fp32 summary (T dense K x K and S, or
+        their factors for a short body; a checkpoint holds S only) and conv tail, per attention
+        layer the body's K and V."""
         s = self.spec
         state_bytes = 8 if self.dtype == torch.float64 else 4
         hv, k, v = s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim
-        linear = hv * k * v + (0 if checkpoint else hv * k * k) + s.conv_dim * (s.conv_kernel_size - 1)
+        if checkpoint:
+            summary = hv * k * v
+        elif self._factored(num_body_tokens):
+            summary = hv * (num_body_tokens * (2 * k + v) + 1)
+        else:
+            summary = hv * k * v + hv * k * k
+        linear = summary + s.conv_dim * (s.conv_kernel_size - 1)
         attention = 2 * num_body_tokens * s.num_key_value_heads * s.head_dim
         elem = torch.empty(0, dtype=self.dtype).element_size()
         return len(self.linear_layers) * linear * state_bytes + len(self.attention_layers) * attention * elem
@@ -282,7 +296,8 @@ class PicRunner:
                 if s.body_start > 0:
                     pieces.append([tokens[: s.body_start], s.start, (), False])
                 body = s.start + s.body_start
-                pieces.append([tokens[s.body_start:], body, (Write(WRITE_SEGMENT, s.key, s.start, body),), True])
+                write = Write(WRITE_SEGMENT, s.key, s.start, body, self._factored(s.num_tokens - s.body_start))
+                pieces.append([tokens[s.body_start:], body, (write,), True])
             else:  # MISS that writes nothing, or the query
                 pieces.append([tokens, s.start, (), False])
         checkpoints = plan.checkpoints

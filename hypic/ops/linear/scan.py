@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from .checks import STATE_DTYPES, check_same_device, check_tensor, cu_seqlens_to_list
+from .low_rank import scan_chain_mixed
 from .summary import DenseSummary, Summary, SummaryTable, _apply_t, _check_summary
 from .triton_scan import scan_chain_triton
 
@@ -170,6 +171,8 @@ def chain_recorded_states(live: DenseSummary, cu_chains: torch.Tensor, source: O
     rows = dict(record_rows=record_rows, num_records=num_records)
     if source is None:
         return scan_chain(live, cu_chains, initial_states, **rows)[0]
+    if isinstance(bodies, (list, tuple)):  # bodies of either form, some factored
+        return scan_chain_mixed(live, bodies, source, cu_chains, initial_states, **rows)[0]
     return scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)[0]
 
 
@@ -180,8 +183,10 @@ def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: O
     if source is None:
         return scan_chain(live, cu_chains, initial_states)
     # live span s records its incoming state in row s; bodies (negative sources) are not kept
-    return scan_chain_from(live, bodies, source, cu_chains, initial_states, record_rows=source.clamp(min=-1),
-                           num_records=live.num_spans)
+    rows = dict(record_rows=source.clamp(min=-1), num_records=live.num_spans)
+    if isinstance(bodies, (list, tuple)):  # bodies of either form, some factored
+        return scan_chain_mixed(live, bodies, source, cu_chains, initial_states, **rows)
+    return scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)
 
 
 __all__: List[str] = [
