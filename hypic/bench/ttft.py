@@ -16,6 +16,12 @@ Cases (each swept over ``--prompt-tokens`` x ``--segment-tokens``):
 * ``rag``: the synthetic RAG trace of :mod:`hypic.bench.rag_trace`; warm-up requests until every
   document was seen once (``--warmup-requests`` sampled ones, then requests packing the documents
   not yet seen) and one more trace request, then the same measured requests through each mode.
+* ``plain_repeat``: one plain prompt of ``P`` tokens (no segments), sent once untimed (cold: it
+  writes its prefix-cache checkpoints) and then again for each measured request: every mode but
+  ``full_recompute`` finds all of it but its last token in the prefix cache.
+
+Every mode but ``full_recompute`` runs with the automatic prefix cache (as an engine does),
+its checkpoints every ``--prefix-block-tokens`` tokens (default: the model's spacing).
 
 Before its measured requests every mode runs the point's warm-up requests untimed (``cold``: one
 extra cold prompt of the same shape, sharing no tokens with the measured ones; ``full_recompute``,
@@ -74,7 +80,8 @@ from hypic.bench.ttft_report import (format_table, mean, merge_reports, parse_by
 from hypic.pic.modes import COLD_INLINE, COLD_STANDALONE, MODES, get_mode, validate_seam
 from hypic.pic.segments import SegmentedPrompt
 
-CASES = ("cold", "all_hit", "rag")
+CASES = ("cold", "all_hit", "rag", "plain_repeat")
+DEFAULT_CASES = ("cold", "all_hit", "rag")
 ALL_MODES = tuple(MODES)  # full_recompute, prefix_cache, addition, transition, transition_rope, hypic
 
 
@@ -83,7 +90,7 @@ ALL_MODES = tuple(MODES)  # full_recompute, prefix_cache, addition, transition, 
 
 @dataclass(frozen=True)
 class TtftConfig:
-    cases: Tuple[str, ...] = CASES
+    cases: Tuple[str, ...] = DEFAULT_CASES
     modes: Tuple[str, ...] = ALL_MODES
     seam: object = 8
     prompt_tokens: Tuple[int, ...] = (8192, 32768, 131072)
@@ -102,6 +109,7 @@ class TtftConfig:
     zipf_exponent: float = 1.0
     corpus_factor: float = 3.0
     warmup_requests: int = 2  # rag: sampled warm-up requests before the corpus-covering ones
+    prefix_block_tokens: Optional[int] = None  # the prefix cache's spacing (None: the model's)
     max_seconds: Optional[float] = None  # no new sweep point starts after this
     fail_fast: bool = False
     progress: bool = True
@@ -202,7 +210,8 @@ class TtftBench:
 
     def _bench(self, mode: str, cold_policy: str) -> ModeBench:
         return ModeBench(self.model, self.spec, self.work, self.device, self.dtype, mode, cold_policy,
-                         self.config.seam, self.config.store_bytes, self.model_name)
+                         self.config.seam, self.config.store_bytes, self.model_name,
+                         prefix_block_tokens=self.config.prefix_block_tokens)
 
     def _progress(self, total: int, desc: str):
         try:
@@ -376,9 +385,17 @@ class TtftBench:
             r["warmup_requests"] = len(warmup)
         return rows
 
+    def case_plain_repeat(self, prompt_tokens: int, segment_tokens: int) -> List[Dict]:
+        rng = random.Random(f"plain_repeat-{self.config.seed}-{prompt_tokens}")
+        prompt = SegmentedPrompt((), _random_tokens(rng, prompt_tokens, self.spec.vocab_size))
+        rows = self._measure("plain_repeat", prompt_tokens, segment_tokens, [prompt],
+                             [prompt] * self.config.num_requests)
+        return _with_prefix_cache_speedup(rows)
+
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> List[Dict]:
-        cases = {"cold": self.case_cold, "all_hit": self.case_all_hit, "rag": self.case_rag}
+        cases = {"cold": self.case_cold, "all_hit": self.case_all_hit, "rag": self.case_rag,
+                 "plain_repeat": self.case_plain_repeat}
         if self.config.device_warmup:
             self.device_warmup()
         # Segment size outermost, then prompt length, then case: with a time budget the first
@@ -416,7 +433,7 @@ def _int_list(text: str, name: str) -> Tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated: cold,all_hit,rag")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma-separated: " + ",".join(CASES))
     p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated PIC modes")
     p.add_argument("--seam", default="8", help="hypic seam: int tokens or a fraction in (0, 1]")
     p.add_argument("--prompt-tokens", default="8192,32768,131072")
@@ -434,6 +451,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-requests", type=int, default=2,
                    help="rag: trace requests sampled for the warm-up before the requests that cover the rest "
                         "of the corpus")
+    p.add_argument("--prefix-block-tokens", type=int, default=None,
+                   help="the prefix cache's checkpoint spacing (default: the model's)")
     p.add_argument("--max-seconds", type=float, default=None, help="start no new sweep point after this")
     p.add_argument("--fail-fast", action="store_true", help="raise on the first error instead of recording it")
     p.add_argument("--no-progress", action="store_true")
@@ -462,7 +481,8 @@ def config_from_args(args: argparse.Namespace) -> TtftConfig:
         store_bytes=parse_bytes(args.store_bytes), seed=args.seed,
         doc_tokens_min=doc[0], doc_tokens_max=doc[1], system_tokens=args.system_tokens,
         rag_query_tokens_min=rq[0], rag_query_tokens_max=rq[1], zipf_exponent=args.zipf,
-        corpus_factor=args.corpus_factor, warmup_requests=args.warmup_requests, max_seconds=args.max_seconds, fail_fast=args.fail_fast,
+        corpus_factor=args.corpus_factor, warmup_requests=args.warmup_requests,
+        prefix_block_tokens=args.prefix_block_tokens, max_seconds=args.max_seconds, fail_fast=args.fail_fast,
         progress=not args.no_progress, device_warmup=not args.no_device_warmup,
     )
 

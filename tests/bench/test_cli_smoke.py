@@ -44,6 +44,18 @@ SMOKE = {
                                       "--warmup", "1"],
                          {"device", "results"}, {"mode", "workers", "ttft_p50_ms", "speedup_vs_full_recompute"},
                          "results"),
+    "small-segments": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--prompt-tokens", "48",
+                                    "--segment-tokens", "9,24", "--min-tokens", "0,default", "--query-tokens", "4",
+                                    "--repeats", "1"],
+                       {"device", "model", "rows"},
+                       {"segment_tokens", "min_tokens", "full_recompute_ms", "cold_ratio", "warm_ratio", "bytes_ratio",
+                        "cold_equal"}, "rows"),
+    "prefix-spacing": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--block-tokens", "64,default",
+                                    "--systems", "1", "--followers", "1", "--repeats", "1", "--chats", "1",
+                                    "--turns", "2"],
+                       {"device", "model", "rows"},
+                       {"block_tokens", "shared_hit_fraction", "repeat_hit_fraction", "chat_hit_fraction",
+                        "bytes_ratio", "hit_ttft_ms"}, "rows"),
 }
 
 
