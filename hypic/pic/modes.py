@@ -46,8 +46,13 @@ COLD_CANONICAL = "canonical"
 COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE, COLD_CANONICAL)
 DEFAULT_SEAM = 8
 DEFAULT_MODE = "hypic"
-# Segments shorter than this are not cached but computed live with their neighbours.
-DEFAULT_SEGMENT_MIN_TOKENS = 0
+# Segments shorter than this are not cached but computed live with their neighbours. Measured on
+# the CPU with the embedded model (benchmarks/results/small_segments/cpu_tiny.json, 6,219-token
+# prompts cut into segments of L tokens, every one cached): a cold request costs 3.90x full
+# recompute at L = 9, 1.55x at 32, 1.71x at 48 and 1.23x at 64; the reordered warm one 2.15x at
+# 9, 0.95x at 16 and 0.21x at 64. 64 is the shortest length from which a cached segment costs at
+# most 1.5x full recompute cold and less than it warm (docs/decisions.md).
+DEFAULT_SEGMENT_MIN_TOKENS = 64
 
 
 @dataclass(frozen=True)
