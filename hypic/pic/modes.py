@@ -46,13 +46,13 @@ COLD_CANONICAL = "canonical"
 COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE, COLD_CANONICAL)
 DEFAULT_SEAM = 8
 DEFAULT_MODE = "hypic"
-# Segments shorter than this are not cached but computed live with their neighbours. Measured on
-# the CPU with the embedded model (benchmarks/results/small_segments/cpu_tiny.json, 6,219-token
-# prompts cut into segments of L tokens, every one cached): a cold request costs 3.90x full
-# recompute at L = 9, 1.55x at 32, 1.71x at 48 and 1.23x at 64; the reordered warm one 2.15x at
-# 9, 0.95x at 16 and 0.21x at 64. 64 is the shortest length from which a cached segment costs at
-# most 1.5x full recompute cold and less than it warm (docs/decisions.md).
-DEFAULT_SEGMENT_MIN_TOKENS = 64
+# Segments shorter than this are not cached but computed live with their neighbours: the shortest
+# length whose caching pays for itself by its first reuse (a cold request and one reordered warm
+# one together cost no more than two full recomputes). Measured on the CPU with the embedded model
+# (benchmarks/results/small_segments/cpu_tiny.json: 6,219-token prompts cut into segments of L
+# tokens, every one cached, standalone cold policy): cold + warm = 1.86x at L = 32, 2.28x at 24,
+# 3.5x at 16 (docs/decisions.md).
+DEFAULT_SEGMENT_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,8 @@ class PICConfig:
 
     mode: Optional[str] = None
     seam: SeamSetting = DEFAULT_SEAM
-    cold_policy: str = COLD_INLINE
+    # standalone: entries never carry the context of the request that wrote them (docs/decisions.md)
+    cold_policy: str = COLD_STANDALONE
     segment_min_tokens: int = DEFAULT_SEGMENT_MIN_TOKENS
 
     def __post_init__(self):

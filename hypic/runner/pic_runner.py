@@ -213,7 +213,8 @@ class PicRunner:
             elems = []
             if body_start > 0:
                 elems.append(LiveElement(tuple(tokens[:body_start]), 0))
-            elems.append(LiveElement(tuple(tokens[body_start:]), body_start, (Write(WRITE_SEGMENT, key, 0, body_start),)))
+            write = Write(WRITE_SEGMENT, key, 0, body_start, self._factored(len(tokens) - body_start))
+            elems.append(LiveElement(tuple(tokens[body_start:]), body_start, (write,)))
             layouts.append(RequestLayout(tuple(elems), need_logits=False))
         _, _, ctx = self._forward(layouts, want_caches=False)
         return self._write_entries(ctx, insert=False)

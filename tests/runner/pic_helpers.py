@@ -71,10 +71,13 @@ def full_logits(spec, model, token_ids: Sequence[int]) -> torch.Tensor:
 
 
 class PicHarness:
-    """Store + keyer + runner around one model; ``run`` plans and prefills one request."""
+    """Store + keyer + runner around one model; ``run`` plans and prefills one request. Its
+    default policy caches every segment a seam leaves a body in, written inline (the runner's
+    tests are about those writes and their reuse)."""
 
     def __init__(self, spec, model, *, budget: Optional[int] = None, host_budget: int = 0,
-                 config: PICConfig = PICConfig(), hash_fn=None, prefix_block_tokens: Optional[int] = None):
+                 config: PICConfig = PICConfig(cold_policy="inline", segment_min_tokens=0), hash_fn=None,
+                 prefix_block_tokens: Optional[int] = None):
         self.spec, self.model = spec, model
         self.store = SegmentStore(budget, host_budget)
         ns = KeyNamespace("tiny-test", "float32")

@@ -56,7 +56,7 @@ def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(ti
 
     monkeypatch.setattr(EntryWriter, "linear_done", linear_done)
     monkeypatch.setattr(EntryWriter, "attention_done", attention_done)
-    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
     # bodies long enough to be stored dense (test_short_bodies_are_stored_factored has the others)
     segs = [random_segment(n, 700 + n) for n in (21, 34, 23)]
     query = random_segment(6, 5)

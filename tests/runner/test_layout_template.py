@@ -324,7 +324,7 @@ def test_runner_results_are_those_of_fresh_builds(tiny, mode):
     spec, model = tiny
     rng = random.Random(5)
     pool = [random_segment(20, 300 + i) for i in range(5)]
-    kept, fresh = (PicHarness(spec, model, config=PICConfig(mode=mode)) for _ in range(2))
+    kept, fresh = (PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0)) for _ in range(2))
     fresh.runner.layout_templates = LayoutTemplates(max_templates=0)
     for h in (kept, fresh):
         h.run(pool, random_segment(4, 1))  # cold: caches the pool

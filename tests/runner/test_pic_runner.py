@@ -80,7 +80,7 @@ def test_same_order_and_context_reuse_is_exact(tiny):
 
 def test_seam_covering_every_segment_is_exact(tiny):
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(seam=1.0))
+    h = PicHarness(spec, model, config=PICConfig(seam=1.0, segment_min_tokens=0))
     pool = [random_segment(n, 40 + n) for n in (20, 33, 17)]
     h.run(pool, random_segment(3, 1))
     segs = [pool[2], pool[0], pool[1]]
@@ -121,7 +121,7 @@ def test_reordered_reuse_orders_the_modes(tiny):
     rng = random.Random(0)
     pool = [random_segment(rng.randint(24, 72), 100 + i) for i in range(10)]
     modes = ["hypic", "transition_rope", "transition", "addition"]
-    harness = {m: PicHarness(spec, model, config=PICConfig(mode=m)) for m in modes}
+    harness = {m: PicHarness(spec, model, config=PICConfig(mode=m, cold_policy="inline", segment_min_tokens=0)) for m in modes}
     # warm: every document cached once, in shuffled contexts
     for m in modes:
         order = list(range(len(pool)))
@@ -160,7 +160,7 @@ def test_mixed_hit_miss_and_repeated_segments(tiny):
     assert kinds == ["hit", "miss", "hit", "hit", "query"]
     assert torch.isfinite(res.logits).all()
     ref = full_logits(spec, model, _concat([a, c, b, a], query))
-    addition = PicHarness(spec, model, config=PICConfig(mode="addition"))
+    addition = PicHarness(spec, model, config=PICConfig(mode="addition", cold_policy="inline", segment_min_tokens=0))
     addition.run([a, b], query)
     _, res_add = addition.run([a, c, b, a], query)
     assert _max_err(res.logits, ref) < _max_err(res_add.logits, ref)
@@ -169,7 +169,7 @@ def test_mixed_hit_miss_and_repeated_segments(tiny):
 
 def test_standalone_policy(tiny):
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(cold_policy="standalone"))
+    h = PicHarness(spec, model, config=PICConfig(cold_policy="standalone", segment_min_tokens=0))
     a, b = random_segment(40, 300), random_segment(22, 301)
     query = random_segment(5, 302)
     # one segment at position 0: standalone prefill is its true context -> exact
@@ -195,7 +195,7 @@ def test_canonical_policy_is_exact_now_and_writes_standalone_entries(tiny):
     spec, model = tiny
     segs = [random_segment(n, 400 + n) for n in (30, 45, 26)]
     query = random_segment(5, 402)
-    harness = {p: PicHarness(spec, model, config=PICConfig(cold_policy=p))
+    harness = {p: PicHarness(spec, model, config=PICConfig(cold_policy=p, segment_min_tokens=0))
                for p in ("canonical", "standalone", "inline")}
     # All cold: the request itself runs live, exact (like inline), and records every segment.
     plan, res = harness["canonical"].run(segs, query)
@@ -227,7 +227,7 @@ def test_canonical_policy_is_exact_now_and_writes_standalone_entries(tiny):
 
 def test_prefix_cache_is_exact_and_reuses_checkpoints(tiny):
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
+    h = PicHarness(spec, model, config=PICConfig(mode="prefix_cache", cold_policy="inline", segment_min_tokens=0))
     a, b, c, d = (random_segment(n, 400 + n) for n in (31, 18, 2, 25))
     h.run([a, b, c], random_segment(4, 1))
     query = random_segment(6, 2)
@@ -344,7 +344,7 @@ def test_engine_issues_no_tensor_op_per_cached_segment(tiny, mode):
     spec, model = tiny
     counts = {}
     for n in (4, 12):
-        h = PicHarness(spec, model, config=PICConfig(mode=mode))
+        h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
         segs = [random_segment(40, 300 + i) for i in range(n)]
         query = random_segment(5, 9)
         h.run(list(reversed(segs)), query)  # cache every segment, in another order
@@ -374,7 +374,7 @@ def test_cold_writes_cost_no_kernel_per_written_segment(tiny):
     spec, model = tiny
     counts = {}
     for n in (4, 12):
-        h = PicHarness(spec, model, config=PICConfig(mode="hypic"))
+        h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="inline", segment_min_tokens=0))
         segs = [random_segment(40, 500 + i) for i in range(n)]
         plan = h.plan(segs, random_segment(5, 9))
         assert plan.cached_tokens == 0
@@ -402,11 +402,11 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     monkeypatch.setattr(pic_context, "gated_delta_chain_forward_and_summarize",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
 
-    full = PicHarness(spec, model, config=PICConfig(mode="full_recompute"))
+    full = PicHarness(spec, model, config=PICConfig(mode="full_recompute", cold_policy="inline", segment_min_tokens=0))
     _, res = full.run(segs, query)
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
 
-    prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
+    prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache", cold_policy="inline", segment_min_tokens=0))
     prefix.run(segs, query)  # records the checkpoints (the write path runs here)
     assert calls  # the spy sees the write path when it runs
     calls.clear()
@@ -422,7 +422,7 @@ def test_run_initial_conv_states_are_stacked_once_per_forward(tiny, mode):
     from hypic.runner import pic_context
 
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
     segs = [random_segment(20, 700 + i) for i in range(3)]
     query = random_segment(4, 5)
     h.run(segs if mode == "prefix_cache" else list(reversed(segs)), query)
@@ -468,7 +468,7 @@ def test_cold_records_keep_no_summaries(tiny, monkeypatch, mode):
         return real(self, layer_idx, rec)
 
     monkeypatch.setattr(EntryWriter, "linear_done", spy)
-    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
     segs = [random_segment(n, 900 + n) for n in (23, 30, 17)]
     query = random_segment(5, 4)
     plan, res = h.run(segs, query)
@@ -530,7 +530,7 @@ def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, mo
     charged.clear()
     h.run([a, c, b], query)  # two hits and a miss: the miss's rows are copied after the forward
     assert charged == [(False, copied)]
-    p = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
+    p = PicHarness(spec, model, config=PICConfig(mode="prefix_cache", cold_policy="inline", segment_min_tokens=0))
     charged.clear()
     p.run([a, b], query)  # checkpoints are copied from the records
     assert charged and all(c == (True, copied) for c in charged)
@@ -570,7 +570,7 @@ def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
     spec, model = tiny
     segs = [random_segment(n, 600 + n) for n in (30, 22, 41, 27)]
     query = random_segment(5, 6)
-    ref = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone"))
+    ref = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone", segment_min_tokens=0))
     _, want = ref.run(segs, query)
     one = ref.runner.entry_nbytes(41 - 8, checkpoint=False)  # the largest entry
     monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n, factor=3: one)
@@ -578,7 +578,7 @@ def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
     real = pic_runner.PicRunner._standalone_entries
     monkeypatch.setattr(pic_runner.PicRunner, "_standalone_entries",
                         lambda self, todo: forwards.append(len(todo)) or real(self, todo))
-    h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone"))
+    h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone", segment_min_tokens=0))
     plan, got = h.run(segs, query)
     assert forwards == [1, 1, 1, 1] and len(h.store) == 4  # one segment per forward: the room of one
     torch.testing.assert_close(got.logits, want.logits)

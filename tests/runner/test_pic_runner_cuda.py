@@ -24,7 +24,7 @@ class Harness:
         self.runner = PicRunner(model, spec, self.store, self.device, torch.float32)
 
     def run(self, segments, query):
-        policy = PICConfig(mode="hypic", seam=4).resolve()
+        policy = PICConfig(mode="hypic", seam=4, cold_policy="inline", segment_min_tokens=0).resolve()
         plan = plan_request(SegmentedPrompt(tuple(map(tuple, segments)), tuple(query)), policy, store=self.store,
                             keyer=self.keyer)
         with plan:
@@ -165,7 +165,7 @@ def test_cached_request_with_missed_segments_replays_graphs_of_its_own_on_cuda()
 
 
 def _plan(h, segments, query, mode="hypic", block=None):
-    policy = PICConfig(mode=mode, seam=4).resolve()
+    policy = PICConfig(mode=mode, seam=4, cold_policy="inline", segment_min_tokens=0).resolve()
     return plan_request(SegmentedPrompt(tuple(map(tuple, segments)), tuple(query)), policy, store=h.store,
                         keyer=h.keyer, prefix_block_tokens=block)
 
