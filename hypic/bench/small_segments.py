@@ -3,16 +3,19 @@ segment length and caching threshold (``pic_segment_min_tokens``).
 
     hypic bench small-segments --model tiny --device cpu --prompt-tokens 6219 \\
         --segment-tokens 9,16,24,32,48,64,96,128 --min-tokens 0,default --repeats 3 --json small.json
+    hypic bench small-segments --model tiny --device cpu --prompt-tokens 6144 --segment-tokens 64,512 \\
+        --min-tokens 0 --cold-policies inline,canonical,standalone --json policies.json
 
 For each segment length L and threshold: a prompt of ``--prompt-tokens // L`` segments of L random
 token ids and a ``--query-tokens`` question, through one engine (``hypic.LLM``, no store budget),
 each repeat in this order: ``full_recompute``; ``hypic`` cold (the store emptied first: the
-segments run live and are written); ``hypic`` on the segments in reverse order (warm: every
-segment long enough is reused, after a prefix that is no longer cached). TTFT from arrival to
+segments are written under the cold policy, ``--cold-policies``, default the engine's); ``hypic``
+on the segments in reverse order (warm: every segment long enough is reused, after a prefix
+that is no longer cached). TTFT from arrival to
 the first token (``RequestOutput.metrics.ttft``), the median over ``--repeats``. Threshold 0
 caches every segment its seam leaves a body in; ``default`` is the engine's default.
 
-Row keys: ``segment_tokens, num_segments, prompt_tokens, min_tokens``; ``full_recompute_ms,
+Row keys: ``segment_tokens, num_segments, prompt_tokens, min_tokens, cold_policy``; ``full_recompute_ms,
 cold_ms, warm_ms`` and their ratios ``cold_ratio, warm_ratio`` (to full recompute, the same
 repeat's); ``cold_equal`` (the cold greedy token equals full recompute's: inline cold is exact);
 after the cold request: ``segment_entries, segment_bytes, prefix_bytes`` and ``ideal_bytes`` (the
@@ -34,7 +37,7 @@ from hypic.bench.common import provenance, write_report
 from hypic.engine.sampling import SamplingParams
 from hypic.entrypoints.llm import LLM
 from hypic.pic.keys import KIND_PREFIX
-from hypic.pic.modes import DEFAULT_SEGMENT_MIN_TOKENS
+from hypic.pic.modes import DEFAULT_SEGMENT_MIN_TOKENS, validate_cold_policy
 
 FIRST_TOKEN = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 HELP = "many short segments against full recompute: TTFT and store bytes by segment length and threshold"
@@ -49,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment-tokens", default="9,16,24,32,48,64,96,128", help="comma-separated segment lengths")
     p.add_argument("--min-tokens", default="0,default",
                    help="comma-separated pic_segment_min_tokens values ('default': the engine's)")
+    p.add_argument("--cold-policies", default="default",
+                   help="comma-separated cold policies of the hypic requests ('default': the engine's)")
     p.add_argument("--query-tokens", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None, help="write the rows here")
@@ -63,13 +68,14 @@ def _thresholds(text: str) -> List[int]:
     return out
 
 
-def _ttft(llm: LLM, segments, query, mode: str):
-    out = llm.generate({"segments": list(segments) + [query]}, FIRST_TOKEN, pic_mode=mode, use_tqdm=False)[0]
+def _ttft(llm: LLM, segments, query, mode: str, cold_policy: Optional[str] = None):
+    out = llm.generate({"segments": list(segments) + [query]}, FIRST_TOKEN, pic_mode=mode,
+                       cold_policy=None if mode == "full_recompute" else cold_policy, use_tqdm=False)[0]
     return out.metrics.ttft * 1e3, out
 
 
 def measure(llm: LLM, segment_tokens: int, num_segments: int, query_tokens: int, repeats: int,
-            seed: int) -> Dict[str, object]:
+            seed: int, cold_policy: Optional[str] = None) -> Dict[str, object]:
     engine = llm.llm_engine
     vocab = engine.spec.vocab_size
     rng = random.Random(f"small-segments-{seed}-{segment_tokens}-{num_segments}")
@@ -83,14 +89,14 @@ def measure(llm: LLM, segment_tokens: int, num_segments: int, query_tokens: int,
         ms, ref = _ttft(llm, segments, query, "full_recompute")
         full.append(ms)
         engine.store.clear()
-        ms, out = _ttft(llm, segments, query, "hypic")
+        ms, out = _ttft(llm, segments, query, "hypic", cold_policy)
         cold.append(ms)
         row["cold_equal"] = out.outputs[0].token_ids == ref.outputs[0].token_ids
         entries = engine.store.snapshot()
         seg = [e for e in entries if e.key.kind != KIND_PREFIX]
         row.update(segment_entries=len(seg), segment_bytes=sum(e.nbytes for e in seg),
                    prefix_bytes=sum(e.nbytes for e in entries if e.key.kind == KIND_PREFIX))
-        ms, out = _ttft(llm, segments[::-1], query, "hypic")
+        ms, out = _ttft(llm, segments[::-1], query, "hypic", cold_policy)
         warm.append(ms)
         row["warm_cached_tokens"] = out.metrics.cached_tokens
     prompt_tokens = num_segments * segment_tokens + query_tokens
@@ -110,6 +116,8 @@ def measure(llm: LLM, segment_tokens: int, num_segments: int, query_tokens: int,
 def run(args: argparse.Namespace) -> Optional[int]:
     lengths = [int(x) for x in args.segment_tokens.split(",") if x.strip()]
     thresholds = _thresholds(args.min_tokens)
+    policies = [None if p.strip() == "default" else validate_cold_policy(p.strip())
+                for p in args.cold_policies.split(",") if p.strip()]
     if not lengths or min(lengths) < 1 or args.prompt_tokens < max(lengths) or args.repeats < 1:
         raise ValueError("--segment-tokens must be ints in [1, --prompt-tokens], --repeats >= 1")
     torch.manual_seed(args.seed)
@@ -122,15 +130,15 @@ def run(args: argparse.Namespace) -> Optional[int]:
                   max_num_batched_tokens=args.prompt_tokens + args.query_tokens,
                   pic_segment_min_tokens=threshold)
         try:
-            for length in lengths:
+            for length, policy in ((n, p) for n in lengths for p in policies):
                 t0 = time.perf_counter()
                 row = {"segment_tokens": length, "num_segments": args.prompt_tokens // length,
                        "prompt_tokens": (args.prompt_tokens // length) * length + args.query_tokens,
-                       "min_tokens": threshold}
+                       "min_tokens": threshold, "cold_policy": policy or llm.llm_engine.pic.cold_policy}
                 row.update(measure(llm, length, args.prompt_tokens // length, args.query_tokens, args.repeats,
-                                   args.seed))
+                                   args.seed, policy))
                 rows.append(row)
-                print(f"L={length:4d} min={threshold:4d} full {row['full_recompute_ms']:8.1f} ms  cold "
+                print(f"L={length:4d} min={threshold:4d} {row['cold_policy']:10s} full {row['full_recompute_ms']:8.1f} ms  cold "
                       f"{row['cold_ms']:8.1f} ({row['cold_ratio']:.2f}x)  warm {row['warm_ms']:8.1f} "
                       f"({row['warm_ratio']:.2f}x)  bytes {row['bytes_ratio']:.2f}x ideal "
                       f"[{time.perf_counter() - t0:.0f} s]", flush=True)
