@@ -34,9 +34,7 @@ import statistics
 import time
 from typing import Dict, List, Optional
 
-import torch
-
-from hypic.bench.common import provenance, write_report
+from hypic.bench.common import add_engine_arguments, report_row, rows_report
 from hypic.data.language import question_text
 from hypic.data.suites import DocumentPool
 from hypic.engine.sampling import SamplingParams
@@ -49,10 +47,7 @@ RELATIONS = ("lives", "job", "color", "animal")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="checkpoint folder or 'tiny' (its tokenizer reads the suites)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_arguments(p)  # a --model whose tokenizer reads the suites (the embedded tiny)
     p.add_argument("--block-tokens", default="64,128,256,512,1024,default",
                    help="comma-separated spacings ('default': the model's)")
     p.add_argument("--systems", type=int, default=6, help="shared prefixes")
@@ -158,10 +153,7 @@ def run(args: argparse.Namespace) -> Optional[int]:
     if not spacings or any(s is not None and s < 1 for s in spacings):
         raise ValueError(f"--block-tokens: expected ints >= 1 or 'default', got {args.block_tokens!r}")
     work = _Workloads(args)
-    rows: List[Dict[str, object]] = []
-    report = {"device": args.device, "model": args.model, "threads": torch.get_num_threads(),
-              "config": {k: v for k, v in vars(args).items() if k not in ("func", "argv")}, **provenance(args),
-              "rows": rows}
+    report = rows_report(args, [])
     for block in spacings:
         t0 = time.perf_counter()
         llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed, segment_cache_bytes=None,
@@ -171,11 +163,9 @@ def run(args: argparse.Namespace) -> Optional[int]:
             row.update(measure(llm, work))
         finally:
             llm.shutdown()
-        rows.append(row)
-        print(f"block {row['block_tokens']:5d}{' (default)' if block is None else '':10s} shared "
-              f"{row['shared_hit_fraction']:.3f} repeat {row['repeat_hit_fraction']:.3f} chat "
-              f"{row['chat_hit_fraction']:.3f}  bytes {row['bytes_ratio']:.2f}x  hit ttft {row['hit_ttft_ms']:.1f} ms "
-              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
-        if args.json:
-            write_report(args.json, report)
+        report_row(args, report, row,
+                   f"block {row['block_tokens']:5d}{' (default)' if block is None else '':10s} shared "
+                   f"{row['shared_hit_fraction']:.3f} repeat {row['repeat_hit_fraction']:.3f} chat "
+                   f"{row['chat_hit_fraction']:.3f}  bytes {row['bytes_ratio']:.2f}x  hit ttft "
+                   f"{row['hit_ttft_ms']:.1f} ms [{time.perf_counter() - t0:.0f} s]")
     return 0

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from hypic.bench.common import provenance, write_report
+from hypic.bench.common import add_engine_arguments, report_row, rows_report
 from hypic.engine.sampling import SamplingParams
 from hypic.entrypoints.llm import LLM
 from hypic.pic.keys import KIND_PREFIX
@@ -44,10 +44,7 @@ HELP = "many short segments against full recompute: TTFT and store bytes by segm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="checkpoint folder or 'tiny'")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_arguments(p)
     p.add_argument("--prompt-tokens", type=int, default=6219, help="segment tokens per prompt (691 x 9 by default)")
     p.add_argument("--segment-tokens", default="9,16,24,32,48,64,96,128", help="comma-separated segment lengths")
     p.add_argument("--min-tokens", default="0,default",
@@ -121,10 +118,7 @@ def run(args: argparse.Namespace) -> Optional[int]:
     if not lengths or min(lengths) < 1 or args.prompt_tokens < max(lengths) or args.repeats < 1:
         raise ValueError("--segment-tokens must be ints in [1, --prompt-tokens], --repeats >= 1")
     torch.manual_seed(args.seed)
-    rows: List[Dict[str, object]] = []
-    report = {"device": args.device, "model": args.model, "threads": torch.get_num_threads(),
-              "config": {k: v for k, v in vars(args).items() if k not in ("func", "argv")}, **provenance(args),
-              "rows": rows}
+    report = rows_report(args, [])
     for threshold in thresholds:
         llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed, segment_cache_bytes=None,
                   max_num_batched_tokens=args.prompt_tokens + args.query_tokens,
@@ -137,15 +131,11 @@ def run(args: argparse.Namespace) -> Optional[int]:
                        "min_tokens": threshold, "cold_policy": policy or llm.llm_engine.pic.cold_policy}
                 row.update(measure(llm, length, args.prompt_tokens // length, args.query_tokens, args.repeats,
                                    args.seed, policy))
-                rows.append(row)
-                print(f"L={length:4d} min={threshold:4d} {row['cold_policy']:10s} full {row['full_recompute_ms']:8.1f} ms  cold "
-                      f"{row['cold_ms']:8.1f} ({row['cold_ratio']:.2f}x)  warm {row['warm_ms']:8.1f} "
-                      f"({row['warm_ratio']:.2f}x)  bytes {row['bytes_ratio']:.2f}x ideal "
-                      f"[{time.perf_counter() - t0:.0f} s]", flush=True)
-                if args.json:
-                    write_report(args.json, report)
+                report_row(args, report, row,
+                           f"L={length:4d} min={threshold:4d} {row['cold_policy']:10s} full "
+                           f"{row['full_recompute_ms']:8.1f} ms  cold {row['cold_ms']:8.1f} ({row['cold_ratio']:.2f}x)"
+                           f"  warm {row['warm_ms']:8.1f} ({row['warm_ratio']:.2f}x)  bytes {row['bytes_ratio']:.2f}x "
+                           f"ideal [{time.perf_counter() - t0:.0f} s]")
         finally:
             llm.shutdown()
-    if args.json:
-        write_report(args.json, report)
     return 0

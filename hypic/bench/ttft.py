@@ -110,6 +110,9 @@ class TtftConfig:
     corpus_factor: float = 3.0
     warmup_requests: int = 2  # rag: sampled warm-up requests before the corpus-covering ones
     prefix_block_tokens: Optional[int] = None  # the prefix cache's spacing (None: the model's)
+    # segments shorter than this run live (0: every segment a seam leaves a body in is cached, so
+    # each mode's rows measure its mechanics at any segment size)
+    segment_min_tokens: int = 0
     max_seconds: Optional[float] = None  # no new sweep point starts after this
     fail_fast: bool = False
     progress: bool = True
@@ -211,7 +214,8 @@ class TtftBench:
     def _bench(self, mode: str, cold_policy: str) -> ModeBench:
         return ModeBench(self.model, self.spec, self.work, self.device, self.dtype, mode, cold_policy,
                          self.config.seam, self.config.store_bytes, self.model_name,
-                         prefix_block_tokens=self.config.prefix_block_tokens)
+                         prefix_block_tokens=self.config.prefix_block_tokens,
+                         segment_min_tokens=self.config.segment_min_tokens)
 
     def _progress(self, total: int, desc: str):
         try:
@@ -453,6 +457,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the corpus")
     p.add_argument("--prefix-block-tokens", type=int, default=None,
                    help="the prefix cache's checkpoint spacing (default: the model's)")
+    p.add_argument("--segment-min-tokens", type=int, default=0,
+                   help="segments shorter than this run live (default 0: every segment cached)")
     p.add_argument("--max-seconds", type=float, default=None, help="start no new sweep point after this")
     p.add_argument("--fail-fast", action="store_true", help="raise on the first error instead of recording it")
     p.add_argument("--no-progress", action="store_true")
@@ -482,7 +488,8 @@ def config_from_args(args: argparse.Namespace) -> TtftConfig:
         doc_tokens_min=doc[0], doc_tokens_max=doc[1], system_tokens=args.system_tokens,
         rag_query_tokens_min=rq[0], rag_query_tokens_max=rq[1], zipf_exponent=args.zipf,
         corpus_factor=args.corpus_factor, warmup_requests=args.warmup_requests,
-        prefix_block_tokens=args.prefix_block_tokens, max_seconds=args.max_seconds, fail_fast=args.fail_fast,
+        prefix_block_tokens=args.prefix_block_tokens, segment_min_tokens=args.segment_min_tokens,
+        max_seconds=args.max_seconds, fail_fast=args.fail_fast,
         progress=not args.no_progress, device_warmup=not args.no_device_warmup,
     )
 

@@ -54,13 +54,15 @@ class ModeBench:
     """Fresh store + keyer + runner for one (mode, cold policy)."""
 
     def __init__(self, model, spec, work: WorkModel, device, dtype, mode: str, cold_policy: str,
-                 seam, store_bytes: Optional[int], namespace: str, prefix_block_tokens: Optional[int] = None):
+                 seam, store_bytes: Optional[int], namespace: str, prefix_block_tokens: Optional[int] = None,
+                 segment_min_tokens: int = 0):
         from hypic.runner.pic_runner import PicRunner  # heavy import, only when benchmarking
 
         self.mode, self.cold_policy = mode, cold_policy
         self.device = torch.device(device)
         self.work = work
-        self.policy = PICConfig(mode=mode, seam=seam, cold_policy=cold_policy).resolve()
+        self.policy = PICConfig(mode=mode, seam=seam, cold_policy=cold_policy,
+                                segment_min_tokens=segment_min_tokens).resolve()
         spec_mode = self.policy.mode
         uses_store = spec_mode.name != "full_recompute"
         self.store = CountingStore(store_bytes, 0, device=self.device) if uses_store else None

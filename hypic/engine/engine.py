@@ -30,7 +30,8 @@ from hypic.engine.sampling import SamplingParams, sample
 from hypic.engine.scheduler import ScheduledBatch, Scheduler
 from hypic.engine.tokenizer import Tokenizer
 from hypic.engine.fingerprint import model_fingerprint, store_fingerprint
-from hypic.runner.pic_runner import ChunkWindow, PicRunner, resume_entry
+from hypic.runner.layout_pieces import ChunkWindow, resume_entry
+from hypic.runner.pic_runner import PicRunner
 from hypic.runner.segment_parallel import start_segment_workers
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model

@@ -23,7 +23,6 @@ from typing import Mapping, Optional, Sequence
 
 from hypic.bench.commands import BENCH_COMMANDS, BenchCommand
 from hypic.config import EngineConfig, add_engine_args
-from hypic.pic.segments import PIC_SEP
 
 
 # ---- generate -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ MOE_CONFIG = dict(TINY_CONFIG, model_type="qwen3_5_moe_text", num_experts=8, num
 def _plan(mode, segments, query, store=None, **kw):
     keyer = Keyer(KeyNamespace("floor-test", "float32"))
     kw.setdefault("segment_min_tokens", 0)
+    kw.setdefault("cold_policy", "inline")
     return plan_request(SegmentedPrompt(segments, query), PICConfig(mode=mode, **kw).resolve(),
                         store=store, keyer=keyer)
 

@@ -24,12 +24,7 @@ DOCS = [d.text for d in POOL.documents]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 
 @pytest.fixture(scope="module")
@@ -91,17 +86,19 @@ def test_chunked_prefill_writes_and_reuses_the_same_checkpoints(reference):
     assert got.outputs[0].token_ids == greedy(reference, longer).outputs[0].token_ids
 
 
-def test_segments_are_reused_after_a_cached_prefix():
-    llm = LLM("tiny", seed=0, prefix_block_tokens=64)
+@pytest.mark.parametrize("cold_policy", ["inline", "standalone"])
+def test_segments_are_reused_after_a_cached_prefix(cold_policy):
+    llm = LLM("tiny", seed=0, prefix_block_tokens=64, cold_policy=cold_policy)
     system, docs, question = " ".join(DOCS[:4]), DOCS[4:8], question_text("lives", POOL.documents[5].subject)
-    greedy(llm, PIC_SEP.join([system] + docs + [question]))  # cold: the segments and the prefix stored
-    reordered = PIC_SEP.join([system] + docs[::-1] + [question])
-    out = greedy(llm, reordered)
     system_tokens = len(llm.get_tokenizer().encode(system))
-    # the system segment (whole blocks of it, and its end, written in the exact region) and the
-    # documents after it through their segment entries
+    # the system part as a plain prompt (a chat's first turn) writes its prefix; then a segmented
+    # request (the documents as segments) finds it, and, reordered, its documents too
+    greedy(llm, f"{system} {question_text('job', 2)}")
+    first = greedy(llm, PIC_SEP.join([system] + docs + [question]))
+    assert system_tokens - 64 < first.metrics.prefix_hit_tokens <= system_tokens
+    out = greedy(llm, PIC_SEP.join([system] + docs[::-1] + [question]))
     assert system_tokens - 64 < out.metrics.prefix_hit_tokens <= system_tokens
-    assert out.metrics.cached_tokens > 0
+    assert out.metrics.cached_tokens > 0  # the documents after it, from their segment entries
 
 
 def test_cache_salt_keeps_tenants_apart_offline():
@@ -115,7 +112,7 @@ def test_cache_salt_keeps_tenants_apart_offline():
         for out in (other, unsalted):
             assert out.metrics.prefix_hit_tokens == 0 and out.metrics.cached_tokens == 0
         again = greedy(llm, {"prompt": prompt, "cache_salt": "tenant-a"})  # per prompt
-        assert again.metrics.prefix_hit_tokens > 0
+        assert again.metrics.prefix_hit_tokens + again.metrics.cached_tokens > 0
         assert first.outputs[0].token_ids == other.outputs[0].token_ids == again.outputs[0].token_ids
     with pytest.raises(ValueError, match="cache_salt"):
         greedy(llm, plain, cache_salt="")
@@ -162,7 +159,8 @@ def test_a_new_process_on_the_segment_cache_dir_reports_the_hits(tmp_path):
     second = run_process(tmp_path, prompts + [reordered])
     assert second["tokens"][:2] == first["tokens"]
     assert second["prefix_hits"][0] > 0.9 * len(" ".join(DOCS[:10]).split())
-    assert second["prefix_hits"][1] > 0 and second["segment_hits"][2] > 0 and second["warnings"] == []
+    # the segmented prompt's documents (segment entries), again and reordered
+    assert second["segment_hits"][1] > 0 and second["segment_hits"][2] > 0 and second["warnings"] == []
     # another dtype: refused with a clear error, nothing read
     refused = run_process(tmp_path, prompts, dtype="float64")
     assert "another model, dtype or configuration" in refused["error"] and "float32" in refused["error"]

@@ -26,8 +26,9 @@ def put(store, tokens, body_start):
 
 
 def plan(p, store=None, *, mode="hypic", seam=2, cold_policy="inline", **kw):
-    policy = PICConfig().resolve(mode=mode, seam=seam if mode == "hypic" else None,
-                                 cold_policy=cold_policy)
+    # every segment a seam leaves a body in is cached (test_short_segments_are_never_cached has the threshold)
+    policy = PICConfig(segment_min_tokens=0).resolve(mode=mode, seam=seam if mode == "hypic" else None,
+                                                     cold_policy=cold_policy)
     return plan_request(p, policy, store=store, keyer=KR, **kw)
 
 
@@ -214,7 +215,7 @@ def test_pic_composes_after_the_prefix_and_checkpoints_stop_at_the_first_body():
 
 def test_short_segments_are_never_cached():
     store = new_store()
-    policy = PICConfig(seam=2, segment_min_tokens=6).resolve()
+    policy = PICConfig(seam=2, segment_min_tokens=6, cold_policy="inline").resolve()
     rp = plan_request(prompt(A, B, C), policy, store=store, keyer=KR)
     assert [s.key is None for s in rp.spans[:3]] == [True, False, True]
     assert [s.writes_entry for s in rp.spans[:3]] == [False, True, False]
@@ -254,7 +255,7 @@ def test_precomputed_segment_keys_are_used_and_checked(monkeypatch):
 
     store = new_store()
     put(store, B, 2)
-    policy = PICConfig().resolve(mode="hypic", seam=2, cold_policy="inline")
+    policy = PICConfig(segment_min_tokens=0).resolve(mode="hypic", seam=2, cold_policy="inline")
     p = prompt(A, B, (7, 8))  # the 2-token segment is all seam: no key
     keys = segment_keys(p, policy, KR)
     assert keys[2] is None and keys[1] == KR.segment_key(B, 2)
