@@ -437,7 +437,8 @@ class SegmentStore:
             return True
 
     def clear(self) -> int:
-        """Drop every entry no request holds (both tiers). Returns how many were dropped."""
+        """Drop every entry no request holds (both memory tiers) and the disk tier's files (the
+        server's flush). Returns how many entries and files were dropped."""
         with self._lock:
             n = 0
             for key in [k for k, s in self._device.items() if s.refcount == 0]:
@@ -450,6 +451,8 @@ class SegmentStore:
                 self._host_bytes -= slot.nbytes
                 self._forget(key)
                 n += 1
+            if self.disk is not None:
+                n += self.disk.clear()
             return n
 
     # ---- internals (lock held) -----------------------------------------------------------

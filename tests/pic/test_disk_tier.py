@@ -70,6 +70,8 @@ def test_entries_survive_a_restart(tmp_path):
         h.release()
     st = fresh.stats()
     assert st.disk_hits == 5 and st.prefix_hits == 4 and st.device_entries == 5
+    assert fresh.clear() == 5 + 5 and entry_files(tmp_path) == []  # memory entries and files
+    assert fresh.acquire(seg.key) is None
     fresh.close()
 
 
