@@ -84,7 +84,9 @@ def match_prefix(store: SegmentStore, keyer: Keyer, tokens: Tuple[int, ...], *, 
             parent = handle.key
             parent_digest, position = parent.digest, position + block_tokens
         if position < limit:
-            leaf = store.acquire_prefix_child(parent, parent_digest, namespace, tuple(tokens[position:limit]))
+            # a leaf is shorter than a block: no more of the prompt is compared
+            rest = tuple(tokens[position:min(limit, position + block_tokens)])
+            leaf = store.acquire_prefix_child(parent, parent_digest, namespace, rest)
             if leaf is not None:
                 handles.append(leaf)
                 position += leaf.key.num_tokens

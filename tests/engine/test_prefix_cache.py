@@ -120,6 +120,14 @@ def test_cache_salt_keeps_tenants_apart_offline():
         greedy(llm, {"prompt": plain, "cache_salt": "x"}, cache_salt="y")
 
 
+def test_prefix_cache_mode_needs_the_prefix_cache(reference):
+    with pytest.raises(ValueError, match="prefix_cache needs enable_prefix_caching"):
+        LLM("tiny", seed=0, pic_mode="prefix_cache", enable_prefix_caching=False)
+    # without it, plain prompts take the plain path and nothing is stored
+    assert reference.generate(plain_prompt(3), GREEDY, use_tqdm=False)[0].metrics.prefix_hit_tokens == 0
+    assert reference.segment_cache_stats().prefix_entries == 0
+
+
 SCRIPT = textwrap.dedent("""
     import json, sys, warnings
     import torch
