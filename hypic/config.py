@@ -5,7 +5,7 @@
 * :class:`ModelConfig` (model, dtype, device, seed, load_format, max_model_len),
 * :class:`~hypic.pic.modes.PICConfig` (mode, seam, cold policy),
 * :class:`~hypic.engine.scheduler.SchedulerConfig` (max_num_batched_tokens, max_num_seqs),
-* :class:`CacheConfig` (the segment store's device and host tiers),
+* :class:`CacheConfig` (the segment store's device, host and disk tiers; the prefix cache),
 * :class:`~hypic.runner.segment_parallel.SegmentParallelConfig` (segment workers),
 * :class:`KernelConfig` (enforce_eager, moe_backend).
 
@@ -42,6 +42,7 @@ DTYPES: Dict[str, torch.dtype] = {
     "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
 }
 DEFAULT_SEGMENT_CACHE_BYTES = 8 << 30
+DEFAULT_DISK_CACHE_BYTES = 64 << 30
 
 
 def _is_int(value: Any) -> bool:
@@ -93,15 +94,32 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The segment store's byte budgets: ``segment_cache_bytes`` of device memory (None:
-    unbounded), ``host_cache_bytes`` of host memory below it (evicted entries spill there)."""
+    """The segment store (segment entries and prefix-cache checkpoints, one byte accounting):
+    ``segment_cache_bytes`` of device memory (None: unbounded), ``host_cache_bytes`` of host
+    memory below it (evicted entries spill there), and, with ``segment_cache_dir``, a directory
+    that every entry is written to and that a later engine started on it reads back (its own
+    budget ``disk_cache_bytes``; it refuses a directory another model, dtype or configuration
+    wrote). ``enable_prefix_caching``: automatic prefix caching of every prompt
+    (:mod:`hypic.pic.prefix`), its checkpoints every ``prefix_block_tokens`` tokens (None: the
+    model's own spacing, where a checkpoint costs at most the K/V of its block)."""
 
     segment_cache_bytes: Optional[int] = DEFAULT_SEGMENT_CACHE_BYTES
     host_cache_bytes: int = 0
+    enable_prefix_caching: bool = True
+    prefix_block_tokens: Optional[int] = None
+    segment_cache_dir: Optional[Union[str, Path]] = None
+    disk_cache_bytes: int = DEFAULT_DISK_CACHE_BYTES
 
     def __post_init__(self) -> None:
         _check_int("segment_cache_bytes", self.segment_cache_bytes, 0, optional=True)
         _check_int("host_cache_bytes", self.host_cache_bytes, 0)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        _check_int("prefix_block_tokens", self.prefix_block_tokens, 1, optional=True)
+        if self.segment_cache_dir is not None and (not isinstance(self.segment_cache_dir, (str, Path))
+                                                   or not str(self.segment_cache_dir)):
+            raise ValueError(f"segment_cache_dir must be a directory path or None, got {self.segment_cache_dir!r}")
+        _check_int("disk_cache_bytes", self.disk_cache_bytes, 0)
 
 
 @dataclass(frozen=True)
@@ -179,6 +197,11 @@ _BYTE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20
                "t": 1 << 40, "tib": 1 << 40}
 
 
+def parse_optional_str(text: str) -> Optional[str]:
+    """``none`` -> None, else the text."""
+    return None if text.lower() == "none" else text
+
+
 def parse_bytes(text: str) -> Optional[int]:
     """A byte count: ``1073741824``, ``512MiB``, ``8GiB`` (binary units; ``none``: None)."""
     if text.lower() == "none":
@@ -238,6 +261,8 @@ ENGINE_OPTIONS: Tuple[EngineOption, ...] = (
                  choices=tuple(MODES) + tuple(MODE_ALIASES)),
     EngineOption("seam", "pic", "seam", "seam window: tokens (int) or a fraction of each segment in (0, 1]",
                  parse_seam),
+    EngineOption("pic_segment_min_tokens", "pic", "segment_min_tokens",
+                 "segments shorter than this are not cached but computed live with their neighbours", int),
     EngineOption("cold_policy", "pic", "cold_policy",
                  "cold segments: inline (exact, context-bound entries), standalone (canonical entries "
                  "first, then all-hit) or canonical (exact now, canonical entries after)",
@@ -249,6 +274,15 @@ ENGINE_OPTIONS: Tuple[EngineOption, ...] = (
                  "segment store, device tier (bytes, e.g. 8GiB; none: unbounded)", parse_bytes),
     EngineOption("host_cache_bytes", "cache", "host_cache_bytes",
                  "segment store, host tier below the device tier (bytes, e.g. 32GiB)", parse_bytes),
+    EngineOption("enable_prefix_caching", "cache", "enable_prefix_caching",
+                 "automatic prefix caching of every prompt (checkpoints of the exact state at block boundaries)"),
+    EngineOption("prefix_block_tokens", "cache", "prefix_block_tokens",
+                 "tokens between prefix-cache checkpoints (none: the model's spacing, a checkpoint costing at "
+                 "most its block's K/V)", parse_optional_int),
+    EngineOption("segment_cache_dir", "cache", "segment_cache_dir",
+                 "directory of the segment store's persistent tier (entries survive a restart)", parse_optional_str),
+    EngineOption("disk_cache_bytes", "cache", "disk_cache_bytes",
+                 "segment store, disk tier in segment_cache_dir (bytes, e.g. 64GiB)", parse_bytes),
     EngineOption("segment_workers", "parallel", "num_workers",
                  "processes (one device each, the engine's included) that prefill standalone cold segments",
                  int),
@@ -284,6 +318,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-__all__ = ["CacheConfig", "DEFAULT_SEGMENT_CACHE_BYTES", "DTYPES", "ENGINE_OPTIONS", "EngineConfig", "EngineOption",
-           "KernelConfig", "ModelConfig", "PICConfig", "SchedulerConfig", "SegmentParallelConfig", "add_engine_args",
-           "parse_bytes", "parse_devices", "parse_optional_int", "parse_seam"]
+__all__ = ["CacheConfig", "DEFAULT_DISK_CACHE_BYTES", "DEFAULT_SEGMENT_CACHE_BYTES", "DTYPES", "ENGINE_OPTIONS",
+           "EngineConfig", "EngineOption", "KernelConfig", "ModelConfig", "PICConfig", "SchedulerConfig", "SegmentParallelConfig", "add_engine_args",
+           "parse_bytes", "parse_devices", "parse_optional_int", "parse_optional_str", "parse_seam"]

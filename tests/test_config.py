@@ -26,6 +26,11 @@ INVALID = {
     "max_num_seqs": (True, "max_num_seqs"),
     "segment_cache_bytes": (-1, "segment_cache_bytes"),
     "host_cache_bytes": (None, "host_cache_bytes"),
+    "enable_prefix_caching": (1, "enable_prefix_caching"),
+    "prefix_block_tokens": (0, "prefix_block_tokens"),
+    "segment_cache_dir": ("", "segment_cache_dir"),
+    "disk_cache_bytes": (-1, "disk_cache_bytes"),
+    "pic_segment_min_tokens": (-1, "segment_min_tokens"),
     "segment_workers": (0, "num_workers"),
     "segment_backend": ("mpi", "backend"),
     "segment_devices": (("cpu", "cpu"), "devices"),
@@ -49,6 +54,11 @@ OTHER = {
     "max_num_seqs": (4, "4"),
     "segment_cache_bytes": (None, "none"),
     "host_cache_bytes": (1 << 30, "1GiB"),
+    "enable_prefix_caching": (False, None),
+    "prefix_block_tokens": (128, "128"),
+    "segment_cache_dir": ("/tmp/hypic-cache", "/tmp/hypic-cache"),
+    "disk_cache_bytes": (1 << 30, "1GiB"),
+    "pic_segment_min_tokens": (32, "32"),
     "segment_workers": (2, "2"),
     "segment_backend": ("gloo", "gloo"),
     "segment_devices": (("cpu", "cpu"), "cpu,cpu"),
@@ -117,9 +127,9 @@ def test_cli_flags_are_one_to_one_with_the_fields():
         assert option.flag == "--" + option.name.replace("_", "-")
     assert EngineConfig.from_cli_args(parser.parse_args([])) == EngineConfig()
     argv = []
-    for name, (_, text) in OTHER.items():
+    for name, (value, text) in OTHER.items():
         flag = "--" + name.replace("_", "-")
-        argv += [flag] if text is None else [flag, text]
+        argv += ([flag] if value else ["--no-" + flag[2:]]) if text is None else [flag, text]
     args = parser.parse_args(argv)
     assert EngineConfig.from_cli_args(args).to_kwargs() == {name: value for name, (value, _) in OTHER.items()}
     assert EngineConfig.from_cli_args(parser.parse_args(["--seam", "4"])).pic.seam == 4

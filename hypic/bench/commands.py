@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, NamedTuple, Optional
 
-from hypic.bench import kernels, op_count, profile, quality, segment_parallel, serve, ttft
+from hypic.bench import (kernels, op_count, prefix_spacing, profile, quality, segment_parallel, serve,
+                         small_segments, ttft)
 
 
 class BenchCommand(NamedTuple):
@@ -23,4 +24,6 @@ BENCH_COMMANDS: Dict[str, BenchCommand] = {
     "op-count": BenchCommand(op_count.HELP, op_count.add_arguments, op_count.run),
     "segment-parallel": BenchCommand(segment_parallel.HELP, segment_parallel.add_arguments, segment_parallel.run),
     "serve": BenchCommand(serve.HELP, serve.add_arguments, serve.run),
+    "small-segments": BenchCommand(small_segments.HELP, small_segments.add_arguments, small_segments.run),
+    "prefix-spacing": BenchCommand(prefix_spacing.HELP, prefix_spacing.add_arguments, prefix_spacing.run),
 }

@@ -123,3 +123,29 @@ def write_report(path: str, report: Dict) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1, default=str)
     os.replace(tmp, path)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--device``, ``--dtype``, ``--seed`` of a benchmark that serves through an
+    engine (``hypic.LLM``), CPU by default."""
+    p.add_argument("--model", default="tiny", help="checkpoint folder or 'tiny'")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def rows_report(args: argparse.Namespace, rows: List[Dict]) -> Dict:
+    """The JSON report of a benchmark whose results are ``rows`` (filled as it runs): the device,
+    model and thread count, its options, its provenance."""
+    return {"device": args.device, "model": args.model, "threads": torch.get_num_threads(),
+            "config": {k: v for k, v in vars(args).items() if k not in ("func", "argv")}, **provenance(args),
+            "rows": rows}
+
+
+def report_row(args: argparse.Namespace, report: Dict, row: Dict, line: str) -> None:
+    """Add ``row`` to ``report``'s rows, print ``line`` and rewrite ``--json`` (a run cut short
+    keeps what it measured)."""
+    report["rows"].append(row)
+    print(line, flush=True)
+    if args.json:
+        write_report(args.json, report)

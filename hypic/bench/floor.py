@@ -118,13 +118,12 @@ class WorkModel:
         flops = self.flops.prefill(main_live, visible_pairs(plan), logits_rows=1)
         nbytes = self.weight_bytes(main_live) + main_live * self.kv_bytes_per_token
         resume = plan.resume_handle
+        for h in plan.prefix_handles:
+            # every checkpoint's K/V is attended to, but only the last one's linear state is read
+            # (the resume point)
+            nbytes += h.entry.nbytes if h is resume else sum(a.nbytes for a in h.entry.attention.values())
         for h in plan.handles:
-            if plan.prefix_num_segments and h is not resume:
-                # prefix_cache: every checkpoint's K/V is attended to, but only the last one's
-                # linear state is read (the resume point)
-                nbytes += sum(a.nbytes for a in h.entry.attention.values())
-            else:
-                nbytes += h.entry.nbytes
+            nbytes += h.entry.nbytes
         nbytes += written_entry_bytes + reread_entry_bytes
         standalone = [len(plan.prompt.segments[i]) for i in plan.standalone_segments]
         sa_tokens = sum(standalone)

@@ -14,7 +14,8 @@ from hypic.bench.quality_run import ALL_MODES, Configuration, RequestRecord
 class QualityResult:
     """One (task, configuration) cell. ``score`` is the mean per-request score (0-100);
     ``gap_to_full`` = full_recompute's score minus this score (points lost; None when
-    full_recompute was not run)."""
+    full_recompute was not run); ``same_as_full``: the requests whose output equals
+    full_recompute's on the same request (None likewise)."""
 
     task: str
     mode: str
@@ -25,6 +26,8 @@ class QualityResult:
     gap_to_full: Optional[float]
     cached_tokens_mean: float
     live_tokens_mean: float
+    same_as_full: Optional[int] = None
+    prefix_hit_tokens_mean: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -39,31 +42,38 @@ def summarize(
 ) -> Tuple[QualityResult, ...]:
     """``runs``: (task, configuration, records) triples in run order -> one result per triple."""
     full: Dict[str, float] = {}
+    full_predictions: Dict[str, Dict[str, str]] = {}
     for task, config, records in runs:
         if config.mode == "full_recompute" and records:
             full[task] = _mean([r.score for r in records])
+            full_predictions[task] = {r.request_id: r.prediction for r in records}
     results = []
     for task, config, records in runs:
         score = _mean([r.score for r in records])
         gap = full[task] - score if task in full and records else None
+        same = None
+        if task in full_predictions:
+            same = sum(full_predictions[task].get(r.request_id) == r.prediction for r in records)
         results.append(QualityResult(
             task=task, mode=config.mode, seam=config.seam, cold_policy=config.cold_policy, n=len(records),
             score=score, gap_to_full=gap,
             cached_tokens_mean=_mean([r.cached_tokens for r in records]),
             live_tokens_mean=_mean([r.live_tokens for r in records]),
+            same_as_full=same, prefix_hit_tokens_mean=_mean([r.prefix_hit_tokens for r in records]),
         ))
     return tuple(results)
 
 
 def format_table(results: Sequence[QualityResult]) -> str:
     """A fixed-width text table, one row per (task, configuration)."""
-    header = ("task", "mode", "seam", "cold", "n", "score", "gap", "cached", "live")
+    header = ("task", "mode", "seam", "cold", "n", "score", "gap", "same", "cached", "prefix", "live")
     rows = []
     for r in results:
         rows.append((
             r.task, r.mode, "-" if r.seam is None else str(r.seam), r.cold_policy or "-", str(r.n),
             f"{r.score:.2f}", "-" if r.gap_to_full is None else f"{r.gap_to_full:+.2f}",
-            f"{r.cached_tokens_mean:.1f}", f"{r.live_tokens_mean:.1f}",
+            "-" if r.same_as_full is None else str(r.same_as_full),
+            f"{r.cached_tokens_mean:.1f}", f"{r.prefix_hit_tokens_mean:.1f}", f"{r.live_tokens_mean:.1f}",
         ))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
@@ -71,7 +81,8 @@ def format_table(results: Sequence[QualityResult]) -> str:
     for row in rows:
         lines.append("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     lines.append("score: mean per-request score (0-100); gap: full_recompute score - score (points lost); "
-                 "cached / live: mean prompt tokens reused from the store / computed per request")
+                 "same: outputs equal to full_recompute's; cached / prefix / live: mean prompt tokens reused "
+                 "from segment entries / from prefix-cache checkpoints / computed per request")
     return "\n".join(lines)
 
 

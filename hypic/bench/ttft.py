@@ -16,6 +16,12 @@ Cases (each swept over ``--prompt-tokens`` x ``--segment-tokens``):
 * ``rag``: the synthetic RAG trace of :mod:`hypic.bench.rag_trace`; warm-up requests until every
   document was seen once (``--warmup-requests`` sampled ones, then requests packing the documents
   not yet seen) and one more trace request, then the same measured requests through each mode.
+* ``plain_repeat``: one plain prompt of ``P`` tokens (no segments), sent once untimed (cold: it
+  writes its prefix-cache checkpoints) and then again for each measured request: every mode but
+  ``full_recompute`` finds all of it but its last token in the prefix cache.
+
+Every mode but ``full_recompute`` runs with the automatic prefix cache (as an engine does),
+its checkpoints every ``--prefix-block-tokens`` tokens (default: the model's spacing).
 
 Before its measured requests every mode runs the point's warm-up requests untimed (``cold``: one
 extra cold prompt of the same shape, sharing no tokens with the measured ones; ``full_recompute``,
@@ -74,20 +80,26 @@ from hypic.bench.rag_trace import RagTrace, RagTraceConfig
 from hypic.bench.ttft_mode import ModeBench, Sample
 from hypic.bench.ttft_report import (format_table, mean, merge_reports, parse_bytes, percentile, write_json,
                                      write_plots)
+from hypic.pic.keys import KIND_SEGMENT
 from hypic.pic.modes import COLD_INLINE, COLD_STANDALONE, MODES, get_mode, validate_seam
 from hypic.pic.payload import payload_nbytes
 from hypic.pic.segments import SegmentedPrompt
 
-CASES = ("cold", "all_hit", "rag")
+CASES = ("cold", "all_hit", "rag", "plain_repeat")
+DEFAULT_CASES = ("cold", "all_hit", "rag")
 
 
 def linear_bytes_per_cached_token(entries) -> Optional[float]:
-    """Bytes the store holds for the linear layers (summaries and conv tails; a checkpoint's states)
-    per body token of ``entries``; None without entries."""
-    tokens = sum(e.num_body_tokens for e in entries)
+    """Bytes the store holds for the linear layers of its segment entries (summaries and conv
+    tails) per body token: what reusing a segment costs beside its K/V (prefix checkpoints, which
+    hold states, are left out); None without segment entries."""
+    segments = [e for e in entries if e.key.kind == KIND_SEGMENT]
+    tokens = sum(e.num_body_tokens for e in segments)
     if not tokens:
         return None
-    return sum(payload_nbytes(p) for e in entries for p in e.linear.values()) / tokens
+    return sum(payload_nbytes(p) for e in segments for p in e.linear.values()) / tokens
+
+
 ALL_MODES = tuple(MODES)  # full_recompute, prefix_cache, addition, transition, transition_rope, hypic
 
 
@@ -96,7 +108,7 @@ ALL_MODES = tuple(MODES)  # full_recompute, prefix_cache, addition, transition, 
 
 @dataclass(frozen=True)
 class TtftConfig:
-    cases: Tuple[str, ...] = CASES
+    cases: Tuple[str, ...] = DEFAULT_CASES
     modes: Tuple[str, ...] = ALL_MODES
     seam: object = 8
     prompt_tokens: Tuple[int, ...] = (8192, 32768, 131072)
@@ -115,6 +127,10 @@ class TtftConfig:
     zipf_exponent: float = 1.0
     corpus_factor: float = 3.0
     warmup_requests: int = 2  # rag: sampled warm-up requests before the corpus-covering ones
+    prefix_block_tokens: Optional[int] = None  # the prefix cache's spacing (None: the model's)
+    # segments shorter than this run live (0: every segment a seam leaves a body in is cached, so
+    # each mode's rows measure its mechanics at any segment size)
+    segment_min_tokens: int = 0
     max_seconds: Optional[float] = None  # no new sweep point starts after this
     fail_fast: bool = False
     progress: bool = True
@@ -215,7 +231,9 @@ class TtftBench:
 
     def _bench(self, mode: str, cold_policy: str) -> ModeBench:
         return ModeBench(self.model, self.spec, self.work, self.device, self.dtype, mode, cold_policy,
-                         self.config.seam, self.config.store_bytes, self.model_name)
+                         self.config.seam, self.config.store_bytes, self.model_name,
+                         prefix_block_tokens=self.config.prefix_block_tokens,
+                         segment_min_tokens=self.config.segment_min_tokens)
 
     def _progress(self, total: int, desc: str):
         try:
@@ -392,9 +410,17 @@ class TtftBench:
             r["warmup_requests"] = len(warmup)
         return rows
 
+    def case_plain_repeat(self, prompt_tokens: int, segment_tokens: int) -> List[Dict]:
+        rng = random.Random(f"plain_repeat-{self.config.seed}-{prompt_tokens}")
+        prompt = SegmentedPrompt((), _random_tokens(rng, prompt_tokens, self.spec.vocab_size))
+        rows = self._measure("plain_repeat", prompt_tokens, segment_tokens, [prompt],
+                             [prompt] * self.config.num_requests)
+        return _with_prefix_cache_speedup(rows)
+
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> List[Dict]:
-        cases = {"cold": self.case_cold, "all_hit": self.case_all_hit, "rag": self.case_rag}
+        cases = {"cold": self.case_cold, "all_hit": self.case_all_hit, "rag": self.case_rag,
+                 "plain_repeat": self.case_plain_repeat}
         if self.config.device_warmup:
             self.device_warmup()
         # Segment size outermost, then prompt length, then case: with a time budget the first
@@ -432,7 +458,7 @@ def _int_list(text: str, name: str) -> Tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated: cold,all_hit,rag")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma-separated: " + ",".join(CASES))
     p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated PIC modes")
     p.add_argument("--seam", default="8", help="hypic seam: int tokens or a fraction in (0, 1]")
     p.add_argument("--prompt-tokens", default="8192,32768,131072")
@@ -450,6 +476,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-requests", type=int, default=2,
                    help="rag: trace requests sampled for the warm-up before the requests that cover the rest "
                         "of the corpus")
+    p.add_argument("--prefix-block-tokens", type=int, default=None,
+                   help="the prefix cache's checkpoint spacing (default: the model's)")
+    p.add_argument("--segment-min-tokens", type=int, default=0,
+                   help="segments shorter than this run live (default 0: every segment cached)")
     p.add_argument("--max-seconds", type=float, default=None, help="start no new sweep point after this")
     p.add_argument("--fail-fast", action="store_true", help="raise on the first error instead of recording it")
     p.add_argument("--no-progress", action="store_true")
@@ -478,7 +508,9 @@ def config_from_args(args: argparse.Namespace) -> TtftConfig:
         store_bytes=parse_bytes(args.store_bytes), seed=args.seed,
         doc_tokens_min=doc[0], doc_tokens_max=doc[1], system_tokens=args.system_tokens,
         rag_query_tokens_min=rq[0], rag_query_tokens_max=rq[1], zipf_exponent=args.zipf,
-        corpus_factor=args.corpus_factor, warmup_requests=args.warmup_requests, max_seconds=args.max_seconds, fail_fast=args.fail_fast,
+        corpus_factor=args.corpus_factor, warmup_requests=args.warmup_requests,
+        prefix_block_tokens=args.prefix_block_tokens, segment_min_tokens=args.segment_min_tokens,
+        max_seconds=args.max_seconds, fail_fast=args.fail_fast,
         progress=not args.no_progress, device_warmup=not args.no_device_warmup,
     )
 

@@ -54,24 +54,30 @@ class ModeBench:
     """Fresh store + keyer + runner for one (mode, cold policy)."""
 
     def __init__(self, model, spec, work: WorkModel, device, dtype, mode: str, cold_policy: str,
-                 seam, store_bytes: Optional[int], namespace: str):
+                 seam, store_bytes: Optional[int], namespace: str, prefix_block_tokens: Optional[int] = None,
+                 segment_min_tokens: int = 0):
         from hypic.runner.pic_runner import PicRunner  # heavy import, only when benchmarking
 
         self.mode, self.cold_policy = mode, cold_policy
         self.device = torch.device(device)
         self.work = work
-        self.policy = PICConfig(mode=mode, seam=seam, cold_policy=cold_policy).resolve()
+        self.policy = PICConfig(mode=mode, seam=seam, cold_policy=cold_policy,
+                                segment_min_tokens=segment_min_tokens).resolve()
         spec_mode = self.policy.mode
-        uses_store = spec_mode.uses_segment_store or spec_mode.uses_prefix_checkpoints
+        uses_store = spec_mode.name != "full_recompute"
         self.store = CountingStore(store_bytes, 0, device=self.device) if uses_store else None
         self.keyer = Keyer(KeyNamespace(namespace, str(dtype).replace("torch.", "")))
         self.runner = PicRunner(model, spec, self.store, self.device, dtype)
+        # the prefix cache, as an engine runs it (every mode but full_recompute, which keeps nothing)
+        self.prefix_block_tokens = (prefix_block_tokens or self.runner.default_prefix_block_tokens()) \
+            if uses_store else None
         # CUDA graphs of the row-wise phases for every token bucket, before any timed request
         # (a serving engine captures them at start-up); shared by every mode's runner.
         self.runner.capture_graphs()
 
     def plan(self, prompt: SegmentedPrompt) -> RequestPlan:
-        return plan_request(prompt, self.policy, store=self.store, keyer=self.keyer)
+        return plan_request(prompt, self.policy, store=self.store, keyer=self.keyer,
+                            prefix_block_tokens=self.prefix_block_tokens)
 
     def run(self, prompt: SegmentedPrompt) -> Sample:
         """Plan and prefill one request; TTFT between device synchronisations."""

@@ -172,7 +172,7 @@ class AsyncLLMEngine:
     ) -> RequestStream:
         """Submit a request; returns its stream once the loop accepted it. ``options``: the
         per-request PIC settings of :meth:`LLMEngine.add_request` (mode, seam, cold_policy,
-        tenant_salt). Raises ValueError (bad input), QueueFullError, EngineClosedError."""
+        cache_salt). Raises ValueError (bad input), QueueFullError, EngineClosedError."""
         if request_id is None:
             request_id = f"async-{next(self._ids)}"
         stream = RequestStream(request_id, asyncio.get_running_loop(), self)

@@ -29,12 +29,15 @@ from hypic.engine.request import PicState, Request
 from hypic.engine.sampling import SamplingParams, sample, token_logprobs
 from hypic.engine.scheduler import ScheduledBatch, Scheduler
 from hypic.engine.tokenizer import Tokenizer
+from hypic.engine.fingerprint import model_fingerprint, store_fingerprint
+from hypic.runner.layout_pieces import ChunkWindow, resume_entry
 from hypic.runner.pic_runner import PicRunner
 from hypic.runner.segment_parallel import start_segment_workers
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model
+from hypic.pic.disk_tier import DiskTier
 from hypic.pic.keys import Keyer, KeyNamespace
-from hypic.pic.modes import COLD_CANONICAL
+from hypic.pic.modes import COLD_CANONICAL, get_mode
 from hypic.pic.plan import plan_request, segment_keys
 from hypic.pic.segments import PIC_SEP, SegmentedPrompt, build_segmented_prompt
 from hypic.pic.store import SegmentStore, StoreStats
@@ -123,6 +126,7 @@ class LLMEngine:
             max_model_len=max_model_len,
             eos_token_ids=self.eos_token_ids,
             detokenize=self.tokenizer.decode if self.tokenizer else None,
+            lookup_prefix=self._lookup_prefix if cache_cfg.enable_prefix_caching else None,
         )
         # Seeds for requests without their own: drawn in arrival order, so a run is reproducible.
         self._seed_generator = torch.Generator().manual_seed(seed)
@@ -133,12 +137,27 @@ class LLMEngine:
         # the ``pic`` defaults and prefilled in one step by the PIC runner; the rest takes the
         # plain path.
         self.pic = config.pic
-        self.store = SegmentStore(cache_cfg.segment_cache_bytes, cache_cfg.host_cache_bytes, device=self.device)
-        model_id = f"{self.model_path.resolve()}|{load_format}|{seed if load_format == 'dummy' else ''}"
-        self.keyer = Keyer(KeyNamespace(model_id, str(self.dtype).replace("torch.", "")))
+        # keys name the model by its content (hypic.engine.fingerprint): entries persisted in a
+        # segment_cache_dir stay valid wherever the checkpoint lives, and only for it
+        model_id = model_fingerprint(self.model_path, load_format, seed)
+        dtype_name = str(self.dtype).replace("torch.", "")
+        self.keyer = Keyer(KeyNamespace(model_id, dtype_name))
+        disk = None
+        if cache_cfg.segment_cache_dir is not None:
+            disk = DiskTier(str(cache_cfg.segment_cache_dir), cache_cfg.disk_cache_bytes,
+                            store_fingerprint(model_id, dtype_name))
+        self.store = SegmentStore(cache_cfg.segment_cache_bytes, cache_cfg.host_cache_bytes, device=self.device,
+                                  disk=disk)
         enforce_eager = config.kernel.enforce_eager
         self.pic_runner = PicRunner(self.model, self.spec, self.store, self.device, self.dtype,
                                     enforce_eager=enforce_eager)
+        # automatic prefix caching of every prompt (hypic.pic.prefix): its checkpoint spacing
+        self.prefix_block_tokens = None
+        if cache_cfg.enable_prefix_caching:
+            self.prefix_block_tokens = (cache_cfg.prefix_block_tokens
+                                        or self.pic_runner.default_prefix_block_tokens())
+        elif config.pic.mode is not None and get_mode(config.pic.mode).uses_prefix_checkpoints:
+            raise ValueError("pic_mode prefix_cache needs enable_prefix_caching")
         self.segment_workers = start_segment_workers(
             config.parallel, self.spec, model_dir=str(self.model_path), dtype=self.dtype, device=self.device,
             load_format=load_format, seed=seed, enforce_eager=enforce_eager,
@@ -149,11 +168,13 @@ class LLMEngine:
         self.pic_runner.capture_graphs(config.scheduler.max_num_batched_tokens)
 
     def shutdown(self) -> None:
-        """Stop the segment workers (if any) and leave their process group; idempotent."""
+        """Stop the segment workers (if any) and leave their process group, and write what is
+        queued for the segment store's disk tier; idempotent."""
         if self.segment_workers is not None:
             self.pic_runner.segment_parallel = None
             workers, self.segment_workers = self.segment_workers, None
             workers.close()
+        self.store.close()
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(
@@ -165,32 +186,45 @@ class LLMEngine:
         mode: str | None = None,
         seam: int | float | None = None,
         cold_policy: str | None = None,
-        tenant_salt: str | None = None,
+        cache_salt: str | None = None,
     ) -> str:
         """Queue a request; returns its id. ``prompt``: text, token ids, or a vLLM-style dict
-        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``; for segment caching also text with
-        ``<<PIC_SEP>>`` between segments, a list of segments (strings or token-id lists, the last
-        one the query) or ``{"segments": [...]}``. ``mode`` / ``seam`` / ``cold_policy`` override
-        the engine's PIC settings for this request. Raises ValueError for input that cannot be
-        served (empty prompt or segment, token ids outside the vocabulary, prompt longer than
-        max_model_len, prompt + max_tokens longer than max_model_len, unknown mode, ...)."""
+        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}`` (either may carry ``"cache_salt"``);
+        for segment caching also text with ``<<PIC_SEP>>`` between segments, a list of segments
+        (strings or token-id lists, the last one the query) or ``{"segments": [...]}``. ``mode`` /
+        ``seam`` / ``cold_policy`` override the engine's PIC settings for this request.
+        ``cache_salt``: the tenant whose cache entries (segments, prefix checkpoints) the request
+        may reuse and writes; entries of one salt never serve another. Raises ValueError for
+        input that cannot be served (empty prompt or segment, token ids outside the vocabulary,
+        prompt longer than max_model_len, prompt + max_tokens longer than max_model_len, unknown
+        mode, ...)."""
         if sampling_params is None:
             sampling_params = SamplingParams()
         if request_id is None:
             request_id = str(next(self._request_counter))
+        if isinstance(prompt, dict) and "cache_salt" in prompt:
+            if cache_salt is not None and cache_salt != prompt["cache_salt"]:
+                raise ValueError(f"request {request_id}: two different cache_salt values (the prompt's and the call's)")
+            cache_salt = prompt["cache_salt"]
+            prompt = {k: v for k, v in prompt.items() if k != "cache_salt"}
+        if isinstance(prompt, dict) and set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
+            prompt = prompt["prompt"]  # vLLM's TextPrompt: the text itself (its segments included)
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"request {request_id}: cache_salt must be a non-empty string, got {cache_salt!r}")
         segmented = self._segmented_prompt(prompt, request_id, any(x is not None for x in (mode, seam, cold_policy)))
         if segmented is not None:
             policy = self.pic.resolve(mode=mode, seam=seam, cold_policy=cold_policy)
             prompt_text = prompt if isinstance(prompt, str) else None
             # keyed once (keying hashes every token): for the scheduler charge and the plan
-            keys = (segment_keys(segmented, policy, self.keyer, tenant_salt)
+            keys = (segment_keys(segmented, policy, self.keyer, cache_salt)
                     if policy.mode.uses_segment_store else None)
             pic = PicState(segmented, policy, self._expected_live_tokens(segmented, policy, keys),
-                           tenant_salt=tenant_salt, segment_keys=keys)
-            request = Request(request_id, list(segmented.token_ids), sampling_params, prompt=prompt_text, pic=pic)
+                           tenant_salt=cache_salt, segment_keys=keys)
+            request = Request(request_id, list(segmented.token_ids), sampling_params, prompt=prompt_text, pic=pic,
+                              cache_salt=cache_salt)
         else:
             prompt_text, prompt_ids = self._prompt_token_ids(prompt, request_id)
-            request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text)
+            request = Request(request_id, prompt_ids, sampling_params, prompt=prompt_text, cache_salt=cache_salt)
         self.scheduler.check_request(request)
         room = self.max_model_len - request.num_prompt_tokens
         if sampling_params.max_tokens is None:
@@ -241,7 +275,7 @@ class LLMEngine:
         canonical = policy.cold_policy == COLD_CANONICAL
         live = len(prompt.query)
         for seg, key in zip(prompt.segments, keys):
-            w = policy.seam_tokens(len(seg))
+            w = policy.live_tokens(len(seg))
             hit = key is not None and key in self.store
             live += w if hit else len(seg)
             if canonical and not hit and w < len(seg):
@@ -286,7 +320,26 @@ class LLMEngine:
         if request is None:
             return False
         request.cache = None
+        self._release_prefix_plan(request)
         return True
+
+    def _lookup_prefix(self, request: Request) -> int:
+        """The scheduler's hook (first scheduling of a request prefilled in chunks): the prefix
+        cache's plan of the request's prompt, kept on the request for its chunks (holding the
+        checkpoints it found until its first chunk has run); returns the tokens they cover."""
+        prompt = SegmentedPrompt((), tuple(request.prompt_token_ids))
+        plan = plan_request(prompt, self.pic.resolve(), store=self.store, keyer=self.keyer,
+                            max_model_len=self.max_model_len, tenant_salt=request.cache_salt,
+                            request_id=request.request_id, prefix_block_tokens=self.prefix_block_tokens)
+        request.prefix_plan = plan
+        request.metrics.prefix_hit_tokens = plan.prefix_tokens
+        return plan.prefix_tokens
+
+    @staticmethod
+    def _release_prefix_plan(request: Request) -> None:
+        if request.prefix_plan is not None:
+            request.prefix_plan.release()
+            request.prefix_plan = None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -311,6 +364,8 @@ class LLMEngine:
             self.stats.num_decode_tokens += batch.num_tokens
         outputs = []
         for request in updated:
+            if request.prefix_plan is not None and request.num_computed_tokens >= request.num_prompt_tokens:
+                self._release_prefix_plan(request)  # prefilled: its checkpoints are written
             if request.is_finished:
                 request.cache = None  # release the K/V and recurrent state now
             outputs.append(RequestOutput.from_request(request))
@@ -319,12 +374,16 @@ class LLMEngine:
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch) -> tuple[list[int], list | None]:
         """The step's forward and sampling: one token per sampling request, and their
-        ``{token_id: Logprob}`` where requested (None when no request of the batch asked)."""
-        pic = [i for i, r in enumerate(batch.requests) if batch.is_prefill and r.atomic_prefill]
-        plain = [i for i in range(len(batch.requests)) if not (batch.is_prefill and batch.requests[i].atomic_prefill)]
+        ``{token_id: Logprob}`` where requested (None when no request of the batch asked).
+        Prefills run through the PIC runner: segmented prompts (whole) and, with the prefix
+        cache, every other prompt (chunk by chunk); the rest (decode steps, prefills without the
+        prefix cache) through the plain context."""
+        pic = [i for i, r in enumerate(batch.requests)
+               if batch.is_prefill and (r.atomic_prefill or r.prefix_plan is not None)]
+        plain = [i for i in range(len(batch.requests)) if i not in set(pic)]
         rows: dict[int, torch.Tensor] = {}
         if pic:
-            rows.update(self._run_pic([batch.requests[i] for i in pic], pic))
+            rows.update(self._run_pic(batch, pic))
         if plain:
             rows.update(self._run_plain(batch, plain))
         sampling = [i for i, s in enumerate(batch.samples) if s]
@@ -373,25 +432,46 @@ class LLMEngine:
         logits = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), ctx.positions, ctx)
         return dict(zip(sampled, logits))
 
-    def _run_pic(self, requests: list[Request], indices: list[int]) -> dict[int, torch.Tensor]:
-        plans = []
+    def _run_pic(self, batch: ScheduledBatch, indices: list[int]) -> dict[int, torch.Tensor]:
+        """One PIC-runner forward over the batch's requests ``indices``: segmented prompts
+        planned and prefilled whole, chunks of prefix-cached prompts (their plan made when they
+        were first scheduled) from where their previous chunk ended."""
+        requests = [batch.requests[i] for i in indices]
+        plans, windows, owned = [], [], []
         try:
-            for r in requests:
-                pic = r.pic
-                plans.append(plan_request(
-                    pic.prompt, pic.policy, store=self.store, keyer=self.keyer,
-                    max_model_len=self.max_model_len, tenant_salt=pic.tenant_salt,
-                    request_id=r.request_id, segment_keys=pic.segment_keys,
-                ))
-            results = self.pic_runner.prefill(plans)
+            for i, r in zip(indices, requests):
+                if r.atomic_prefill:
+                    pic = r.pic
+                    plan = plan_request(
+                        pic.prompt, pic.policy, store=self.store, keyer=self.keyer,
+                        max_model_len=self.max_model_len, tenant_salt=pic.tenant_salt,
+                        request_id=r.request_id, segment_keys=pic.segment_keys,
+                        prefix_block_tokens=self.prefix_block_tokens,
+                    )
+                    owned.append(plan)
+                    windows.append(None)
+                else:
+                    plan = r.prefix_plan
+                    start, end = batch.start_positions[i], batch.start_positions[i] + batch.num_scheduled_tokens[i]
+                    resume = None
+                    if start > plan.prefix_tokens:
+                        resume = resume_entry(r.cache, self.spec, self.keyer.namespace, r.prompt_token_ids[:start])
+                    windows.append(ChunkWindow(start, end, resume))
+                plans.append(plan)
+            results = self.pic_runner.prefill(plans, windows)
         finally:
-            for plan in plans:
+            for plan in owned:
                 plan.release()
         out = {}
-        for i, r, plan, res in zip(indices, requests, plans, results):
+        for i, r, plan, window, res in zip(indices, requests, plans, windows, results):
             r.cache = res.cache
-            r.metrics.cached_tokens = plan.cached_tokens
-            r.metrics.prefix_hit_tokens = plan.prefix_hit_tokens
-            r.metrics.live_tokens = plan.live_tokens + plan.standalone_tokens
-            out[i] = res.logits
+            if window is None:
+                r.metrics.cached_tokens = plan.cached_tokens
+                r.metrics.prefix_hit_tokens = plan.prefix_hit_tokens
+                r.metrics.live_tokens = plan.live_tokens + plan.standalone_tokens
+            else:
+                plan.release_prefix()  # its K/V is in the request's cache now
+                r.metrics.live_tokens = (r.metrics.live_tokens or 0) + res.live_tokens
+            if res.logits is not None:
+                out[i] = res.logits
         return out

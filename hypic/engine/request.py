@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: this module stays importable without torc
     from hypic.engine.context import SequenceCache
     from hypic.pic.keys import StoreKey
     from hypic.pic.modes import RequestPolicy
+    from hypic.pic.plan import RequestPlan
     from hypic.pic.segments import SegmentedPrompt
 
 
@@ -97,6 +98,7 @@ class Request:
         prompt: str | None = None,
         arrival_time: float | None = None,
         pic: PicState | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -133,6 +135,13 @@ class Request:
         self.cache: Optional["SequenceCache"] = None
         self.generator: Optional["torch.Generator"] = None
         self.pic = pic
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"request {request_id}: cache_salt must be a string or None, got {type(cache_salt).__name__}")
+        # the tenant whose cache entries the request may use and writes (store keys carry it)
+        self.cache_salt = cache_salt
+        # set by the engine when the prefix cache plans the request's chunked prefill
+        # (hypic.pic.plan.RequestPlan: the checkpoints it resumes from and those it writes)
+        self.prefix_plan: Optional["RequestPlan"] = None
 
     @property
     def atomic_prefill(self) -> bool:

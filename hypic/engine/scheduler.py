@@ -12,7 +12,9 @@ Prefill goes first whenever a waiting request can be admitted (fewer than ``max_
 requests hold a cache), except right after a prefill step while requests are running: then a
 decode step comes first, so prefill and decode steps alternate and a long prompt prefilled in
 chunks never freezes the token streams of running requests (each running request gets a token
-every other step instead of none until the prompt is done). Requests join and leave between steps. The scheduler decides how many
+every other step instead of none until the prompt is done). Requests join and leave between steps.
+A request whose prompt starts with tokens the engine's prefix cache holds starts its prefill
+after them (``lookup_prefix``). The scheduler decides how many
 tokens each request computes; :meth:`Scheduler.postprocess` appends the sampled tokens and
 applies the stop rules (eos / stop token ids / stop strings -> ``"stop"``; max_tokens or the
 context length -> ``"length"``). Stop strings are matched on the detokenised output text, and
@@ -97,9 +99,14 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         detokenize: Detokenize | None = None,
+        lookup_prefix: Callable[[Request], int] | None = None,
     ) -> None:
         _check_positive_int("max_model_len", max_model_len)
         self.config = config
+        # Automatic prefix caching (the engine's): called once for a request that is not
+        # prefilled whole, when it is first scheduled, it returns how many of its prompt tokens
+        # are cached already (less than all of them); its prefill starts there.
+        self.lookup_prefix = lookup_prefix
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenize = detokenize
@@ -188,6 +195,12 @@ class Scheduler:
                 if holding >= self.config.max_num_seqs:
                     break  # strict arrival order: a later request never overtakes this one
                 holding += 1
+                if self.lookup_prefix is not None and not request.atomic_prefill:
+                    cached = self.lookup_prefix(request)
+                    if not 0 <= cached < request.num_prompt_tokens:
+                        raise ValueError(f"request {request.request_id}: a prefix of {cached} cached tokens for a "
+                                         f"prompt of {request.num_prompt_tokens}")
+                    request.num_computed_tokens = cached
             remaining = request.num_uncomputed_prompt_tokens
             if request.atomic_prefill:
                 # Prefilled whole (the PIC runner plans the prompt at once); charged its expected

@@ -23,7 +23,6 @@ from typing import Mapping, Optional, Sequence
 
 from hypic.bench.commands import BENCH_COMMANDS, BenchCommand
 from hypic.config import EngineConfig, add_engine_args
-from hypic.pic.segments import PIC_SEP
 
 
 # ---- generate -------------------------------------------------------------------------------
@@ -40,6 +39,8 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--cache-salt", default=None,
+                        help="tenant of every prompt: cache entries written under one salt never serve another")
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -65,14 +66,13 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def _generate_and_print(llm, args: argparse.Namespace, params, load_s: float) -> int:
     t1 = time.perf_counter()
+    salt = args.cache_salt
     if args.chat:
         conversations = [[{"role": "user", "content": p}] for p in args.prompt]
-        outputs = llm.chat(conversations, params, use_tqdm=False)
-    elif args.pic_mode is not None or any(PIC_SEP in p for p in args.prompt):
-        # Segmented prompts run one after another, so later ones reuse what earlier ones cached.
-        outputs = [llm.generate(p, params, use_tqdm=False)[0] for p in args.prompt]
+        outputs = llm.chat(conversations, params, use_tqdm=False, cache_salt=salt)
     else:
-        outputs = llm.generate(args.prompt, params, use_tqdm=False)
+        # One after another, so later prompts reuse what earlier ones cached (segments, prefixes).
+        outputs = [llm.generate(p, params, use_tqdm=False, cache_salt=salt)[0] for p in args.prompt]
     gen_s = time.perf_counter() - t1
     for out in outputs:
         completion = out.outputs[0]
@@ -90,9 +90,11 @@ def _generate_and_print(llm, args: argparse.Namespace, params, load_s: float) ->
                   f"live_tokens={m.live_tokens}")
     engine = llm.llm_engine
     st = engine.segment_cache_stats()
-    if st.hits or st.misses:
-        print(f"--- segment store: hits={st.hits} misses={st.misses} entries={st.device_entries} "
-              f"bytes={st.device_bytes} evictions={st.evictions}")
+    if st.hits or st.misses or st.prefix_hits or st.prefix_misses:
+        print(f"--- segment store: hits={st.hits} misses={st.misses} prefix_hits={st.prefix_hits} "
+              f"entries={st.device_entries} bytes={st.device_bytes} evictions={st.evictions}"
+              + (f" disk_entries={st.disk_entries} disk_hits={st.disk_hits}" if st.disk_budget_bytes is not None
+                 else ""))
     num_out = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(
         f"--- model={engine.model_path} dtype={str(engine.dtype).removeprefix('torch.')} device={engine.device} "

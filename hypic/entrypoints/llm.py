@@ -26,9 +26,10 @@ class LLM:
 
     Keywords: every field of :class:`~hypic.config.EngineConfig` by its flat name
     (:data:`hypic.config.ENGINE_OPTIONS`: model, dtype, device, seed, load_format, max_model_len,
-    pic_mode, seam, cold_policy, max_num_batched_tokens, max_num_seqs, segment_cache_bytes,
-    host_cache_bytes, segment_workers, segment_backend, segment_devices, segment_timeout_s,
-    enforce_eager), or an ``EngineConfig`` as the only argument. ``pic_mode`` None: segment
+    pic_mode, seam, pic_segment_min_tokens, cold_policy, max_num_batched_tokens, max_num_seqs,
+    segment_cache_bytes, host_cache_bytes, enable_prefix_caching, prefix_block_tokens,
+    segment_cache_dir, disk_cache_bytes, segment_workers, segment_backend, segment_devices,
+    segment_timeout_s, enforce_eager, moe_backend), or an ``EngineConfig`` as the only argument. ``pic_mode`` None: segment
     caching, in mode hypic, only for prompts that carry segments (``<<PIC_SEP>>`` text or
     ``{"segments": [...]}``); a mode name applies to every prompt.
     """
@@ -42,7 +43,8 @@ class LLM:
         self._generate_lock = threading.Lock()
 
     def shutdown(self) -> None:
-        """Stop the engine's segment workers (``segment_workers > 1``); idempotent."""
+        """Stop the engine's segment workers (``segment_workers > 1``) and write what is queued
+        for the segment store's disk tier (``segment_cache_dir``); idempotent."""
         self.llm_engine.shutdown()
 
     def segment_cache_stats(self):
@@ -61,6 +63,7 @@ class LLM:
         pic_mode: str | None = None,
         seam: int | float | None = None,
         cold_policy: str | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """One :class:`RequestOutput` per prompt, in prompt order. Safe to call from several
         threads on one LLM (calls run one after another).
@@ -72,13 +75,16 @@ class LLM:
         ValueError naming its index and nothing is generated. A prompt with segments is text with
         ``<<PIC_SEP>>`` between them or ``{"segments": [seg, ..., query]}``; ``pic_mode``, ``seam``
         and ``cold_policy`` override the engine's segment-caching settings for this call.
+        ``cache_salt``: the tenant of every prompt of the call (a dict prompt may carry its own
+        ``"cache_salt"`` instead): cache entries written under one salt never serve another.
         """
         prompt_list = _normalize_prompts(prompts)
         params_list = _normalize_params(sampling_params, len(prompt_list))
         with self._generate_lock:
-            return self._generate(prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy)
+            return self._generate(prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy, cache_salt)
 
-    def _generate(self, prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy) -> list[RequestOutput]:
+    def _generate(self, prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy,
+                  cache_salt) -> list[RequestOutput]:
         engine = self.llm_engine
         request_ids: list[str] = []
         try:
@@ -87,7 +93,7 @@ class LLM:
                 self._request_counter += 1
                 try:
                     engine.add_request(prompt, params, request_id=request_id, mode=pic_mode, seam=seam,
-                                       cold_policy=cold_policy)
+                                       cold_policy=cold_policy, cache_salt=cache_salt)
                 except ValueError as e:
                     raise ValueError(f"prompt {i}: {e}") from e
                 request_ids.append(request_id)
@@ -104,9 +110,10 @@ class LLM:
         *,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """Apply the checkpoint's chat template to one conversation (a list of messages) or a
-        list of conversations, then :meth:`generate`."""
+        list of conversations, then :meth:`generate` (``cache_salt`` as there)."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer, and this model folder has none")
@@ -114,7 +121,7 @@ class LLM:
             raise ValueError("messages must be a non-empty list")
         conversations = messages if isinstance(messages[0], list) else [messages]
         prompts = [chat_prompt(tokenizer, c, add_generation_prompt) for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, cache_salt=cache_salt)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

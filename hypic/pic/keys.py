@@ -10,8 +10,12 @@ A digest match alone is never trusted: :class:`StoreKey` equality also compares 
 material (namespace and token ids), so a colliding digest is a miss, not a wrong hit. Python's
 dict then chains colliding keys for free; the store counts the collisions it sees.
 
-Checkpoint keys (``prefix_cache`` mode) chain: checkpoint i hashes checkpoint i-1's digest and
-segment i's tokens, and its material is the tuple of all segments' token tuples up to i.
+Prefix keys (the automatic prefix cache, :mod:`hypic.pic.prefix`) chain: the key of a checkpoint
+after tokens ``[a, p)`` hashes its parent's digest (the checkpoint at ``a``, or the namespace's
+root) and those tokens, and its material is ``(parent key, tokens, parent digest)``. Equality
+walks both chains (a parent compared by identity first: a request that found a chain in the store
+builds on the stored key objects, so a hit compares one block of tokens, not the whole prefix),
+so two different prefixes never share a key, whatever the hash function.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import numpy as np
 HashFn = Callable[[bytes], bytes]
 
 KIND_SEGMENT = "segment"
-KIND_CHECKPOINT = "checkpoint"
+KIND_PREFIX = "prefix"
+# a request's own running cache as the prefix of its next prefill chunk (never stored)
+KIND_RESUME = "resume"
 
 
 def sha256_digest(data: bytes) -> bytes:
@@ -89,7 +95,7 @@ class StoreKey:
     kind: str
     namespace: KeyNamespace
     body_start: int
-    # Segment: the segment's token ids. Checkpoint: tuple of each segment's token-id tuple.
+    # Segment (and resume): the token ids. Prefix: (parent key or None, tokens, parent digest).
     material: tuple = field(repr=False)
 
     def __hash__(self) -> int:
@@ -98,24 +104,56 @@ class StoreKey:
     def __eq__(self, other) -> bool:
         if not isinstance(other, StoreKey):
             return NotImplemented
-        if self is other:
-            return True
-        return (
-            self.digest == other.digest
-            and self.kind == other.kind
-            and self.body_start == other.body_start
-            and self.namespace == other.namespace
-            and self.material == other.material
-        )
+        a, b = self, other
+        while True:  # a loop, not recursion: a 128k-token prefix chain is hundreds of keys deep
+            if a is b:
+                return True
+            if a is None or b is None:
+                return False
+            if (a.digest != b.digest or a.kind != b.kind or a.body_start != b.body_start
+                    or a.namespace != b.namespace):
+                return False
+            if a.kind != KIND_PREFIX:
+                return a.material == b.material
+            if a.material[1] != b.material[1] or a.material[2] != b.material[2]:
+                return False
+            a, b = a.material[0], b.material[0]
 
     @property
     def token_ids(self) -> Tuple[int, ...]:
-        """Segment: its tokens. Checkpoint: the tokens of the last segment of the chain."""
-        return self.material if self.kind == KIND_SEGMENT else self.material[-1]
+        """Segment: its tokens. Prefix checkpoint: the tokens since its parent."""
+        return self.material[1] if self.kind == KIND_PREFIX else self.material
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def parent(self) -> Optional["StoreKey"]:
+        """Prefix checkpoint: the checkpoint it continues (None at the root); else None."""
+        return self.material[0] if self.kind == KIND_PREFIX else None
+
+    @property
+    def parent_digest(self) -> Optional[bytes]:
+        """Prefix checkpoint: its parent's digest (the namespace's root digest at the root)."""
+        return self.material[2] if self.kind == KIND_PREFIX else None
+
+    @property
+    def position(self) -> int:
+        """Prefix checkpoint: how many prompt tokens it covers (its chain's tokens)."""
+        total, key = 0, self
+        while key is not None:
+            total += len(key.token_ids)
+            key = key.parent
+        return total
+
+    def prefix_token_ids(self) -> Tuple[int, ...]:
+        """Prefix checkpoint: every token of its chain, root first."""
+        parts, key = [], self
+        while key is not None:
+            parts.append(key.token_ids)
+            key = key.parent
+        return tuple(t for part in reversed(parts) for t in part)
 
     @property
     def short(self) -> str:
@@ -256,26 +294,51 @@ class Keyer:
         )
         return StoreKey(self._digest(data), KIND_SEGMENT, ns, body_start, tokens)
 
-    def checkpoint_keys(
-        self, segments: Sequence[Sequence[int]], *, tenant_salt: Optional[str] = None
-    ) -> Tuple[StoreKey, ...]:
-        """Key of the checkpoint after each segment boundary: ``keys[i]`` covers segments[0..i]."""
+    def prefix_root(self, *, tenant_salt: Optional[str] = None) -> bytes:
+        """The digest every prefix chain of this namespace (and tenant) starts from."""
         ns = self.namespace if tenant_salt is None else self.namespace.with_salt(tenant_salt)
-        keys = []
-        parent = b""
-        chain: tuple = ()
-        for i, seg in enumerate(segments):
-            tokens = _int_tuple(seg)
-            if not tokens:
-                raise ValueError(f"segments[{i}]: empty segment")
-            chain = chain + (tokens,)
-            data = (
-                _field(KIND_CHECKPOINT.encode())
-                + ns.encode()
-                + _field(parent)
-                + _field(_token_bytes(tokens))
-            )
-            digest = self._digest(data)
-            keys.append(StoreKey(digest, KIND_CHECKPOINT, ns, 0, chain))
-            parent = digest
+        return self._digest(_field(KIND_PREFIX.encode()) + ns.encode() + _field(b"root"))
+
+    def prefix_key(self, parent: Optional[StoreKey], token_ids: Sequence[int], *,
+                   tenant_salt: Optional[str] = None, root: Optional[bytes] = None) -> StoreKey:
+        """Key of the prefix checkpoint after ``token_ids`` following ``parent`` (None: the
+        prompt's first tokens). ``root``: :meth:`prefix_root` of the tenant, when the caller has
+        it (it is one hash)."""
+        tokens = _int_tuple(token_ids)
+        if not tokens:
+            raise ValueError("token_ids: a prefix key needs at least one token")
+        ns = self.namespace if tenant_salt is None else self.namespace.with_salt(tenant_salt)
+        if parent is None:
+            parent_digest = self.prefix_root(tenant_salt=tenant_salt) if root is None else root
+        else:
+            if not isinstance(parent, StoreKey) or parent.kind != KIND_PREFIX:
+                raise ValueError(f"parent: expected a prefix key or None, got {parent!r}")
+            if parent.namespace != ns:
+                raise ValueError("parent: a prefix key of another namespace or tenant")
+            parent_digest = parent.digest
+        data = _field(KIND_PREFIX.encode()) + ns.encode() + _field(parent_digest) + _field(_token_bytes(tokens))
+        return StoreKey(self._digest(data), KIND_PREFIX, ns, 0, (parent, tokens, parent_digest))
+
+    def prefix_chain(self, token_ids: Sequence[int], block_tokens: int, *,
+                     tenant_salt: Optional[str] = None) -> Tuple[StoreKey, ...]:
+        """Keys of the checkpoints after every whole block of ``block_tokens`` tokens of
+        ``token_ids``, then (when they do not end on a block) after all of them."""
+        tokens = _int_tuple(token_ids)
+        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
+            raise ValueError(f"block_tokens: expected int >= 1, got {block_tokens!r}")
+        root = self.prefix_root(tenant_salt=tenant_salt)
+        keys: List[StoreKey] = []
+        parent = None
+        for a in range(0, len(tokens) - len(tokens) % block_tokens, block_tokens):
+            parent = self.prefix_key(parent, tokens[a:a + block_tokens], tenant_salt=tenant_salt, root=root)
+            keys.append(parent)
+        tail = len(tokens) % block_tokens
+        if tail:
+            keys.append(self.prefix_key(parent, tokens[len(tokens) - tail:], tenant_salt=tenant_salt, root=root))
         return tuple(keys)
+
+
+def resume_key(namespace: KeyNamespace, token_ids: Sequence[int]) -> StoreKey:
+    """The key of a request's own running cache used as the prefix of its next prefill chunk:
+    never stored nor looked up (its digest is empty), it names the tokens the cache holds."""
+    return StoreKey(b"", KIND_RESUME, namespace, 0, _int_tuple(token_ids))

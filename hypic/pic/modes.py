@@ -20,6 +20,10 @@ Seam window ``w``: an ``int >= 0`` is a token count; a ``float`` in (0, 1] is a 
 segment, ``w_eff = ceil(w * L)`` (with a 1e-9 tolerance so 0.3 * 10 is 3, not 4). Either way
 ``w_eff`` is clipped to ``L``: a window covering the whole segment makes it entirely live.
 
+Minimum segment length (``segment_min_tokens``): a segment shorter than it is never looked up or
+stored; it runs live with its neighbours (a seam window that covers a segment has the same
+effect), so hundreds of tiny segments cost what their tokens cost.
+
 Cold policies: ``inline`` (a MISS runs live with its true prefix; its entry is summarised from
 those activations, so it carries that request's context), ``standalone`` (MISS segments are first
 prefilled alone at position 0, which writes canonical entries; then the request runs as all-HIT)
@@ -42,6 +46,13 @@ COLD_CANONICAL = "canonical"
 COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE, COLD_CANONICAL)
 DEFAULT_SEAM = 8
 DEFAULT_MODE = "hypic"
+# Segments shorter than this are not cached but computed live with their neighbours: the shortest
+# length whose caching pays for itself by its first reuse (a cold request and one reordered warm
+# one together cost no more than two full recomputes). Measured on the CPU with the embedded model
+# (benchmarks/results/small_segments/cpu_tiny.json: 6,219-token prompts cut into segments of L
+# tokens, every one cached, standalone cold policy): cold + warm = 1.86x at L = 32, 2.28x at 24,
+# 3.5x at 16 (docs/decisions.md).
+DEFAULT_SEGMENT_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -114,15 +125,29 @@ def validate_cold_policy(policy: str) -> str:
     return policy
 
 
+def validate_segment_min_tokens(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"segment_min_tokens must be an int >= 0, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class RequestPolicy:
-    """A request's resolved mode, seam and cold policy."""
+    """A request's resolved mode, seam, cold policy and minimum cached segment length."""
 
     mode: ModeSpec
     seam: SeamSetting
     cold_policy: str
+    segment_min_tokens: int = 0
 
     def seam_tokens(self, num_tokens: int) -> int:
+        return seam_tokens(self.seam, num_tokens)
+
+    def live_tokens(self, num_tokens: int) -> int:
+        """Tokens of a segment of ``num_tokens`` computed live when its body is reused: its seam
+        window, or all of them when it is shorter than ``segment_min_tokens`` (never cached)."""
+        if num_tokens < self.segment_min_tokens:
+            return num_tokens
         return seam_tokens(self.seam, num_tokens)
 
 
@@ -134,13 +159,16 @@ class PICConfig:
 
     mode: Optional[str] = None
     seam: SeamSetting = DEFAULT_SEAM
-    cold_policy: str = COLD_INLINE
+    # standalone: entries never carry the context of the request that wrote them (docs/decisions.md)
+    cold_policy: str = COLD_STANDALONE
+    segment_min_tokens: int = DEFAULT_SEGMENT_MIN_TOKENS
 
     def __post_init__(self):
         if self.mode is not None:
             get_mode(self.mode)
         validate_seam(self.seam)
         validate_cold_policy(self.cold_policy)
+        validate_segment_min_tokens(self.segment_min_tokens)
 
     @property
     def every_prompt(self) -> bool:
@@ -167,4 +195,4 @@ class PICConfig:
             resolved: SeamSetting = spec.fixed_seam
         else:
             resolved = self.seam if seam is None else seam
-        return RequestPolicy(spec, resolved, policy)
+        return RequestPolicy(spec, resolved, policy, self.segment_min_tokens)

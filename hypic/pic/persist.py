@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypic.pic.keys import KIND_CHECKPOINT, KIND_SEGMENT, Keyer, KeyNamespace, StoreKey
+from hypic.pic.keys import KIND_PREFIX, KIND_SEGMENT, Keyer, KeyNamespace, StoreKey
 from hypic.pic.payload import SegmentEntry
 
 FORMAT_VERSION = 1
@@ -98,28 +98,55 @@ def _decode_tree(node: Any, tensors: Dict[str, torch.Tensor], allowed: Sequence[
 
 def _encode_key(key: StoreKey) -> dict:
     ns = key.namespace
-    material = [list(s) for s in key.material] if key.kind == KIND_CHECKPOINT else list(key.material)
-    return {"digest": key.digest.hex(), "kind": key.kind, "model_id": ns.model_id, "dtype": ns.dtype,
-            "tenant_salt": ns.tenant_salt, "body_start": key.body_start, "material": material}
+    out = {"digest": key.digest.hex(), "kind": key.kind, "model_id": ns.model_id, "dtype": ns.dtype,
+           "tenant_salt": ns.tenant_salt, "body_start": key.body_start}
+    if key.kind == KIND_PREFIX:
+        # the whole chain, root first: each checkpoint's token count and digest, and the root's
+        chain = []
+        k = key
+        while k is not None:
+            chain.append(k)
+            k = k.parent
+        chain.reverse()
+        out["material"] = list(key.prefix_token_ids())
+        out["chain_lengths"] = [c.num_tokens for c in chain]
+        out["chain_digests"] = [c.digest.hex() for c in chain]
+        out["root_digest"] = chain[0].parent_digest.hex()
+    else:
+        out["material"] = list(key.material)
+    return out
 
 
 def _decode_key(d: dict, keyer: Optional[Keyer]) -> StoreKey:
     ns = KeyNamespace(d["model_id"], d["dtype"], d["tenant_salt"])
     kind = d["kind"]
+    tokens = tuple(int(t) for t in d["material"])
     if kind == KIND_SEGMENT:
-        material: tuple = tuple(int(t) for t in d["material"])
-    elif kind == KIND_CHECKPOINT:
-        material = tuple(tuple(int(t) for t in s) for s in d["material"])
-    else:
+        key = StoreKey(bytes.fromhex(d["digest"]), kind, ns, int(d["body_start"]), tokens)
+        if keyer is not None and Keyer(ns, keyer.hash_fn).segment_key(tokens, key.body_start) != key:
+            raise ValueError(f"key {key.short}: stored digest does not match its contents")
+        return key
+    if kind != KIND_PREFIX:
         raise ValueError(f"unknown key kind {kind!r}")
-    key = StoreKey(bytes.fromhex(d["digest"]), kind, ns, int(d["body_start"]), material)
+    lengths = [int(n) for n in d["chain_lengths"]]
+    digests = [bytes.fromhex(x) for x in d["chain_digests"]]
+    if len(lengths) != len(digests) or not lengths or sum(lengths) != len(tokens) or min(lengths) < 1:
+        raise ValueError("a prefix key's chain does not cover its tokens")
+    parent, parent_digest, at = None, bytes.fromhex(d["root_digest"]), 0
+    for n, digest in zip(lengths, digests):
+        parent = StoreKey(digest, KIND_PREFIX, ns, 0, (parent, tokens[at:at + n], parent_digest))
+        parent_digest, at = digest, at + n
+    if parent.digest != bytes.fromhex(d["digest"]):
+        raise ValueError("a prefix key's chain does not end at its digest")
     if keyer is not None:
         check = Keyer(ns, keyer.hash_fn)
-        expect = (check.segment_key(material, key.body_start) if kind == KIND_SEGMENT
-                  else check.checkpoint_keys(material)[-1])
-        if expect != key:
-            raise ValueError(f"key {key.short}: stored digest does not match its contents")
-    return key
+        expect, at = None, 0
+        for n in lengths:
+            expect = check.prefix_key(expect, tokens[at:at + n])
+            at += n
+        if expect != parent or expect.digest != parent.digest:
+            raise ValueError(f"key {parent.short}: stored digest does not match its contents")
+    return parent
 
 
 def encode_entries(entries: Iterable[SegmentEntry], *, to_cpu: bool = True) -> tuple:

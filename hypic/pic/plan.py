@@ -7,8 +7,15 @@ Span kinds (architecture.md section 2):
 | HIT    | ``[0, w_eff)`` (seam)  | the body ``[w_eff, L)`` from the entry  |
 | MISS   | ``[0, L)``             | nothing; the body may be written        |
 | QUERY  | ``[0, L)``             | nothing, never cached                   |
-| PREFIX | empty                  | ``prefix_cache`` only: the segment lies |
-|        |                        | inside the longest checkpointed prefix  |
+
+Before them, the **prefix**: the longest chain of prefix-cache checkpoints the store holds for the
+prompt's tokens (:mod:`hypic.pic.prefix`; every mode but ``full_recompute`` when the caller passes
+``prefix_block_tokens``). Spans cover only what follows it: a segment it ends inside becomes a
+MISS span of the segment's remaining tokens (``offset``: where they start in the segment), which
+writes nothing; the query likewise. The plan lists the checkpoints the request writes
+(``checkpoints``): the spine's block boundaries and the prompt's last position but one (every
+mode), and in ``prefix_cache`` mode each segment's end, all within the exact region (up to the
+first reused body).
 
 Rules
 * The **first** segment's window is recomputed too. For a segment at position 0 whose entry was
@@ -22,10 +29,11 @@ Rules
   so an all-MISS request stays exactly equal to full recompute) and only the first occurrence
   writes the entry (``writes_entry``); with the ``standalone`` policy the segment is prefilled once
   at position 0 and every occurrence is a HIT on that fresh entry (``entry_source="standalone"``).
-* ``prefix_cache``: checkpoints are keyed by the chain of segments (:meth:`Keyer.checkpoint_keys`);
-  the plan holds checkpoints ``0..k-1`` of the longest stored chain (their K/V cover the prefix;
-  the last one's linear state is the resume point). Later segments are MISS and each writes its
-  checkpoint. ``full_recompute`` makes every segment a MISS without store access.
+* A segment shorter than the policy's ``segment_min_tokens`` is never cached: it is planned as a
+  MISS that writes nothing (like a segment its seam covers), so it runs live with its neighbours.
+* ``prefix_cache``: every segment after the prefix is MISS, none writes a segment entry; the
+  checkpoints carry its caching. ``full_recompute`` makes every segment a MISS without store
+  access.
 
 A :class:`RequestPlan` holds store handles for everything it reuses, so nothing it planned on can
 be evicted; release it (``with plan:`` or ``plan.release()``) when the request's prefill is done.
@@ -33,6 +41,7 @@ be evicted; release it (``with plan:`` or ``plan.release()``) when the request's
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
 from operator import attrgetter
@@ -41,6 +50,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from hypic.pic.frozen import frozen_constructor
 from hypic.pic.keys import Keyer, StoreKey
 from hypic.pic.modes import COLD_CANONICAL, COLD_STANDALONE, RequestPolicy
+from hypic.pic.prefix import CheckpointWrite, match_prefix, plan_checkpoints
 from hypic.pic.segments import SegmentedPrompt
 from hypic.pic.store import SegmentHandle, SegmentStore
 
@@ -49,7 +59,6 @@ class SpanKind(str, Enum):
     HIT = "hit"
     MISS = "miss"
     QUERY = "query"
-    PREFIX = "prefix"
 
 
 ENTRY_FROM_STORE = "store"
@@ -64,12 +73,13 @@ class Span:
     segment_index: int  # -1 for the query
     start: int  # absolute position of the span's first token
     num_tokens: int
-    live_end: int  # live tokens are [0, live_end); 0 for PREFIX, w_eff for HIT, L otherwise
+    live_end: int  # live tokens are [0, live_end); w_eff for HIT, num_tokens otherwise
     body_start: int  # body = [body_start, num_tokens): reused (HIT) or stored (MISS writer)
-    key: Optional[StoreKey] = None  # segment key (store modes) or checkpoint key (prefix_cache)
-    entry_index: int = -1  # index into RequestPlan.handles (HIT from store, PREFIX); else -1
+    key: Optional[StoreKey] = None  # segment key (segment-store modes)
+    entry_index: int = -1  # index into RequestPlan.handles (HIT from store); else -1
     entry_source: Optional[str] = None  # HIT: "store" or "standalone"
-    writes_entry: bool = False  # MISS: this occurrence's body (or checkpoint) goes to the store
+    writes_entry: bool = False  # MISS: this occurrence's body goes to the store
+    offset: int = 0  # index of the span's first token in its segment (or the query)
 
     @property
     def live_num_tokens(self) -> int:
@@ -89,14 +99,20 @@ _make_span = frozen_constructor(Span)  # Span(...) with every field given, ~0.7 
 
 @dataclass(eq=False)
 class RequestPlan:
-    """A request's spans plus the store handles it holds while it runs."""
+    """A request's spans plus the store handles it holds while it runs.
+
+    ``prefix_handles``: the prefix-cache checkpoints it resumes from (root first; their K/V cover
+    its first ``prefix_tokens`` tokens, the last one's states are where its spans start);
+    ``checkpoints``: those it writes."""
 
     prompt: SegmentedPrompt
     policy: RequestPolicy
     spans: Tuple[Span, ...]
     handles: Tuple[SegmentHandle, ...]
-    prefix_num_segments: int = 0  # prefix_cache: checkpoints 0..k-1 are handles[0..k-1]
     request_id: Any = None
+    prefix_handles: Tuple[SegmentHandle, ...] = ()
+    prefix_tokens: int = 0
+    checkpoints: Tuple[CheckpointWrite, ...] = ()
 
     def __post_init__(self):
         self._released = False
@@ -116,7 +132,8 @@ class RequestPlan:
 
     @property
     def prefix_hit_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.spans if s.kind is SpanKind.PREFIX)
+        """Tokens reused from prefix-cache checkpoints."""
+        return self.prefix_tokens
 
     @property
     def live_tokens(self) -> int:
@@ -142,8 +159,14 @@ class RequestPlan:
 
     @property
     def resume_handle(self) -> Optional[SegmentHandle]:
-        """prefix_cache: the checkpoint whose linear state the request resumes from."""
-        return self.handles[self.prefix_num_segments - 1] if self.prefix_num_segments else None
+        """The prefix checkpoint whose states the request resumes from (None without a prefix)."""
+        return self.prefix_handles[-1] if self.prefix_handles else None
+
+    def release_prefix(self) -> None:
+        """Drop the holds on the prefix checkpoints (a chunked prefill does once its first chunk
+        has copied their K/V into the request's own cache); idempotent."""
+        for h in self.prefix_handles:
+            h.release()
 
     # -- lifetime --------------------------------------------------------------------------
     def release(self) -> None:
@@ -151,6 +174,7 @@ class RequestPlan:
             self._released = True
             for h in self.handles:
                 h.release()
+            self.release_prefix()
 
     @property
     def released(self) -> bool:
@@ -184,13 +208,16 @@ def plan_request(
     tenant_salt: Optional[str] = None,
     request_id: Any = None,
     segment_keys: Optional[Sequence[Optional[StoreKey]]] = None,
+    prefix_block_tokens: Optional[int] = None,
 ) -> RequestPlan:
     """Plan one request, acquiring store handles for what it reuses.
 
     ``segment_keys``: what :func:`segment_keys` returned for this prompt, policy, keyer and
     tenant, when the caller already keyed it (an engine does, to charge the scheduler): keying
     hashes every token, so a 64-segment prompt is not keyed twice. Only their number is checked:
-    keys made under another seam or tenant are the caller's error.
+    keys made under another seam or tenant are the caller's error. ``prefix_block_tokens``: the
+    prefix cache's spine spacing (:mod:`hypic.pic.prefix`), None without a prefix cache (it is
+    never used in ``full_recompute`` mode, and ``prefix_cache`` mode needs it).
 
     Raises ValueError (before acquiring anything) on bad input, so an engine can reject this
     request and keep serving others.
@@ -201,35 +228,63 @@ def plan_request(
         raise ValueError(f"policy: expected RequestPolicy, got {type(policy).__name__}")
     _check_context(prompt, max_model_len)
     mode = policy.mode
-    needs_store = mode.uses_segment_store or mode.uses_prefix_checkpoints
-    if needs_store and (store is None or keyer is None):
+    if mode.uses_prefix_checkpoints and prefix_block_tokens is None:
+        raise ValueError(f"mode {mode.name!r} needs the prefix cache (prefix_block_tokens)")
+    use_prefix = prefix_block_tokens is not None and mode.name != "full_recompute"
+    if (mode.uses_segment_store or use_prefix) and (store is None or keyer is None):
         raise ValueError(f"mode {mode.name!r} needs a store and a keyer")
     starts = prompt.segment_starts
-    handles: List[SegmentHandle] = []
     if mode.uses_segment_store:
         windows = _seam_windows(prompt, policy)
         if segment_keys is None:
             segment_keys = _segment_keys(prompt, windows, keyer, tenant_salt)
         elif len(segment_keys) != len(prompt.segments):
             raise ValueError(f"segment_keys: {len(segment_keys)} keys for {len(prompt.segments)} segments")
+    handles: List[SegmentHandle] = []
+    prefix_handles: List[SegmentHandle] = []
     try:
+        tokens = prompt.token_ids
+        num_tokens = len(tokens)
+        prefix = 0
+        if use_prefix:
+            prefix_handles, prefix = match_prefix(store, keyer, tokens, block_tokens=prefix_block_tokens,
+                                                  limit=num_tokens - 1, tenant_salt=tenant_salt)
+        # the first segment not wholly inside the prefix
+        first = bisect_right(starts, prefix) - 1
+        spans: List[Span] = []
+        if first < len(prompt.segments) and prefix > starts[first]:
+            # the prefix ends inside it: its remaining tokens run live and write nothing
+            seg_len = len(prompt.segments[first])
+            rest = starts[first] + seg_len - prefix
+            spans.append(Span(SpanKind.MISS, first, prefix, rest, rest, rest, offset=prefix - starts[first]))
+            first += 1
         if mode.uses_segment_store:
-            spans, prefix = _plan_segments(prompt, policy, windows, starts, store, segment_keys, handles), 0
-        elif mode.uses_prefix_checkpoints:
-            spans, prefix = _plan_prefix(prompt, store, keyer, tenant_salt, handles)
+            spans += _plan_segments(prompt, policy, windows, starts, store, segment_keys, handles, first)
         else:
-            spans = [
-                Span(SpanKind.MISS, i, starts[i], len(s), len(s), len(s))
-                for i, s in enumerate(prompt.segments)
-            ]
-            prefix = 0
+            spans += [Span(SpanKind.MISS, i, starts[i], len(s), len(s), len(s))
+                      for i, s in enumerate(prompt.segments) if i >= first]
         q = len(prompt.query)
-        spans.append(Span(SpanKind.QUERY, -1, starts[-1], q, q, q))
+        skip = max(0, prefix - starts[-1])
+        spans.append(Span(SpanKind.QUERY, -1, starts[-1] + skip, q - skip, q - skip, q - skip, offset=skip))
+        checkpoints: Tuple[CheckpointWrite, ...] = ()
+        if use_prefix:
+            exact_end = num_tokens - 1
+            for s in spans:
+                if s.kind is SpanKind.HIT:
+                    exact_end = min(exact_end, s.start + s.body_start)
+                    break
+            leaves = [exact_end] if exact_end == num_tokens - 1 else []
+            if mode.uses_prefix_checkpoints:
+                leaves += starts[1:]
+            checkpoints = plan_checkpoints(keyer, tokens, block_tokens=prefix_block_tokens,
+                                           found=[h.key for h in prefix_handles], start=prefix, end=exact_end,
+                                           leaves=leaves, tenant_salt=tenant_salt)
     except BaseException:
-        for h in handles:
+        for h in handles + list(prefix_handles):
             h.release()
         raise
-    return RequestPlan(prompt, policy, tuple(spans), tuple(handles), prefix, request_id)
+    return RequestPlan(prompt, policy, tuple(spans), tuple(handles), request_id, tuple(prefix_handles), prefix,
+                       checkpoints)
 
 
 def segment_keys(
@@ -246,7 +301,7 @@ def _seam_windows(prompt: SegmentedPrompt, policy: RequestPolicy) -> List[int]:
     """``w_eff`` of each segment, computed once per distinct length (segments mostly share one;
     the keys and the spans both need them), the rest by C-level maps."""
     lengths = list(map(len, prompt.segments))
-    by_length = {num: policy.seam_tokens(num) for num in dict.fromkeys(lengths)}
+    by_length = {num: policy.live_tokens(num) for num in dict.fromkeys(lengths)}
     return list(map(by_length.__getitem__, lengths))
 
 
@@ -262,24 +317,26 @@ _COLD = -2
 _MISSED = -3
 
 
-def _plan_segments(prompt, policy, windows, starts, store, keys, handles) -> List[Span]:
-    segments = prompt.segments
+def _plan_segments(prompt, policy, windows, starts, store, keys, handles, first: int = 0) -> List[Span]:
+    """Spans of segments ``first..`` (those before lie in the prefix)."""
+    segments = prompt.segments[first:]
+    windows, starts, keys = windows[first:], starts[first:], keys[first:]
     outcomes = _segment_outcomes(segments, windows, store, keys, handles, policy.cold_policy == COLD_STANDALONE)
     make = _make_span
     hit, miss = SpanKind.HIT, SpanKind.MISS
     spans: List[Span] = []
-    for i, (seg, w, start, key, outcome) in enumerate(zip(segments, windows, starts, keys, outcomes)):
+    for i, (seg, w, start, key, outcome) in enumerate(zip(segments, windows, starts, keys, outcomes), first):
         num = len(seg)
-        if w == num:  # the seam covers the segment: no body, nothing to reuse or store
-            spans.append(make(miss, i, start, num, num, num, None, -1, None, False))
+        if w == num:  # the seam covers the segment (or it is too short to cache): live, nothing stored
+            spans.append(make(miss, i, start, num, num, num, None, -1, None, False, 0))
         elif outcome >= 0:
-            spans.append(make(hit, i, start, num, w, w, key, outcome, ENTRY_FROM_STORE, False))
+            spans.append(make(hit, i, start, num, w, w, key, outcome, ENTRY_FROM_STORE, False, 0))
         elif outcome == _PENDING:
-            spans.append(make(hit, i, start, num, w, w, key, -1, ENTRY_FROM_STANDALONE, False))
+            spans.append(make(hit, i, start, num, w, w, key, -1, ENTRY_FROM_STANDALONE, False, 0))
         elif outcome == _COLD:  # the first occurrence of a cold segment (inline): live, written
-            spans.append(make(miss, i, start, num, num, w, key, -1, None, True))
+            spans.append(make(miss, i, start, num, num, w, key, -1, None, True, 0))
         else:  # a repeated cold segment under the inline policy: live again, not written again
-            spans.append(make(miss, i, start, num, num, w, key, -1, None, False))
+            spans.append(make(miss, i, start, num, num, w, key, -1, None, False, 0))
     return spans
 
 
@@ -315,23 +372,3 @@ def _segment_outcomes(segments, windows, store, keys, handles, standalone: bool)
         if outcome == _COLD:
             found[key] = _MISSED
     return outcomes
-
-
-def _plan_prefix(prompt, store, keyer, tenant_salt, handles):
-    starts = prompt.segment_starts
-    keys = keyer.checkpoint_keys(prompt.segments, tenant_salt=tenant_salt)
-    for key in keys:
-        handle = store.acquire(key)
-        if handle is None:
-            break
-        handles.append(handle)
-    prefix = len(handles)
-    spans: List[Span] = []
-    for i, seg in enumerate(prompt.segments):
-        num = len(seg)
-        if i < prefix:
-            spans.append(Span(SpanKind.PREFIX, i, starts[i], num, 0, 0, keys[i], i, ENTRY_FROM_STORE))
-        else:
-            # Checkpoint writes hold the whole segment's K/V and the state at its end: body = all.
-            spans.append(Span(SpanKind.MISS, i, starts[i], num, num, 0, keys[i], writes_entry=True))
-    return spans, prefix

@@ -17,6 +17,14 @@ Semantics
 * Host tier: evicted entries **spill** there (copied, pinned when CUDA is available) if they fit
   in ``host_budget_bytes``, dropping least recently used host entries to make room; otherwise they
   are dropped. ``host_budget_bytes=0`` disables the tier.
+* Disk tier (optional, :class:`~hypic.pic.disk_tier.DiskTier`): every inserted entry is also
+  written to a directory (in the background), which survives the process; a key missing from
+  both memory tiers is looked up there, and a hit is read back onto the device (``disk_hits``).
+* Prefix checkpoints (:data:`~hypic.pic.keys.KIND_PREFIX` keys) share the tiers, the budgets and
+  the LRU order with segment entries. The store also indexes them by parent (and first token), so
+  that :meth:`SegmentStore.acquire_prefix_child` finds the longest stored checkpoint continuing a
+  given one with a prefix of given tokens (a prompt that extends an earlier one: the next turn of
+  a chat), in any tier.
 * One re-entrant lock guards all state; copies between tiers happen under it (correct first: a
   handle never observes a half-moved entry).
 """
@@ -26,21 +34,27 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from hypic.pic.keys import StoreKey
+from hypic.pic.disk_tier import DiskTier
+from hypic.pic.keys import KIND_PREFIX, KeyNamespace, StoreKey
 from hypic.pic.payload import SegmentEntry, compact_payload, move_payload
 
 TIER_DEVICE = "device"
 TIER_HOST = "host"
+# the counters of a look-up by whether its key is a prefix checkpoint's
+_HITS = {False: "hits", True: "prefix_hits"}
+_MISSES = {False: "misses", True: "prefix_misses"}
 
 
 @dataclass(frozen=True)
 class StoreStats:
-    hits: int
+    hits: int  # segment look-ups that found an entry
     misses: int
+    prefix_hits: int  # prefix-checkpoint look-ups (a request's spine blocks and leaf) that found one
+    prefix_misses: int
     collisions: int
     insertions: int
     duplicate_inserts: int
@@ -57,6 +71,14 @@ class StoreStats:
     host_body_tokens: int
     device_budget_bytes: Optional[int]
     host_budget_bytes: int
+    prefix_entries: int = 0  # prefix checkpoints among the entries of both memory tiers
+    prefix_bytes: int = 0
+    disk_hits: int = 0  # look-ups answered from the disk tier
+    disk_writes: int = 0
+    disk_corrupt: int = 0  # entry files skipped (truncated, checksum, another engine's)
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    disk_budget_bytes: Optional[int] = None
 
     @property
     def hit_rate(self) -> float:
@@ -130,6 +152,7 @@ class SegmentStore:
         *,
         device: Union[str, torch.device] = "cpu",
         pin_host_memory: Optional[bool] = None,
+        disk: Optional[DiskTier] = None,
     ):
         if device_budget_bytes is not None and (
             isinstance(device_budget_bytes, bool)
@@ -153,8 +176,13 @@ class SegmentStore:
         self._device_bytes = 0
         self._host_bytes = 0
         self._counts: Dict[str, int] = dict.fromkeys(
-            ("hits", "misses", "collisions", "insertions", "duplicate_inserts", "evictions",
-             "spills", "promotions", "drops"), 0)
+            ("hits", "misses", "prefix_hits", "prefix_misses", "collisions", "insertions", "duplicate_inserts",
+             "evictions", "spills", "promotions", "drops"), 0)
+        if disk is not None and not isinstance(disk, DiskTier):
+            raise ValueError(f"disk: expected a DiskTier or None, got {type(disk).__name__}")
+        self.disk = disk
+        # prefix checkpoints of both memory tiers: parent digest -> first token -> {key: None}
+        self._children: Dict[bytes, Dict[int, Dict[StoreKey, None]]] = {}
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -191,6 +219,9 @@ class SegmentStore:
 
     def stats(self) -> StoreStats:
         with self._lock:
+            slots = [*self._device.values(), *self._host.values()]
+            prefix = [sl for sl in slots if sl.entry.key.kind == KIND_PREFIX]
+            disk = self.disk
             return StoreStats(
                 **self._counts,
                 device_bytes=self._device_bytes,
@@ -202,6 +233,14 @@ class SegmentStore:
                 host_body_tokens=sum(s.entry.num_body_tokens for s in self._host.values()),
                 device_budget_bytes=self.device_budget_bytes,
                 host_budget_bytes=self.host_budget_bytes,
+                prefix_entries=len(prefix),
+                prefix_bytes=sum(sl.nbytes for sl in prefix),
+                disk_hits=0 if disk is None else disk.counts["hits"],
+                disk_writes=0 if disk is None else disk.counts["writes"],
+                disk_corrupt=0 if disk is None else disk.counts["corrupt"],
+                disk_bytes=0 if disk is None else disk.num_bytes,
+                disk_entries=0 if disk is None else len(disk),
+                disk_budget_bytes=None if disk is None else disk.budget_bytes,
             )
 
     def check_consistency(self) -> None:
@@ -237,12 +276,14 @@ class SegmentStore:
                 slot = self._host.get(key)
                 if slot is not None:
                     self._promote(slot)
+                elif self.disk is not None:
+                    slot = self._from_disk(key)
             if slot is None:
-                self._counts["misses"] += 1
+                self._counts[_MISSES[key.kind == KIND_PREFIX]] += 1
                 if self._digests[key.digest] > 0:
                     self._counts["collisions"] += 1
                 return None
-            self._counts["hits"] += 1
+            self._counts[_HITS[key.kind == KIND_PREFIX]] += 1
             handle = self._hold(slot)
             self._enforce_device_budget()  # a promotion may have pushed the device over budget
             return handle
@@ -265,13 +306,15 @@ class SegmentStore:
                         slot = self._host.get(key)
                         if slot is not None:
                             self._promote(slot)
+                        elif self.disk is not None:
+                            slot = self._from_disk(key)
                     if slot is None:
-                        counts["misses"] += 1
+                        counts[_MISSES[key.kind == KIND_PREFIX]] += 1
                         if self._digests[key.digest] > 0:
                             counts["collisions"] += 1
                         out.append(None)
                         continue
-                    counts["hits"] += 1
+                    counts[_HITS[key.kind == KIND_PREFIX]] += 1
                     # _hold and _enforce_device_budget inlined: a device hit within the budget is
                     # then a refcount, an LRU move and a handle
                     assert slot.tier == TIER_DEVICE
@@ -320,14 +363,58 @@ class SegmentStore:
                 )
             else:
                 stored = entry
-            slot = _Slot(stored, TIER_DEVICE, stored.nbytes)
-            self._device[key] = slot
-            self._device_bytes += slot.nbytes
-            self._digests[key.digest] += 1
+            slot = self._add_device_slot(stored)
             self._counts["insertions"] += 1
+            if self.disk is not None:
+                self.disk.put(stored)
             handle = self._hold(slot) if acquire else None
             self._enforce_device_budget()
             return handle
+
+    def acquire_prefix_child(self, parent: Optional[StoreKey], parent_digest: bytes, namespace: KeyNamespace,
+                             tokens: Tuple[int, ...]) -> Optional[SegmentHandle]:
+        """Hold the stored prefix checkpoint (any tier) of ``namespace`` that continues ``parent``
+        (its digest ``parent_digest``; at the root None and the namespace's root digest) with the
+        longest prefix of ``tokens``, or None. One look-up in the counts (a hit or a miss)."""
+        if not tokens:
+            return None
+        with self._lock:
+            best: Optional[StoreKey] = None
+            for key in self._children.get(parent_digest, {}).get(tokens[0], ()):
+                n = key.num_tokens
+                if ((best is None or n > best.num_tokens) and n <= len(tokens) and key.namespace == namespace
+                        and tokens[:n] == key.token_ids and key.parent == parent):
+                    best = key
+            if self.disk is not None:
+                for digest, own in self.disk.children(parent_digest):
+                    n = len(own)
+                    if (best is None or n > best.num_tokens) and n <= len(tokens) and tokens[:n] == own:
+                        best = StoreKey(digest, KIND_PREFIX, namespace, 0, (parent, own, parent_digest))
+            if best is None:
+                self._counts["prefix_misses"] += 1
+                return None
+            return self.acquire(best)
+
+    def touch(self, keys: Sequence[StoreKey]) -> None:
+        """Make ``keys`` (those stored in a memory tier) the most recently used, in the order
+        given: a request's prefix chain is touched leaf first, so that LRU eviction takes a
+        chain's last checkpoints before the earlier ones that every later one depends on."""
+        with self._lock:
+            for key in keys:
+                if key in self._device:
+                    self._device.move_to_end(key)
+                elif key in self._host:
+                    self._host.move_to_end(key)
+
+    def flush(self) -> None:
+        """Wait until every entry queued for the disk tier is written (nothing without one)."""
+        if self.disk is not None:
+            self.disk.flush()
+
+    def close(self) -> None:
+        """Write what is queued for the disk tier and stop its writer; idempotent."""
+        if self.disk is not None:
+            self.disk.close()
 
     def discard(self, key: StoreKey) -> bool:
         """Drop ``key``'s entry (either tier) when no request holds it, e.g. because its
@@ -350,7 +437,8 @@ class SegmentStore:
             return True
 
     def clear(self) -> int:
-        """Drop every entry no request holds (both tiers). Returns how many were dropped."""
+        """Drop every entry no request holds (both memory tiers) and the disk tier's files (the
+        server's flush). Returns how many entries and files were dropped."""
         with self._lock:
             n = 0
             for key in [k for k, s in self._device.items() if s.refcount == 0]:
@@ -363,6 +451,8 @@ class SegmentStore:
                 self._host_bytes -= slot.nbytes
                 self._forget(key)
                 n += 1
+            if self.disk is not None:
+                n += self.disk.clear()
             return n
 
     # ---- internals (lock held) -----------------------------------------------------------
@@ -385,6 +475,36 @@ class SegmentStore:
         self._digests[key.digest] -= 1
         if self._digests[key.digest] == 0:
             del self._digests[key.digest]
+        if key.kind == KIND_PREFIX:
+            by_token = self._children.get(key.parent_digest)
+            if by_token is not None:
+                keys = by_token.get(key.token_ids[0])
+                if keys is not None:
+                    keys.pop(key, None)
+                    if not keys:
+                        del by_token[key.token_ids[0]]
+                if not by_token:
+                    del self._children[key.parent_digest]
+
+    def _add_device_slot(self, entry: SegmentEntry) -> _Slot:
+        key = entry.key
+        slot = _Slot(entry, TIER_DEVICE, entry.nbytes)
+        self._device[key] = slot
+        self._device_bytes += slot.nbytes
+        self._digests[key.digest] += 1
+        if key.kind == KIND_PREFIX:
+            by_token = self._children.setdefault(key.parent_digest, {})
+            by_token.setdefault(key.token_ids[0], {})[key] = None
+        return slot
+
+    def _from_disk(self, key: StoreKey) -> Optional[_Slot]:
+        """``key``'s entry read from the disk tier into the device tier (a promotion), or None."""
+        entry = self.disk.get(key, self.device)
+        if entry is None:
+            return None
+        entry = entry.map_payload(lambda o: compact_payload(move_payload(o, self.device, copy=False)))
+        self._counts["promotions"] += 1
+        return self._add_device_slot(entry)
 
     def _promote(self, slot: _Slot) -> None:
         key = slot.entry.key

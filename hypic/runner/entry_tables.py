@@ -27,7 +27,7 @@ import torch
 
 from hypic.ops.kv_gather import PieceFormat, piece_format
 from hypic.ops.linear.checks import concrete_device
-from hypic.ops.linear.summary import summary_addresses
+from hypic.ops.linear.summary import SUMMARY_TYPES, summary_addresses
 from hypic.pic.payload import SegmentEntry
 
 
@@ -188,7 +188,8 @@ def _entry_summary_pointers(entry: SegmentEntry, device: torch.device) -> Tuple[
     forms = set()
     for layer, payload in entry.linear.items():
         summary = getattr(payload, "summary", None)
-        pair = None if summary is None else summary_addresses(summary, device)
+        # a factored summary (hypic.ops.linear.low_rank) has no T to read in place
+        pair = None if not isinstance(summary, SUMMARY_TYPES) else summary_addresses(summary, device)
         if pair is None:
             return None, False
         forms.add(bool(getattr(summary, "t_packed", False)))

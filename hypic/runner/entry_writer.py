@@ -32,7 +32,8 @@ import torch
 
 from hypic.runner.pic_context import _LazyItems, remember_tail_rows
 from hypic.runner.layout import WRITE_CHECKPOINT, PackedLayout
-from hypic.ops.linear.summary import DenseSummary, SummaryTable
+from hypic.ops.linear.low_rank import LowRankSummary
+from hypic.ops.linear.summary import DenseSummary, SummaryTable, compose
 from hypic.ops.linear.t_planes import pack_planes_, presplit_wanted
 from hypic.pic.payload import AttentionLayerCache, LinearLayerCache, LinearStateCheckpoint, SegmentEntry
 
@@ -64,13 +65,23 @@ class EntryWriter:
         self._buffers: List[Dict[str, tuple]] = [{} for _ in self.writes]
         self._summary_cls = None
         self._done = set()
-        # summary_targets(): per linear layer row, the entries' (T, S) rows as a SummaryTable that
-        # the layer's op writes in place; the rows of the layers it was handed to
+        # summary_targets(): per linear layer row, the segment entries' (T, S) rows as a
+        # SummaryTable that the layer's op writes in place; the rows of the layers it was handed to
         self._targets: Optional[List[SummaryTable]] = None
         self._in_place = set()
-        # only when every write stores a summary (a checkpoint stores a state)
-        self._targets_on = (bool(self.writes)
-                            and all(w.kind != WRITE_CHECKPOINT for _, _, w in self.writes))
+        # the segment writes (a checkpoint stores a state): write index -> (its first summary
+        # row, its parts: live elements whose summaries compose its body's)
+        self._summary_row: Dict[int, tuple] = {}
+        parts = iter(layout.write_parts)
+        row = 0
+        for i, (_, _, w) in enumerate(self.writes):
+            if w.kind != WRITE_CHECKPOINT and not w.low_rank:
+                n = next(parts)
+                self._summary_row[i] = (row, n)
+                row += n
+        self._targets_on = bool(self._summary_row)
+        # the factored segment writes: write index -> its row of a record's low_rank_summaries
+        self._low_rank_row = {i: j for j, (i, _, _) in enumerate(layout.low_rank_writes)}
 
     # ---------------------------------------------------------------------------------------------
     def _rows(self, i: int, field: str, count: int, like: torch.Tensor, device=None) -> tuple:
@@ -91,13 +102,14 @@ class EntryWriter:
 
     def summary_targets(self, layer_idx: int, num_heads: int, key_dim: int, value_dim: int,
                         device: torch.device) -> Optional[SummaryTable]:
-        """The entries' T and S rows of linear layer ``layer_idx``, one per write, as a
-        :class:`~hypic.ops.linear.summary.SummaryTable` with its address table on ``device``,
-        for the layer's op to write its written spans' summaries into
+        """The segment entries' T and S rows of linear layer ``layer_idx``, one per segment write
+        (in write order), as a :class:`~hypic.ops.linear.summary.SummaryTable` with its address
+        table on ``device``, for the layer's op to write its written spans' summaries into
         (``gated_delta_chain_forward_and_summarize(summary_out=)``): a cold 32k prefill's 64
-        writes then skip copying 7.5 GiB of fp32 rows after the forward. None when some write is
-        a checkpoint (it stores no summary). Once handed out, :meth:`linear_done` takes the
-        layer's summaries as written (the record's ``write_summaries`` is None then)."""
+        writes then skip copying 7.5 GiB of fp32 rows after the forward. None without segment
+        writes (a checkpoint stores a state, copied after the forward). Once handed out,
+        :meth:`linear_done` takes the layer's summaries as written (the record's
+        ``write_summaries`` is None then)."""
         if not self._targets_on:
             return None
         j = self._linear_row.get(layer_idx)
@@ -116,9 +128,10 @@ class EntryWriter:
         t_like = torch.empty((1, num_heads, key_dim, key_dim), dtype=torch.float32, device="meta")
         s_like = torch.empty((1, num_heads, key_dim, value_dim), dtype=torch.float32, device="meta")
         t_rows, s_rows = [], []
-        for i in range(len(self.writes)):
-            t_rows.append(self._rows(i, "transition", count, t_like, device))
-            s_rows.append(self._rows(i, "state", count, s_like, device))
+        for i, (_, parts) in self._summary_row.items():
+            for field in _part_fields(parts):
+                t_rows.append(self._rows(i, "transition" + field, count, t_like, device))
+                s_rows.append(self._rows(i, "state" + field, count, s_like, device))
         addresses = None
         if device.type == "cuda":
             t_step, s_step = t_like.numel() * 4, s_like.numel() * 4  # rows of one buffer, in bytes
@@ -127,8 +140,8 @@ class EntryWriter:
             s_base = torch.tensor([rows[0].data_ptr() for rows in s_rows], dtype=torch.int64)
             table = torch.stack([t_base + layers * t_step, s_base + layers * s_step], dim=1)  # [L, 2, NW]
             addresses = table.pin_memory().to(device, non_blocking=True)
-        def row(j: int):  # layer row j of every write's buffers, one-span summaries built on access
-            return _LazyItems(range(len(self.writes)), lambda i: DenseSummary(t_rows[i][j], s_rows[i][j]))
+        def row(j: int):  # layer row j of every segment write's buffers, one-span summaries built on access
+            return _LazyItems(range(len(t_rows)), lambda i: DenseSummary(t_rows[i][j], s_rows[i][j]))
 
         return [SummaryTable(row(j), None if addresses is None else addresses[j]) for j in range(count)]
 
@@ -168,10 +181,16 @@ class EntryWriter:
             tail = () if tails is None else (("tail", tails[i]),)
             if w.kind == WRITE_CHECKPOINT:
                 pairs = (("state", states[i]),) + tail
+            elif w.low_rank:  # formed from the body's rows (hypic.ops.linear.low_rank)
+                lr = rec.low_rank_summaries[self._low_rank_row[i]]
+                pairs = tail + tuple((LOW_RANK_FIELD + name, getattr(lr, name)) for name in LOW_RANK_PARTS)
             elif in_place:  # the op wrote T and S into the entries' rows
                 pairs = tail
             else:
-                pairs = (("transition", summaries[0][i]), ("state", summaries[1][i])) + tail
+                r, parts = self._summary_row[i]
+                pairs = tail
+                for k, field in enumerate(_part_fields(parts)):
+                    pairs += (("transition" + field, summaries[0][r + k]), ("state" + field, summaries[1][r + k]))
             for field, src in pairs:
                 dsts.append(self._rows(i, field, count, src)[j])
                 srcs.append(src)
@@ -213,6 +232,7 @@ class EntryWriter:
                 srcs += s
             self._stashed = []
             self._copy(dsts, srcs)
+        self._compose_parts()
         packed = self._pack_transitions()
         entries = []
         for i, (_, _, w) in enumerate(self.writes):
@@ -223,6 +243,9 @@ class EntryWriter:
                 tail = None if tails is None else tails[1][j]
                 if w.kind == WRITE_CHECKPOINT:
                     lin[layer] = LinearStateCheckpoint(held["state"][1][j], tail)
+                elif w.low_rank:
+                    parts = {name: held[LOW_RANK_FIELD + name][1][j] for name in LOW_RANK_PARTS}
+                    lin[layer] = LinearLayerCache(LowRankSummary(**parts), tail)
                 else:
                     summary = (DenseSummary(held["transition"][1][j], held["state"][1][j], True) if packed
                                else self._summary_cls(held["transition"][1][j], held["state"][1][j]))
@@ -239,6 +262,24 @@ class EntryWriter:
         return entries
 
 
+    def _compose_parts(self) -> None:
+        """The body summary of every segment write whose body checkpoints cut into parts: the
+        parts' summaries composed in order (``(T2 T1, T2 S1 + S2)``, every layer at once), into
+        the entry's own rows; the parts' buffers are dropped."""
+        for i, (_, parts) in self._summary_row.items():
+            if parts == 1:
+                continue
+            held = self._buffers[i]
+            acc = None
+            for field in _part_fields(parts):
+                # [L, 1, HV, ...] buffers: the layers as the summaries' spans (T in the family's form)
+                part = self._summary_cls(held.pop("transition" + field)[0].squeeze(1),
+                                         held.pop("state" + field)[0].squeeze(1))
+                acc = part if acc is None else compose(part, acc)
+            for field, value in zip(("transition", "state"), acc.parts()):
+                buffer = value.unsqueeze(1).contiguous()
+                held[field] = (buffer, buffer.unbind(0))
+
     def _pack_transitions(self) -> bool:
         """Every segment write's T rows packed in place into bf16 planes (one launch after
         their writes and copies, in stream order); whether they were. Only dense T (the other
@@ -253,6 +294,17 @@ class EntryWriter:
         buffers = [held["transition"][0] for held in self._buffers if "transition" in held]
         pack_planes_(buffers)
         return bool(buffers)
+
+# a factored summary's tensors (LowRankSummary's fields), each one buffer over the linear layers
+LOW_RANK_PARTS = ("log_decay", "keys", "weights", "values")
+LOW_RANK_FIELD = "low_rank."
+
+
+def _part_fields(parts: int) -> List[str]:
+    """Buffer name suffixes of a segment write's summary rows: its own (``""``) when its body is
+    one live element, else one temporary per part (composed by :meth:`EntryWriter.finish`)."""
+    return [""] if parts == 1 else [f".part{k}" for k in range(parts)]
+
 
 def entry_writer(layout: PackedLayout, linear_layers: Sequence[int], attention_layers: Sequence[int],
                  device: torch.device) -> Optional[EntryWriter]:

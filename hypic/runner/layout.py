@@ -4,13 +4,14 @@ live spans and cached bodies fits together (architecture.md section 2).
 A request becomes a chain of *elements* in prompt order:
 
 * :class:`LiveElement` - tokens computed in this forward (a HIT's seam window, a MISS, the query);
-  it may carry a :class:`Write`: record what the store needs at its end (a segment body entry or a
-  prefix-cache checkpoint).
+  it may carry :class:`Write` s: record what the store needs at its end (a segment body entry,
+  prefix-cache checkpoints; a segment's body may end where a checkpoint goes).
 * :class:`BodyElement` - a reused body from a store entry (per linear layer its summary and conv
   tail, per full-attention layer its K/V).
 
-plus, for ``prefix_cache``, the checkpoints of the reused prefix (their K/V, and the last one's
-linear and conv states as the starting point).
+plus the prefix-cache checkpoints the request resumes from (their K/V, and the last one's linear
+and conv states as the starting point), or, for a later chunk of a chunked prefill, the request's
+own cache so far in the same form.
 
 :func:`build_layout` turns the requests of a batch into index tensors, computed once per batch on
 the host; every layer then works with batched tensor ops only (no Python loop per head). The
@@ -43,18 +44,28 @@ WRITE_CHECKPOINT = "checkpoint"
 class Write:
     """Store write recorded at the end of a live element: ``kind`` is ``segment`` (a body entry:
     the element's zero-start summary, its conv tail, its K/V) or ``checkpoint`` (prefix cache: the
-    running state and conv state at the element's end, and the element's K/V)."""
+    running state and conv state at the element's end, and the K/V of the positions from
+    ``origin_position`` to there, which may begin before the element, in the prefix)."""
 
     kind: str
     key: StoreKey
-    origin_position: int  # absolute position of the segment's first token in this forward
+    # segment: absolute position of the segment's first token in this forward (what its K's
+    # RoPE is relative to); checkpoint: the first position of its K/V
+    origin_position: int
+    # the first position of what the entry holds (its K/V; a segment's summary too): a segment's
+    # body may span several live elements (a checkpoint falls inside it), whose summaries the
+    # entry writer composes; None: the element's own start
+    first_position: Optional[int] = None
+    # a segment whose body is stored factored (hypic.ops.linear.low_rank: short bodies), formed
+    # from the body's token rows instead of the linear op's dense summaries
+    low_rank: bool = False
 
 
 @dataclass(frozen=True)
 class LiveElement:
     token_ids: Tuple[int, ...]
     start: int  # absolute position of the first token
-    write: Optional[Write] = None
+    writes: Tuple[Write, ...] = ()  # at most one segment write
 
     @property
     def num_tokens(self) -> int:
@@ -131,14 +142,19 @@ class PackedLayout:
     tail_index: torch.Tensor  # [NT * (W-1)] rows of cat(x [T], run inits [R*(W-1)])
     # tails recorded: per write (in `writes` order) then per request's final conv state
     writes: List[Tuple[int, int, Write]]  # (request, live element index S, write)
-    write_spans: torch.Tensor  # [NW] live element index of each write
-    # host: (a, b) when the writes are live elements a..b-1 in order (their summaries are then a
-    # slice of every live span's, not a gathered copy), else None
+    # the segment writes, the only ones that read their spans' summaries, in `writes` order:
+    # each its live elements (one, or the parts of a body that checkpoints cut), in order
+    write_spans: torch.Tensor  # [NS] live element index of each part of each segment write
+    write_parts: List[int]  # per segment write, how many of those it has
+    # host: (a, b) when the segment writes are live elements a..b-1 in order (their summaries are
+    # then a slice of every live span's, not a gathered copy), else None
     write_span_range: Optional[Tuple[int, int]]
     # host: the same span indices, for ops that select the written spans' rows on the host
     write_spans_host: Tuple[int, ...]
-    # host: whether some write is a segment's (the only writes that read the spans' summaries)
+    # host: whether some write is a segment's with a dense summary
     any_segment_write: bool
+    # the factored segment writes: (index in `writes`, first and end packed live row of its body)
+    low_rank_writes: List[Tuple[int, int, int]]
     # The states checkpoints store, as the chain walk records them
     # (gated_delta_chain_forward_and_summarize): per chain element its row among those (-1: not
     # kept), their count, and per write the row holding the state after it (-1: its request's
@@ -275,6 +291,9 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     run_init: List[Tuple[str, int]] = []
     tail_ends: List[Tuple[int, int]] = []  # (run index, run-local end) of each recorded tail
     writes: List[Tuple[int, int, Write]] = []
+    segment_write_spans: List[int] = []  # the live elements of each (dense) segment write, in order
+    write_parts: List[int] = []
+    low_rank_writes: List[Tuple[int, int, int]] = []
     write_chain_pos: List[int] = []
     write_key_rows: List[Tuple[int, int]] = []
     cu_keys = [0]
@@ -306,6 +325,8 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
         drop_transition, rerotate = not req.use_transition, req.rerotate_keys
         prev_live = False
         run_local = 0
+        live_starts: List[Tuple[int, int, int]] = []  # (position, span index, tokens) of its live elements
+        live_rows: List[int] = []  # the first packed row of each of them
         for e in req.elements:
             if e.start != position:
                 raise ValueError(f"request {b}: element starts at {e.start}, expected {position}")
@@ -335,11 +356,28 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
                 piece_cached.append(False)
                 piece_lengths.append(n)
                 num_keys += n
-                if e.write is not None:
-                    writes.append((b, s, e.write))
+                live_starts.append((position, s, n))
+                live_rows.append(first)
+                for w in e.writes:
+                    writes.append((b, s, w))
                     write_chain_pos.append(len(chain_source) - 1)
                     tail_ends.append((len(runs) - 1, run_local))
-                    write_key_rows.append((k_first, num_keys))
+                    first_pos = e.start if w.first_position is None else w.first_position
+                    if not 0 <= first_pos <= e.start:
+                        raise ValueError(f"request {b}: a write from {first_pos} for an element at {e.start}")
+                    # keys are by position: the row of position x is the request's first row + x
+                    write_key_rows.append((cu_keys[-1] + first_pos, num_keys))
+                    if w.kind == WRITE_SEGMENT:
+                        parts = [span for at, span, _ in live_starts if at >= first_pos]
+                        if not _tiles(live_starts[len(live_starts) - len(parts):], first_pos):
+                            raise ValueError(f"request {b}: a segment write from {first_pos} is not a run of "
+                                             f"live elements ending at {e.start + n}")
+                        if w.low_rank:
+                            low_rank_writes.append((len(writes) - 1, live_rows[len(live_rows) - len(parts)],
+                                                    num_live))
+                        else:
+                            segment_write_spans.extend(parts)
+                            write_parts.append(len(parts))
                 prev_live = True
             elif isinstance(e, BodyElement):
                 n = e.num_tokens
@@ -401,7 +439,7 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
     body_tables = [piece_tables[i] for i in body_pieces]
     body_addresses = None if any(drop_t) else summary_pointers([e.entry for _, e in bodies], body_tables)
     kv_addresses, kv_format = kv_pointers(cached_pieces, piece_tables)
-    write_span_ids = [span for _, span, _ in writes]
+    write_span_ids = segment_write_spans
 
     buffer = IndexBuffer()
     for name, values in (("input_ids", list(itertools.chain.from_iterable(live_tokens))),
@@ -438,7 +476,9 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
         writes=writes,
         write_span_range=_as_range(write_span_ids),
         write_spans_host=tuple(write_span_ids),
-        any_segment_write=any(w.kind == WRITE_SEGMENT for _, _, w in writes),
+        write_parts=write_parts,
+        any_segment_write=any(w.kind == WRITE_SEGMENT and not w.low_rank for _, _, w in writes),
+        low_rank_writes=low_rank_writes,
         num_checkpoint_records=num_checkpoint_rows,
         write_after_checkpoint_rows=write_after_checkpoint_rows,
         cu_keys_host=cu_keys,
@@ -488,6 +528,17 @@ def _tail_index(tail_ends: Sequence[Tuple[int, int]], runs: Sequence[Sequence[in
             else:
                 tail_index.append(start + j - w1)
     return tail_index
+
+
+def _tiles(elements: Sequence[Tuple[int, int, int]], first: int) -> bool:
+    """Whether live elements (position, span index, tokens) are one run of positions from
+    ``first``, back to back (no body between: the parts of one segment's body)."""
+    at = first
+    for position, _, n in elements:
+        if position != at:
+            return False
+        at += n
+    return bool(elements)
 
 
 def _as_range(values: List[int]) -> Optional[Tuple[int, int]]:

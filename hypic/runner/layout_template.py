@@ -12,7 +12,7 @@ query of the same length change only the live tokens, which entry sits where (it
 summary addresses, its RoPE shift), never a span bound, a position, a key row or a chain.
 
 A batch's *geometry* is, per request, each element's class, start and token count, which live
-elements write and what kind, the prefix checkpoints' lengths and the modes (``use_transition``,
+elements write and what kinds, the prefix checkpoints' lengths and the modes (``use_transition``,
 ``rerotate_keys``, ``need_logits``), plus the conv width and the device: everything
 :func:`~hypic.runner.layout.build_fresh` reads but the token ids, the entries and the
 writes' objects. Every index table but :data:`~hypic.runner.layout.REQUEST_TABLES` is a
@@ -62,7 +62,7 @@ SEEN_GEOMETRIES = 32  # geometries it remembers having built once, to make a tem
 _START = attrgetter("start")
 _NUM_TOKENS = attrgetter("num_tokens")
 _TOKEN_IDS = attrgetter("token_ids")
-_WRITE = attrgetter("write")
+_WRITES = attrgetter("writes")
 _ENTRY = attrgetter("entry")
 _SEGMENT_START = attrgetter("segment_start")
 _ORIGIN = attrgetter("origin_position")
@@ -82,11 +82,13 @@ def request_geometry(req: RequestLayout) -> Optional[Tuple[tuple, List[LiveEleme
         # objects (the kept key's are cold in the caches by the next request)
         bounds = array("q", chain(map(_START, els), map(_NUM_TOKENS, els))).tobytes()
         live = list(compress(els, map(is_, types, repeat(LiveElement))))
-        writes = list(map(_WRITE, live))
-        if writes.count(None) == len(writes):
+        writes = list(map(_WRITES, live))
+        if writes.count(()) == len(writes):
             kinds: tuple = ()
         else:
-            kinds = tuple((i, w.kind) for i, w in enumerate(writes) if w is not None)
+            # where a write's K/V (and a segment's parts) start picks its key and summary rows
+            kinds = tuple((i, tuple((w.kind, w.first_position, w.low_rank) for w in ws))
+                          for i, ws in enumerate(writes) if ws)
         prefix = tuple(map(_NUM_TOKENS, req.prefix))
     except (AttributeError, TypeError, OverflowError):  # no such element, a start that is no int64
         return None
@@ -96,8 +98,8 @@ def request_geometry(req: RequestLayout) -> Optional[Tuple[tuple, List[LiveEleme
 
 class _RequestPart:
     """What a template knows of one request of its batch: which elements are bodies, each body's
-    token count, its prefix's length, and (index among its live elements, live span index) of
-    each of its writes."""
+    token count, its prefix's length, and (index among its live elements, live span index, index
+    among the element's writes) of each of its writes."""
 
     __slots__ = ("body_mask", "body_lengths", "num_prefix", "writes")
 
@@ -113,9 +115,12 @@ class _RequestPart:
             if type(e) is LiveElement:
                 live_index[span] = len(live_index)
                 span += 1
+        previous, nth = None, 0
         for wb, s, _ in layout.writes:
             if wb == b:
-                self.writes.append((live_index[s], s))
+                nth = nth + 1 if s == previous else 0
+                previous = s
+                self.writes.append((live_index[s], s, nth))
 
 
 class LayoutTemplate:
@@ -179,8 +184,8 @@ class LayoutTemplate:
                 shifts += [0] * len(entries)
             bodies += zip(repeat(b), body_els)
             tokens += map(_TOKEN_IDS, live)
-            for i, s in part.writes:
-                writes.append((b, s, live[i].write))
+            for i, s, nth in part.writes:
+                writes.append((b, s, live[i].writes[nth]))
         piece_tables = entry_tables(pieces, device)
         if self.body_pieces is None:
             body_tables = piece_tables
@@ -223,6 +228,8 @@ class LayoutTemplate:
             writes=writes,
             write_span_range=g["write_span_range"],
             write_spans_host=g["write_spans_host"],
+            write_parts=list(g["write_parts"]),
+            low_rank_writes=list(g["low_rank_writes"]),
             any_segment_write=g["any_segment_write"],
             num_checkpoint_records=g["num_checkpoint_records"],
             write_after_checkpoint_rows=list(g["write_after_checkpoint_rows"]),
@@ -246,7 +253,8 @@ class LayoutTemplate:
 # lists are copied, so that a caller changing one cannot change the template)
 _GEOMETRY_FIELDS = (
     "cu_live_host", "linear_one_run_per_request", "body_drop_transition_host", "chain_has_prefix",
-    "run_init", "write_span_range", "write_spans_host", "any_segment_write", "num_checkpoint_records",
+    "run_init", "write_span_range", "write_spans_host", "write_parts", "low_rank_writes", "any_segment_write",
+    "num_checkpoint_records",
     "write_after_checkpoint_rows", "cu_keys_host", "index_causal", "keys_by_position",
     "max_live_per_request", "max_keys_per_request", "write_key_rows", "final_tail_slots",
 )

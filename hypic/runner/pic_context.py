@@ -47,6 +47,7 @@ from hypic.ops.linear.gated_delta import (
     gated_delta_forward,
 )
 from hypic.ops.linear.checks import on_device
+from hypic.ops.linear.low_rank import LowRankSummary, gated_delta_low_rank_summarize
 from hypic.ops.linear.simple_gla import simple_gla_chain_forward, simple_gla_forward
 from hypic.ops.linear.summary import DenseSummary, ScalarSummary, SummaryTable
 from hypic.ops.rope import rotate_summary_keys
@@ -61,8 +62,9 @@ class LinearRecord:
     def __init__(self) -> None:
         self.tails: Optional[torch.Tensor] = None  # [NT, D, W-1] conv inputs before each tail end (None: no conv)
         self.final_states: Optional[torch.Tensor] = None  # [B, HV, K, V]
-        self.write_summaries = None  # one summary per write (segment writes): Dense or Scalar
+        self.write_summaries = None  # one summary per segment write (or part of one): Dense or Scalar
         self.write_states: Optional[torch.Tensor] = None  # [NW, HV, K, V] state after each write
+        self.low_rank_summaries: Optional[list] = None  # per factored segment write (layout.low_rank_writes)
 
 
 class AttentionRecord:
@@ -161,6 +163,15 @@ class PicContext(ForwardContext):
             # the GPU scan touches only the first item (its dtype and shape)
             summaries = _LazyItems(lay.bodies, lambda body: body[1].entry.linear[layer_idx].summary)
             return SummaryTable(summaries, lay.body_addresses[layer_idx])
+        items = [body.entry.linear[layer_idx].summary for _, body in lay.bodies]
+        if not any(lay.body_drop_transition_host) and any(isinstance(x, LowRankSummary) for x in items):
+            if device.type == "cpu":
+                # the reference scan applies factored bodies as they are (hypic.ops.linear.low_rank)
+                return [x if isinstance(x, LowRankSummary) else x.unpacked() for x in items]
+            # the GPU walk reads dense T: the factored bodies are formed for this forward
+            dense = [x.dense() if isinstance(x, LowRankSummary) else x.unpacked() for x in items]
+            return DenseSummary(torch.cat([on_device(x.transition, device, dtype) for x in dense]),
+                                torch.cat([on_device(x.state, device, dtype) for x in dense]))
         eye = None
         transitions, states = [], []
         for idx, (_, body) in enumerate(lay.bodies):
@@ -264,6 +275,8 @@ class PicContext(ForwardContext):
             incoming = None if incoming is None else incoming.clone()
         else:
             o, final, live, incoming = write_core(q, k, v, g, beta, bodies, init)
+        if lay.low_rank_writes:  # short bodies stored factored (dense-T families only)
+            rec.low_rank_summaries = self._low_rank_summaries(k, v, g, beta)
         self._record_writes(layer_idx, rec, final, live, incoming)
         return o
 
@@ -346,6 +359,19 @@ class PicContext(ForwardContext):
                       for b, body in lay.bodies]
             self._body_shifts = torch.tensor(shifts, dtype=torch.long, device=device) if any(shifts) else False
         return None if self._body_shifts is False else self._body_shifts
+
+    def _low_rank_summaries(self, k, v, g, beta):
+        """The factored summaries of the layout's factored segment writes, from their bodies'
+        token rows (one batched pass, :func:`gated_delta_low_rank_summarize`)."""
+        lay = self.layout
+        rows_cpu = torch.cat([torch.arange(a, z) for _, a, z in lay.low_rank_writes])
+        bounds = [0]
+        for _, a, z in lay.low_rank_writes:
+            bounds.append(bounds[-1] + z - a)
+        rows = rows_cpu.to(k.device)
+        return gated_delta_low_rank_summarize(k.index_select(0, rows), v.index_select(0, rows),
+                                              g.index_select(0, rows), beta.index_select(0, rows),
+                                              cu_seqlens=torch.tensor(bounds, dtype=torch.long, device=k.device))
 
     # -- full attention -------------------------------------------------------------------------
     def attention(self, layer_idx, q, k, v, scale, rotary):

@@ -24,10 +24,10 @@ from hypic.engine.context import PlainContext, SequenceCache
 from hypic.graphs.cuda_graphs import make_token_graphs
 from hypic.runner.entry_writer import entry_writer
 from hypic.graphs.layer_graphs import FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend, LayerReplays, LayoutGraphs
+from hypic.runner.layout_pieces import ChunkWindow, clip_pieces, merge_live, split_at_checkpoints
 from hypic.runner.layout_template import LayoutTemplates
 from hypic.runner.pic_context import PicContext
 from hypic.runner.layout import (
-    WRITE_CHECKPOINT,
     WRITE_SEGMENT,
     BodyElement,
     LiveElement,
@@ -38,9 +38,12 @@ from hypic.runner.layout import (
     make_live,
 )
 from hypic.models.config import LINEAR_ATTENTION, ModelSpec
+from hypic.models.spec import TRANSITION_DENSE
+from hypic.ops.linear.low_rank import low_rank_is_smaller
 from hypic.pic.modes import COLD_CANONICAL
 from hypic.pic.payload import SegmentEntry
 from hypic.pic.plan import ENTRY_FROM_STANDALONE, RequestPlan, SpanKind
+from hypic.pic.prefix import default_block_tokens
 from hypic.pic.store import SegmentHandle, SegmentStore
 
 
@@ -95,16 +98,26 @@ class PicRunner:
         return self.graphs.num_captures
 
     @torch.inference_mode()
-    def prefill(self, plans: Sequence[RequestPlan]) -> List[PrefillResult]:
+    def prefill(self, plans: Sequence[RequestPlan],
+                windows: Optional[Sequence[Optional["ChunkWindow"]]] = None) -> List[PrefillResult]:
+        """Prefill ``plans`` in one forward. ``windows[i]`` (a chunked prefill of a plain prompt:
+        plan i's spans are its query alone) restricts plan i to the tokens ``[start, end)``, from
+        ``resume`` (the request's cache after ``start`` tokens; None at the first chunk, which
+        starts from the plan's prefix), writing the checkpoints in ``(start, end]``; its logits
+        are None unless ``end`` is the prompt's end."""
+        windows = [None] * len(plans) if windows is None else list(windows)
+        if len(windows) != len(plans):
+            raise ValueError(f"{len(windows)} windows for {len(plans)} plans")
         standalone = self._run_standalone(plans)
         try:
-            budget = _WriteBudget(lambda: self._write_budget(sum(p.live_tokens for p in plans),
-                                                             _writes_in_place(plans)))
+            budget = _WriteBudget(lambda: self._write_budget(sum(p.live_tokens for p in plans)),
+                                  _writes_in_place(plans))
             canonical: Dict[object, Tuple[Tuple[int, ...], int]] = {}
-            layouts = [self._request_layout(p, standalone, budget, canonical) for p in plans]
+            layouts = [self._request_layout(p, standalone, budget, canonical, w) for p, w in zip(plans, windows)]
             logits, caches, ctx = self._forward(layouts)
             self._write_entries(ctx)
             del ctx  # its records are written: free them before the canonical pass
+            self._touch_prefix_chains(plans)
             if canonical:
                 # Canonical entries of this batch's cold segments (``canonical`` policy): after
                 # the requests' own exact forward, as the standalone policy would have made them.
@@ -114,12 +127,27 @@ class PicRunner:
             for h in standalone.values():
                 h.release()
         out = []
-        for i, plan in enumerate(plans):
+        row = 0
+        for i, (plan, layout) in enumerate(zip(plans, layouts)):
+            sampled = None
+            if layout.need_logits:
+                sampled, row = logits[row], row + 1
             out.append(PrefillResult(
-                logits=logits[i], cache=caches[i], live_tokens=plan.live_tokens,
+                logits=sampled, cache=caches[i], live_tokens=sum(e.num_tokens for e in layout.elements
+                                                                 if isinstance(e, LiveElement)),
                 standalone_tokens=plan.standalone_tokens,
             ))
         return out
+
+    def _touch_prefix_chains(self, plans: Sequence[RequestPlan]) -> None:
+        """Each request's prefix chain (what it found, then what it wrote) made the most recently
+        used leaf first, so that the store evicts chains from their ends."""
+        if self.store is None:
+            return
+        for plan in plans:
+            if plan.checkpoints:
+                keys = [h.key for h in plan.prefix_handles] + [c.key for c in plan.checkpoints]
+                self.store.touch(keys[::-1])
 
     # ---------------------------------------------------------------------------------------------
     def _run_standalone(self, plans: Sequence[RequestPlan]) -> Dict[object, SegmentHandle]:
@@ -185,80 +213,112 @@ class PicRunner:
             elems = []
             if body_start > 0:
                 elems.append(LiveElement(tuple(tokens[:body_start]), 0))
-            elems.append(LiveElement(tuple(tokens[body_start:]), body_start, Write(WRITE_SEGMENT, key, 0)))
+            write = Write(WRITE_SEGMENT, key, 0, body_start, self._factored(len(tokens) - body_start))
+            elems.append(LiveElement(tuple(tokens[body_start:]), body_start, (write,)))
             layouts.append(RequestLayout(tuple(elems), need_logits=False))
         _, _, ctx = self._forward(layouts, want_caches=False)
         return self._write_entries(ctx, insert=False)
 
-    def _write_budget(self, num_live_tokens: int, in_place: bool = False) -> Optional[int]:
-        """Bytes of new entries this forward may record: what the store can hold (device + host
-        tier; None = unbounded), and on CUDA no more than the device can hold while they are
-        made (:func:`record_headroom_bytes`; ``in_place``: the forward's writes go straight into
-        their entries, :func:`_writes_in_place`)."""
+    def _write_budget(self, num_live_tokens: int) -> Tuple[Optional[int], Optional[int]]:
+        """``(entry bytes this forward may record, device bytes they may take at their peak)``:
+        what the store can hold (device + host tier; None = unbounded), and on CUDA what the
+        device can hold while they are made (:func:`record_headroom_bytes`; each write is
+        charged its own peak, :meth:`_take_budget`)."""
         if self.store is None:
-            return 0
+            return 0, 0
         budget = None
         if self.store.device_budget_bytes is not None:
             budget = self.store.device_budget_bytes + self.store.host_budget_bytes
-        headroom = record_headroom_bytes(self.device, num_live_tokens,
-                                         IN_PLACE_PEAK_FACTOR if in_place else RECORD_PEAK_FACTOR)
-        if headroom is not None:
-            budget = headroom if budget is None else min(budget, headroom)
-        return budget
+        return budget, record_headroom_bytes(self.device, num_live_tokens, 1)
+
+    def _factored(self, num_body_tokens: int) -> bool:
+        """Whether a segment body of ``num_body_tokens`` is stored factored (:func:`factored_body`)."""
+        return factored_body(self.spec, num_body_tokens)
 
     def entry_nbytes(self, num_body_tokens: int, checkpoint: bool) -> int:
         """Bytes of one store entry (:func:`entry_nbytes` of this runner's model and dtype)."""
         return entry_nbytes(self.spec, self.dtype, num_body_tokens, checkpoint)
 
+    def default_prefix_block_tokens(self) -> int:
+        """The prefix cache's spine spacing for this model and dtype
+        (:func:`~hypic.pic.prefix.default_block_tokens`: a checkpoint costs at most its block's
+        K/V)."""
+        state = self.entry_nbytes(0, checkpoint=True)
+        return default_block_tokens(state, self.entry_nbytes(1, checkpoint=True) - state)
+
     def _request_layout(self, plan: RequestPlan, standalone: Dict[object, SegmentHandle],
-                        budget: "_WriteBudget",
-                        canonical: Dict[object, Tuple[Tuple[int, ...], int]]) -> RequestLayout:
+                        budget: "_WriteBudget", canonical: Dict[object, Tuple[Tuple[int, ...], int]],
+                        window: Optional["ChunkWindow"] = None) -> RequestLayout:
         """``budget``: bytes of writes still allowed in this batch. Cold segments beyond it run
         live without being recorded: their entries could not stay in the store anyway, and
-        recording them would hold their summaries in device memory until the forward ends.
-        Under the ``canonical`` cold policy a cold segment runs live unrecorded and is added to
-        ``canonical`` (key -> tokens, body start) for the standalone pass after the forward."""
+        recording them would hold their summaries in device memory until the forward ends (a
+        checkpoint refused ends the request's checkpoints: a later one would continue a chain the
+        store lacks). Under the ``canonical`` cold policy a cold segment runs live unrecorded and
+        is added to ``canonical`` (key -> tokens, body start) for the standalone pass after the
+        forward. ``window``: see :meth:`prefill`."""
         prompt = plan.prompt
         mode = plan.policy.mode
         segments, handles = prompt.segments, plan.handles
-        elems: List[object] = []
-        prefix: List[SegmentEntry] = []
+        # BodyElement, or [tokens, start, writes, whether it is a written segment's body] of a live run
+        pieces: List[object] = []
         for s in plan.spans:
             kind = s.kind
             if kind is SpanKind.HIT:  # most spans of a cached request: its own short path
                 start = s.start
                 if s.live_end > 0:
-                    elems.append(make_live(tuple(segments[s.segment_index][: s.live_end]), start, None))
+                    pieces.append([tuple(segments[s.segment_index][: s.live_end]), start, (), False])
                 handle = standalone[s.key] if s.entry_source == ENTRY_FROM_STANDALONE else handles[s.entry_index]
-                elems.append(make_body(handle.entry, start + s.body_start, s.num_tokens - s.body_start, start))
+                pieces.append(make_body(handle.entry, start + s.body_start, s.num_tokens - s.body_start, start))
                 continue
-            tokens = prompt.query if kind is SpanKind.QUERY else segments[s.segment_index]
-            if kind is SpanKind.PREFIX:
-                prefix.append(handles[s.entry_index].entry)
-            elif kind is SpanKind.MISS and s.writes_entry and self._take_budget(budget, s, mode):
-                kind = WRITE_CHECKPOINT if mode.uses_prefix_checkpoints else WRITE_SEGMENT
-                if kind == WRITE_SEGMENT and plan.policy.cold_policy == COLD_CANONICAL:
-                    canonical[s.key] = (tuple(tokens), s.body_start)
-                    elems.append(LiveElement(tuple(tokens), s.start))
+            source = prompt.query if kind is SpanKind.QUERY else segments[s.segment_index]
+            tokens = tuple(source[s.offset: s.offset + s.num_tokens])
+            if kind is SpanKind.MISS and s.writes_entry and self._take_budget(budget, s.num_tokens - s.body_start,
+                                                                              checkpoint=False):
+                if plan.policy.cold_policy == COLD_CANONICAL:
+                    canonical[s.key] = (tokens, s.body_start)
+                    pieces.append([tokens, s.start, (), False])
                     continue
                 if s.body_start > 0:
-                    elems.append(LiveElement(tuple(tokens[: s.body_start]), s.start))
-                elems.append(LiveElement(tuple(tokens[s.body_start:]), s.start + s.body_start,
-                                         Write(kind, s.key, s.start)))
+                    pieces.append([tokens[: s.body_start], s.start, (), False])
+                body = s.start + s.body_start
+                write = Write(WRITE_SEGMENT, s.key, s.start, body, self._factored(s.num_tokens - s.body_start))
+                pieces.append([tokens[s.body_start:], body, (write,), True])
             else:  # MISS that writes nothing, or the query
-                elems.append(LiveElement(tuple(tokens), s.start))
-        return RequestLayout(tuple(elems), tuple(prefix), use_transition=mode.use_transition,
-                             rerotate_keys=mode.rerotate_keys)
+                pieces.append([tokens, s.start, (), False])
+        checkpoints = plan.checkpoints
+        need_logits = True
+        if window is not None:
+            pieces = clip_pieces(pieces, window.start, window.end)
+            checkpoints = [c for c in checkpoints if window.start < c.position <= window.end]
+            need_logits = window.end == prompt.num_tokens
+        if window is not None and window.resume is not None:
+            prefix = (window.resume,)  # a later chunk: the plan's prefix is in the request's cache
+        else:
+            prefix = tuple(h.entry for h in plan.prefix_handles)
+        taken = []
+        for c in checkpoints:
+            if not self._take_budget(budget, c.position - c.kv_start, checkpoint=True):
+                break
+            taken.append(c)
+        pieces = merge_live(split_at_checkpoints(pieces, taken))
+        elems = [p if isinstance(p, BodyElement) else make_live(p[0], p[1], p[2]) for p in pieces]
+        return RequestLayout(tuple(elems), prefix, use_transition=mode.use_transition,
+                             rerotate_keys=mode.rerotate_keys, need_logits=need_logits)
 
-    def _take_budget(self, budget: "_WriteBudget", span, mode) -> bool:
-        left = budget.remaining()
-        if left is None:
-            return True
-        need = self.entry_nbytes(span.num_tokens - span.body_start, mode.uses_prefix_checkpoints)
-        if need > left:
+    def _take_budget(self, budget: "_WriteBudget", num_tokens: int, checkpoint: bool) -> bool:
+        """Whether a write of ``num_tokens`` fits what ``budget`` has left (then charged): its
+        entry's bytes in the store, and on the device its peak, once for a segment summary a
+        cold forward writes in place, :data:`RECORD_PEAK_FACTOR` times for what is copied from
+        the forward's records (a checkpoint's states, any write of a forward with cached
+        bodies)."""
+        store_left, device_left = budget.remaining()
+        need = self.entry_nbytes(num_tokens, checkpoint)
+        peak = need * (IN_PLACE_PEAK_FACTOR if budget.in_place and not checkpoint else RECORD_PEAK_FACTOR)
+        if (store_left is not None and need > store_left) or (device_left is not None and peak > device_left):
             self.skipped_writes += 1
             return False
-        budget.left = left - need
+        budget.left = (None if store_left is None else store_left - need,
+                       None if device_left is None else device_left - peak)
         return True
 
     # ---------------------------------------------------------------------------------------------
@@ -355,18 +415,20 @@ _ENTRY_SOURCE = attrgetter("entry_source")
 
 
 class _WriteBudget:
-    """Bytes of writes one batch may still record (None: unbounded), asked (``ask``) at the first
-    write the batch considers: a cached request, which writes nothing, does not query the
-    device's free memory."""
+    """``(entry bytes, device peak bytes)`` one batch may still record (None: unbounded), asked
+    (``ask``) at the first write the batch considers: a cached request, which writes nothing,
+    does not query the device's free memory. ``in_place``: the batch's segment summaries are
+    written in place (:func:`_writes_in_place`)."""
 
-    __slots__ = ("_ask", "_asked", "left")
+    __slots__ = ("_ask", "_asked", "left", "in_place")
 
-    def __init__(self, ask) -> None:
+    def __init__(self, ask, in_place: bool = False) -> None:
         self._ask = ask
         self._asked = False
-        self.left: Optional[int] = None
+        self.left: Tuple[Optional[int], Optional[int]] = (None, None)
+        self.in_place = in_place
 
-    def remaining(self) -> Optional[int]:
+    def remaining(self) -> Tuple[Optional[int], Optional[int]]:
         if not self._asked:
             self.left, self._asked = self._ask(), True
         return self.left
@@ -391,25 +453,35 @@ IN_PLACE_PEAK_FACTOR = 1
 
 
 def _writes_in_place(plans: Sequence[RequestPlan]) -> bool:
-    """Whether a forward of ``plans`` writes its entries in place: a cold batch, every span a
-    miss or the query, no prefix and no prefix-cache checkpoints (the conditions of
+    """Whether a forward of ``plans`` writes its segment entries' summaries in place: no cached
+    body in the batch, every span a miss or the query (the conditions of
     :meth:`EntryWriter.summary_targets` and of the linear layers that take them,
-    hypic/runner/pic_context.py)."""
+    hypic/runner/pic_context.py); prefix-cache checkpoints are copied, and they are small beside
+    the segment summaries (a state per linear layer against a state and a K x K transition)."""
     for plan in plans:
-        if plan.policy.mode.uses_prefix_checkpoints:
-            return False
         if any(s.kind not in (SpanKind.MISS, SpanKind.QUERY) for s in plan.spans):
             return False
     return True
 
 
+def factored_body(spec: ModelSpec, num_body_tokens: int) -> bool:
+    """Whether a segment body of ``num_body_tokens`` is stored factored (T = gamma I - P^T Q, S =
+    P^T R: :mod:`hypic.ops.linear.low_rank`): only a dense T has the low-rank form, and only
+    where it holds fewer numbers (:func:`~hypic.ops.linear.low_rank.low_rank_is_smaller`)."""
+    return spec.linear_transition == TRANSITION_DENSE and low_rank_is_smaller(
+        num_body_tokens, spec.linear_key_head_dim, spec.linear_value_head_dim)
+
+
 def entry_nbytes(spec: ModelSpec, dtype: torch.dtype, num_body_tokens: int, checkpoint: bool) -> int:
     """Bytes of one store entry of a model run in ``dtype``: per linear layer the fp32 summary (S,
-    and T in its family's structure; a checkpoint holds S only) and conv tail
-    (``ModelSpec.linear_entry_words``), per attention layer the body's K and V. Needs only the
-    model's config, so a benchmark can size a store before any weights exist."""
+    and T in its family's structure, or a short dense body's factors; a checkpoint holds S only)
+    and conv tail (``ModelSpec.linear_entry_words``), per attention layer the body's K and V.
+    Needs only the model's config, so a benchmark can size a store before any weights exist."""
     state_bytes = 8 if dtype == torch.float64 else 4
     linear = spec.linear_entry_words(checkpoint)
+    if not checkpoint and factored_body(spec, num_body_tokens):
+        hv, k, v = spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+        linear += hv * (num_body_tokens * (2 * k + v) + 1) - hv * k * (k + v)
     attention = 2 * num_body_tokens * spec.num_key_value_heads * spec.head_dim
     elem = torch.empty(0, dtype=dtype).element_size()
     num_linear = sum(1 for t in spec.layer_types if t == LINEAR_ATTENTION)

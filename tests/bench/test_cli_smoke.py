@@ -54,6 +54,18 @@ SMOKE = {
               {"mode", "request_rate_rps", "completed", "failed", "request_throughput", "request_goodput",
                "output_throughput", "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
                "median_itl_ms", "median_e2el_ms", "meets_slo"}, "results"),
+    "small-segments": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--prompt-tokens", "48",
+                                    "--segment-tokens", "9,24", "--min-tokens", "0,default", "--query-tokens", "4",
+                                    "--repeats", "1"],
+                       {"device", "model", "rows"},
+                       {"segment_tokens", "min_tokens", "full_recompute_ms", "cold_ratio", "warm_ratio", "bytes_ratio",
+                        "cold_equal"}, "rows"),
+    "prefix-spacing": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--block-tokens", "64,default",
+                                    "--systems", "1", "--followers", "1", "--repeats", "1", "--chats", "1",
+                                    "--turns", "2"],
+                       {"device", "model", "rows"},
+                       {"block_tokens", "shared_hit_fraction", "repeat_hit_fraction", "chat_hit_fraction",
+                        "bytes_ratio", "hit_ttft_ms"}, "rows"),
 }
 
 

@@ -18,6 +18,8 @@ MOE_CONFIG = dict(TINY_CONFIG, model_type="qwen3_5_moe_text", num_experts=8, num
 
 def _plan(mode, segments, query, store=None, **kw):
     keyer = Keyer(KeyNamespace("floor-test", "float32"))
+    kw.setdefault("segment_min_tokens", 0)
+    kw.setdefault("cold_policy", "inline")
     return plan_request(SegmentedPrompt(segments, query), PICConfig(mode=mode, **kw).resolve(),
                         store=store, keyer=keyer)
 
@@ -94,15 +96,15 @@ def test_count_prefix_cache_reads_kv_of_all_and_state_of_last_checkpoint():
     from tests.runner.pic_helpers import PicHarness, tiny_model
 
     spec, model = tiny_model()
-    harness = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
+    harness = PicHarness(spec, model, config=PICConfig(mode="prefix_cache", cold_policy="inline", segment_min_tokens=0))
     segs = [[1] * 8, [2] * 8, [3] * 8]
     with harness.plan(segs, [4] * 3) as plan:
         harness.runner.prefill([plan])
     wm = WorkModel(spec, model)
     with harness.plan(segs, [5] * 3) as plan:
-        assert plan.prefix_num_segments == 3
-        kv = sum(a.nbytes for h in plan.handles for a in h.entry.attention.values())
-        last = plan.handles[-1].entry
+        assert plan.prefix_tokens == 24 and plan.handles == ()
+        kv = sum(a.nbytes for h in plan.prefix_handles for a in h.entry.attention.values())
+        last = plan.prefix_handles[-1].entry
         state = last.nbytes - sum(a.nbytes for a in last.attention.values())
         work = wm.count(plan)
         assert plan.live_tokens == 3

@@ -22,7 +22,7 @@ from tests.bench._checkpoints import write_byte_level_checkpoint, write_word_lev
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "longbench_fixture.jsonl"
 RESULT_KEYS = {"task", "mode", "seam", "cold_policy", "n", "score", "gap_to_full", "cached_tokens_mean",
-               "live_tokens_mean"}
+               "live_tokens_mean", "same_as_full", "prefix_hit_tokens_mean"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -237,9 +237,9 @@ def test_bos_is_its_own_leading_segment(word_model, byte_model):
         PromptEncoder(byte_model, 304).bos_token_id()
 
 
-def _record(task, score, cached, live, request_id="r"):
-    return RequestRecord(task=task, request_id=request_id, prediction="p", score=score, prompt_tokens=cached + live,
-                         cached_tokens=cached, live_tokens=live, prefix_hit_tokens=0)
+def _record(task, score, cached, live, request_id="r", prediction="p"):
+    return RequestRecord(task=task, request_id=request_id, prediction=prediction, score=score,
+                         prompt_tokens=cached + live, cached_tokens=cached, live_tokens=live, prefix_hit_tokens=0)
 
 
 def test_summarize_means_and_gap_sign(tmp_path):
@@ -248,9 +248,9 @@ def test_summarize_means_and_gap_sign(tmp_path):
     hyp = Configuration("hypic", 8, "inline")
     frac = Configuration("hypic", 0.5, "inline")
     runs = [
-        ("a", full, (_record("a", 100.0, 0, 40), _record("a", 50.0, 0, 60))),
+        ("a", full, (_record("a", 100.0, 0, 40), _record("a", 50.0, 0, 60, "r2"))),
         ("a", add, (_record("a", 0.0, 30, 10), _record("a", 50.0, 50, 10))),
-        ("a", hyp, (_record("a", 100.0, 20, 20), _record("a", 40.0, 40, 20))),
+        ("a", hyp, (_record("a", 100.0, 20, 20), _record("a", 40.0, 40, 20, "r2", prediction="q"))),
         ("a", frac, (_record("a", 75.0, 10, 30), _record("a", 50.0, 10, 50))),
         ("b", hyp, (_record("b", 10.0, 0, 5),)),
     ]
@@ -261,6 +261,9 @@ def test_summarize_means_and_gap_sign(tmp_path):
     assert by[("a", "hypic", 8)].gap_to_full == pytest.approx(5.0)
     assert by[("a", "hypic", 8)].cached_tokens_mean == 30.0 and by[("a", "hypic", 8)].live_tokens_mean == 20.0
     assert by[("b", "hypic", 8)].gap_to_full is None  # no full_recompute run for task b
+    # outputs equal to full recompute's, request by request ("r2" of hypic answered otherwise)
+    assert by[("a", "hypic", 8)].same_as_full == 1 and by[("a", "full_recompute", None)].same_as_full == 2
+    assert by[("b", "hypic", 8)].same_as_full is None
     table = format_table(results)
     assert "+50.00" in table and "+5.00" in table
     plot_results(str(tmp_path / "p.png"), results)
@@ -293,7 +296,11 @@ def test_split_runs_merge_into_the_single_run_table(suite_run, word_model, tmp_p
     assert sorted(map(key, merged["results"])) == sorted(map(key, single["results"]))
     by_cell = {key(r): r for r in single["results"]}
     for row in merged["results"]:
-        assert row == by_cell[key(row)]
+        # a merge cannot compare outputs across files: same_as_full is kept as each file had it
+        want = dict(by_cell[key(row)])
+        if row["mode"] != "full_recompute":
+            want["same_as_full"] = None
+        assert row == want
     assert merged["config"]["complete"] is True and merged["config"]["incomplete_files"] == []
     assert "gap" in printed.splitlines()[0]
     # A cell present twice, or files about different requests, are refused.

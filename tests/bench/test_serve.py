@@ -200,7 +200,8 @@ def test_engine_flags_rebuild_the_same_engine_config():
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    args = build_parser().parse_args(["bench", "serve", "--device", "cpu"])
+    # 16-token segments: cached only below the default pic_segment_min_tokens
+    args = build_parser().parse_args(["bench", "serve", "--device", "cpu", "--pic-segment-min-tokens", "0"])
     log = str(tmp_path_factory.mktemp("serve") / "server.log")
     with LaunchedServer("hypic", args, log, start_timeout_s=120) as server:
         yield server

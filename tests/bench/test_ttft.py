@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hypic.bench.ttft import ALL_MODES, CASES, TtftConfig, parse_bytes
+from hypic.bench.ttft import ALL_MODES, DEFAULT_CASES, TtftConfig, parse_bytes
 from hypic.bench.ttft_report import REQUIRED_RESULT_KEYS, format_table, percentile
 from hypic.entrypoints.cli import main
 from tests.runner.pic_helpers import TINY_CONFIG
@@ -98,7 +98,7 @@ def test_json_schema_all_cases_and_modes(report):
     rows = report["results"]
     assert not [r for r in rows if "error" in r]
     keys = {(r["case"], r["mode"], r["cold_policy"]) for r in rows}
-    expected = {(c, m, "inline") for c in CASES for m in ALL_MODES} | {("cold", "hypic", "standalone")}
+    expected = {(c, m, "inline") for c in DEFAULT_CASES for m in ALL_MODES} | {("cold", "hypic", "standalone")}
     assert keys == expected and len(rows) == len(expected)
     for r in rows:
         for k in REQUIRED_RESULT_KEYS:
@@ -182,6 +182,22 @@ def test_rag_after_warmup(report):
     assert hypic["corpus_documents"] > 0 and hypic["warmup_requests"] > 0
 
 
+def test_plain_repeat_finds_all_but_the_last_token(tiny_config_path, tmp_path):
+    """The repeated plain prompt (no segments): every mode with a store resumes from the prefix
+    cache at its last token; full recompute computes all of it."""
+    args = _args(tiny_config_path, str(tmp_path), "--cases", "plain_repeat", "--modes",
+                 "full_recompute,prefix_cache,hypic", "--prefix-block-tokens", "16")
+    assert main(args) == 0
+    with open(tmp_path / "ttft.json") as f:
+        rows = {r["mode"]: r for r in json.load(f)["results"]}
+    assert set(rows) == {"full_recompute", "prefix_cache", "hypic"} and not [r for r in rows.values() if "error" in r]
+    assert rows["full_recompute"]["live_tokens_mean"] == P and rows["full_recompute"]["token_hit_rate"] == 0
+    for mode in ("prefix_cache", "hypic"):
+        assert rows[mode]["live_tokens_mean"] == 1 and rows[mode]["token_hit_rate"] == pytest.approx((P - 1) / P)
+        assert rows[mode]["store_entries"] == P // 16  # the spine at 16, 32, 48 and the prompt's end, 63
+    assert rows["hypic"]["speedup_vs_prefix_cache"] > 0
+
+
 def test_store_budget_limits_reported(tiny_config_path, tmp_path):
     args = _args(tiny_config_path, str(tmp_path), "--cases", "all_hit", "--modes", "hypic", "--store-bytes", "1")
     assert main(args) == 0
@@ -200,7 +216,7 @@ def test_time_budget_skips_points(tiny_config_path, tmp_path):
         data = json.load(f)
     assert data["results"] == []
     assert {(s["case"], s["prompt_tokens"], s["segment_tokens"]) for s in data["skipped"]} == {
-        (c, P, S) for c in CASES}
+        (c, P, S) for c in DEFAULT_CASES}
 
 
 def test_merge_reports(report, tmp_path):

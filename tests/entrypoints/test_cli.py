@@ -159,3 +159,28 @@ def test_generate_takes_every_engine_option():
     config = EngineConfig.from_cli_args(args)
     assert config == EngineConfig.from_kwargs(max_num_seqs=3, enforce_eager=True, segment_cache_bytes=64 << 20,
                                               pic_mode="transition")
+
+
+def test_generate_cache_salt_keeps_tenants_apart_across_runs(capsys, tmp_path):
+    """Three runs on one --segment-cache-dir: the second, under another --cache-salt, finds
+    nothing of the first; the third, under the first's salt, finds its prefix and segments."""
+    segmented = ("<sep> this passage is about divur . divur owns a snake . divur lives in santon .<<PIC_SEP>>"
+                 "<sep> this passage is about fevun . fevun works as a teacher .<<PIC_SEP>>"
+                 "<sep> question : where does divur live ? answer :")
+    plain = "<sep> this passage is about kolton . kolton lives in rilwick . " * 3 + "<sep> question : where does kolton live ?"
+    base = ["generate", "--model", "tiny", "--prompt", segmented, "--prompt", plain, "--max-tokens", "3",
+            "--temperature", "0", "--device", "cpu", "--prefix-block-tokens", "16",
+            "--segment-cache-dir", str(tmp_path)]
+
+    def run(salt):
+        assert cli.main(base + ["--cache-salt", salt]) == 0
+        out = capsys.readouterr().out
+        hits = [(int(c), int(p)) for c, p in re.findall(r"cached_tokens=(\d+) prefix_hit_tokens=(\d+)", out)]
+        texts = re.findall(r"=== prompt: .*\n(.*)\n", out)
+        return hits, texts
+
+    first, text_a = run("tenant-a")
+    other, text_b = run("tenant-b")
+    again, text_c = run("tenant-a")
+    assert first == other == [(0, 0), (0, 0)]
+    assert all(p > 0 for _, p in again) and text_a == text_b == text_c

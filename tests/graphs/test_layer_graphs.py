@@ -133,7 +133,7 @@ def test_a_cached_request_with_replayed_conv_cores_matches_the_eager_forward(mon
 
     segs = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
     query = random_segment(10, seed=50)
-    policy = PICConfig(mode="hypic", seam=4).resolve()
+    policy = PICConfig(mode="hypic", seam=4, cold_policy="inline", segment_min_tokens=0).resolve()
 
     def run():
         plan = plan_request(SegmentedPrompt(tuple(map(tuple, segs)), tuple(query)), policy, store=store,
@@ -225,7 +225,7 @@ def _pool_runner(namespace: str):
     keyer = Keyer(KeyNamespace(namespace, "float32"))
     runner = PicRunner(model, spec, store, torch.device("cpu"), torch.float32)
     segs = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
-    policy = PICConfig(mode="hypic", seam=4).resolve()
+    policy = PICConfig(mode="hypic", seam=4, cold_policy="inline", segment_min_tokens=0).resolve()
 
     def run(order, query_seed, num_segs=4):
         prompt = SegmentedPrompt(tuple(tuple(segs[i]) for i in order[:num_segs]),
@@ -276,7 +276,7 @@ def test_a_forward_with_writes_replays_graphs_of_its_own_never_kept(monkeypatch)
     # (what they read of the written spans is not in the layout's signature); its logits, caches
     # and new entries equal an eager forward's.
     spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
-    policy = PICConfig(mode="hypic", seam=4).resolve()
+    policy = PICConfig(mode="hypic", seam=4, cold_policy="inline", segment_min_tokens=0).resolve()
     old = [random_segment(24 + 8 * i, seed=i) for i in range(4)]
     new = [random_segment(30, seed=40), random_segment(20, seed=41)]
     prompt = SegmentedPrompt(tuple(map(tuple, [old[0], new[0], old[1], old[2], new[1], old[3]])),

@@ -11,9 +11,9 @@ from hypic.pic.plan import ENTRY_FROM_STORE, Span, SpanKind
 
 
 @pytest.mark.parametrize("cls,args", [
-    (Span, (SpanKind.HIT, 3, 100, 512, 8, 8, "key", 3, ENTRY_FROM_STORE, False)),
-    (Span, (SpanKind.QUERY, -1, 0, 4, 4, 4, None, -1, None, False)),
-    (LiveElement, ((1, 2, 3), 7, Write("segment", "k", 7))),
+    (Span, (SpanKind.HIT, 3, 100, 512, 8, 8, "key", 3, ENTRY_FROM_STORE, False, 0)),
+    (Span, (SpanKind.QUERY, -1, 0, 4, 4, 4, None, -1, None, False, 2)),
+    (LiveElement, ((1, 2, 3), 7, (Write("segment", "k", 7, 7),))),
     (BodyElement, ("entry", 10, 502, 2)),
 ])
 def test_makes_what_the_dataclass_makes(cls, args):

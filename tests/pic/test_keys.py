@@ -2,7 +2,7 @@ import hashlib
 
 import pytest
 
-from hypic.pic.keys import KIND_CHECKPOINT, KIND_SEGMENT, Keyer, KeyNamespace
+from hypic.pic.keys import KIND_PREFIX, KIND_SEGMENT, Keyer, KeyNamespace
 from tests.pic.helpers import keyer
 
 
@@ -39,16 +39,39 @@ def test_forced_collision_is_not_equal():
     assert a == kr.segment_key([1, 2], 0)
 
 
-def test_checkpoint_keys_chain():
+def test_prefix_keys_chain():
     kr = keyer()
-    ab = kr.checkpoint_keys([[1, 2], [3]])
-    abc = kr.checkpoint_keys([[1, 2], [3], [4, 5]])
-    ba = kr.checkpoint_keys([[3], [1, 2]])
-    assert ab == abc[:2]
-    assert ab[0].kind == KIND_CHECKPOINT and ab[1].token_ids == (3,)
-    assert abc[1] != ba[0] and ab[1] != ba[1]  # order matters
-    # A checkpoint never equals a segment key with the same tokens.
-    assert kr.checkpoint_keys([[3]])[0] != kr.segment_key([3], 0)
+    ab = kr.prefix_chain([1, 2, 3, 4], 2)
+    abc = kr.prefix_chain([1, 2, 3, 4, 5], 2)
+    ba = kr.prefix_chain([3, 4, 1, 2], 2)
+    assert ab == abc[:2] and abc[2].token_ids == (5,) and abc[2].parent == ab[1]
+    assert ab[0].kind == KIND_PREFIX and ab[1].token_ids == (3, 4) and ab[1].parent == ab[0]
+    assert ab[1].position == 4 and ab[1].prefix_token_ids() == (1, 2, 3, 4)
+    assert ab[1] != ba[1] and ab[0] != ba[1]  # a block after another prefix is another key
+    assert ab[1].parent_digest == ab[0].digest and ab[0].parent_digest == kr.prefix_root()
+    # a prefix key never equals a segment key with the same tokens, nor one of another tenant
+    assert kr.prefix_chain([3], 4)[0] != kr.segment_key([3], 0)
+    assert kr.prefix_chain([1, 2], 2, tenant_salt="t")[0] != ab[0]
+    assert kr.prefix_root(tenant_salt="t") != kr.prefix_root()
+    with pytest.raises(ValueError, match="another namespace"):
+        kr.prefix_key(ab[0], [5], tenant_salt="t")
+
+
+def test_forced_collision_of_prefix_keys_is_not_equal():
+    # every digest equal: the chains still differ by their tokens, block by block
+    kr = keyer(hash_fn=lambda data: b"same")
+    a = kr.prefix_chain([1, 2, 9, 9], 2)
+    b = kr.prefix_chain([3, 4, 9, 9], 2)
+    assert a[1].digest == b[1].digest and a[1].token_ids == b[1].token_ids
+    assert a[1] != b[1] and a[0] != b[0]
+    assert a[1] == kr.prefix_chain([1, 2, 9, 9], 2)[1]
+
+
+def test_long_chains_compare_without_recursion():
+    kr = keyer()
+    tokens = list(range(6000))
+    a, b = kr.prefix_chain(tokens, 2)[-1], kr.prefix_chain(tokens, 2)[-1]  # 3000 keys deep, apart
+    assert a is not b and a == b and a.position == 6000
 
 
 def test_key_errors():
@@ -62,8 +85,10 @@ def test_key_errors():
         KeyNamespace("", "float32")
     with pytest.raises(ValueError, match="hash_fn"):
         Keyer(KeyNamespace("m", "f"), hash_fn=lambda b: b"").segment_key([1], 0)
-    with pytest.raises(ValueError, match="empty segment"):
-        keyer().checkpoint_keys([[1], []])
+    with pytest.raises(ValueError, match="at least one token"):
+        keyer().prefix_key(None, [])
+    with pytest.raises(ValueError, match="block_tokens"):
+        keyer().prefix_chain([1], 0)
 
 
 def test_token_ids_of_any_integer_type_give_the_same_key():
@@ -78,7 +103,7 @@ def test_token_ids_of_any_integer_type_give_the_same_key():
         assert got == want and got.digest == want.digest
         assert got.token_ids == (5, 7, 0, 9) and all(type(t) is int for t in got.token_ids)
     assert k.segment_key((True, 7), 0).token_ids == (1, 7)  # bools count as 0/1, as int() does
-    assert k.checkpoint_keys([[5, 7], np.array([0, 9])]) == k.checkpoint_keys([(5, 7), (0, 9)])
+    assert k.prefix_chain(np.array([5, 7, 0, 9]), 2) == k.prefix_chain((5, 7, 0, 9), 2)
 
 
 def test_segment_keys_are_remembered_by_token_tuple(monkeypatch):

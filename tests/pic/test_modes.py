@@ -40,9 +40,13 @@ def test_bad_seam(bad):
 
 
 def test_resolve_per_request_overrides():
-    cfg = PICConfig()  # hypic, w = 8, inline
+    cfg = PICConfig()  # hypic, w = 8, standalone, segments of 32 tokens and more cached
     p = cfg.resolve()
-    assert (p.mode.name, p.seam, p.cold_policy) == ("hypic", 8, "inline")
+    assert (p.mode.name, p.seam, p.cold_policy, p.segment_min_tokens) == ("hypic", 8, "standalone", 32)
+    assert [p.live_tokens(n) for n in (5, 31, 32, 100)] == [5, 31, 8, 8]  # shorter: all live
+    assert PICConfig(segment_min_tokens=0).resolve().live_tokens(5) == 5  # the seam covers it
+    with pytest.raises(ValueError, match="segment_min_tokens"):
+        PICConfig(segment_min_tokens=-1)
     p = cfg.resolve(mode="transition", cold_policy="standalone")
     assert (p.mode.name, p.seam, p.cold_policy) == ("transition", 0, "standalone")
     assert cfg.resolve(seam=0.5).seam_tokens(10) == 5

@@ -18,7 +18,7 @@ def test_round_trip_is_bit_identical(tmp_path):
     seg = make_entry(KR.segment_key([1, 2, 3, 4], 2), seed=5, origin=9)
     g = torch.Generator().manual_seed(1)
     dense = DenseSummary(torch.randn(1, 2, 3, 3, generator=g), torch.randn(1, 2, 3, 4, generator=g))
-    ckpt_key = KR.checkpoint_keys([[7, 8], [9]])[1]
+    ckpt_key = KR.prefix_chain([7, 8, 9], 2)[1]
     ckpt = SegmentEntry(ckpt_key, linear={0: LinearStateCheckpoint(torch.randn(1, 2, 3, 4), None),
                                           2: LinearLayerCache(dense, torch.randn(5, 3))},
                         metadata={"policy": "standalone"})

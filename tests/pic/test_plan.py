@@ -26,8 +26,9 @@ def put(store, tokens, body_start):
 
 
 def plan(p, store=None, *, mode="hypic", seam=2, cold_policy="inline", **kw):
-    policy = PICConfig().resolve(mode=mode, seam=seam if mode == "hypic" else None,
-                                 cold_policy=cold_policy)
+    # every segment a seam leaves a body in is cached (test_short_segments_are_never_cached has the threshold)
+    policy = PICConfig(segment_min_tokens=0).resolve(mode=mode, seam=seam if mode == "hypic" else None,
+                                                     cold_policy=cold_policy)
     return plan_request(p, policy, store=store, keyer=KR, **kw)
 
 
@@ -144,36 +145,83 @@ def test_full_recompute_touches_no_store():
     assert rp.live_tokens == rp.prompt_tokens and rp.handles == ()
 
 
-def put_checkpoints(store, segs):
-    for k in KR.checkpoint_keys(segs):
+def put_chain(store, tokens, block=4):
+    keys = KR.prefix_chain(tokens, block)
+    for k in keys:
         store.insert(make_entry(k))
+    return keys
 
 
-def test_prefix_cache_uses_longest_checkpointed_prefix():
+def test_prefix_cache_uses_the_longest_stored_chain_and_writes_past_it():
     store = new_store()
-    put_checkpoints(store, [A, B])
-    rp = plan(prompt(A, B, C), store, mode="prefix_cache")
-    assert kinds(rp) == [SpanKind.PREFIX, SpanKind.PREFIX, SpanKind.MISS, SpanKind.QUERY]
-    assert rp.prefix_num_segments == 2 and rp.prefix_hit_tokens == 12
-    assert rp.resume_handle.key == KR.checkpoint_keys([A, B])[1]
-    assert [s.live_end for s in rp.spans] == [0, 0, 3, 4]
-    assert rp.spans[2].writes_entry and rp.spans[2].key == KR.checkpoint_keys([A, B, C])[2]
-    assert rp.live_tokens == 7 and rp.cached_tokens == 0
+    keys = put_chain(store, A + B)  # 12 tokens: blocks of 4 to 12
+    rp = plan(prompt(A, B, C), store, mode="prefix_cache", prefix_block_tokens=4)
+    assert rp.prefix_tokens == rp.prefix_hit_tokens == 12
+    assert [h.key for h in rp.prefix_handles] == list(keys) and rp.resume_handle.key == keys[-1]
+    assert kinds(rp) == [SpanKind.MISS, SpanKind.QUERY] and [s.start for s in rp.spans] == [12, 15]
+    assert rp.live_tokens == 7 and rp.cached_tokens == 0 and rp.handles == ()
+    # writes: the spine at 16, the end of C (a segment end, 15) and the prompt's last position but one (18)
+    assert [(c.position, c.kv_start) for c in rp.checkpoints] == [(15, 12), (16, 12), (18, 16)]
+    assert rp.checkpoints[1].key == KR.prefix_chain(A + B + C + Q, 4)[3]
+    assert rp.checkpoints[0].key.parent is keys[-1]  # built on the stored key objects
     rp.release()
-    with plan(prompt(A, C, B), store, mode="prefix_cache") as rp:
-        assert rp.prefix_num_segments == 1 and rp.prefix_hit_tokens == 5
-    with plan(prompt(B, A), store, mode="prefix_cache") as rp:
-        assert rp.prefix_num_segments == 0 and rp.resume_handle is None
+    assert store.stats().held_entries == 0
+    with plan(prompt(A, C, B), store, mode="prefix_cache", prefix_block_tokens=4) as rp:
+        assert rp.prefix_tokens == 4  # A's first block only: no checkpoint at 5 was stored
+        assert kinds(rp)[0] is SpanKind.MISS and rp.spans[0].offset == 4 and rp.spans[0].num_tokens == 1
+    with plan(prompt(B, A), store, mode="prefix_cache", prefix_block_tokens=4) as rp:
+        assert rp.prefix_tokens == 0 and rp.resume_handle is None
 
 
-def test_prefix_cache_stops_at_a_missing_checkpoint():
+def test_prefix_stops_at_a_missing_checkpoint_and_needs_a_live_token():
     store = new_store()
-    keys = KR.checkpoint_keys([A, B, C])
+    keys = KR.prefix_chain(A + B, 4)
     store.insert(make_entry(keys[0]))
-    store.insert(make_entry(keys[2]))  # the middle one is gone: only A is a usable prefix
-    with plan(prompt(A, B, C), store, mode="prefix_cache") as rp:
-        assert rp.prefix_num_segments == 1
-        assert store.stats().held_entries == 1
+    store.insert(make_entry(keys[2]))  # the middle one is gone: only the first block is usable
+    with plan(prompt(A, B, C), store, mode="prefix_cache", prefix_block_tokens=4) as rp:
+        assert rp.prefix_tokens == 4 and store.stats().held_entries == 1
+    put_chain(store, A + B + C + Q)  # the whole prompt: one token stays live
+    with plan(prompt(A, B, C), store, mode="prefix_cache", prefix_block_tokens=4) as rp:
+        assert rp.prefix_tokens == 16 and rp.live_tokens == 3
+
+
+def test_a_leaf_continues_a_longer_prompt():
+    # the end of an earlier prompt (a leaf under its last spine checkpoint) is found by a longer one
+    store = new_store()
+    earlier = KR.prefix_chain(A + B + C[:1], 4)  # 13 tokens: spine at 4, 8, 12, a leaf to 13
+    for k in earlier:
+        store.insert(make_entry(k))
+    with plan(prompt(A, B, C), store, mode="hypic", prefix_block_tokens=4) as rp:
+        assert rp.prefix_tokens == 13 and [h.key for h in rp.prefix_handles] == list(earlier)
+        assert rp.spans[0].kind is SpanKind.MISS and rp.spans[0].offset == 1 and not rp.spans[0].writes_entry
+    with plan(prompt(A, B, query=(7, 7)), store, mode="hypic", prefix_block_tokens=4) as rp:
+        assert rp.prefix_tokens == 12  # the leaf's token (30) is not this prompt's
+
+
+def test_pic_composes_after_the_prefix_and_checkpoints_stop_at_the_first_body():
+    store = new_store()
+    put_chain(store, A + B)
+    put(store, C + Q, 2)  # a long segment to reuse after the prefix
+    rp = plan(prompt(A, B, C + Q), store, prefix_block_tokens=4)
+    assert rp.prefix_tokens == 12
+    assert kinds(rp) == [SpanKind.HIT, SpanKind.QUERY] and rp.cached_tokens == 5
+    assert rp.checkpoints == ()  # the exact region ends at the body (position 14)
+    rp.release()
+    fresh = new_store()
+    with plan(prompt(A, B), fresh, prefix_block_tokens=4) as rp:  # all cold: writes everywhere
+        assert [c.position for c in rp.checkpoints] == [4, 8, 12, 15]
+        assert [s.writes_entry for s in rp.spans[:2]] == [True, True]
+
+
+def test_short_segments_are_never_cached():
+    store = new_store()
+    policy = PICConfig(seam=2, segment_min_tokens=6, cold_policy="inline").resolve()
+    rp = plan_request(prompt(A, B, C), policy, store=store, keyer=KR)
+    assert [s.key is None for s in rp.spans[:3]] == [True, False, True]
+    assert [s.writes_entry for s in rp.spans[:3]] == [False, True, False]
+    assert rp.live_tokens == rp.prompt_tokens
+    rp.release()
+    assert store.stats().misses == 1  # only B was looked up
 
 
 def test_bad_input_errors_acquire_nothing():
@@ -207,7 +255,7 @@ def test_precomputed_segment_keys_are_used_and_checked(monkeypatch):
 
     store = new_store()
     put(store, B, 2)
-    policy = PICConfig().resolve(mode="hypic", seam=2, cold_policy="inline")
+    policy = PICConfig(segment_min_tokens=0).resolve(mode="hypic", seam=2, cold_policy="inline")
     p = prompt(A, B, (7, 8))  # the 2-token segment is all seam: no key
     keys = segment_keys(p, policy, KR)
     assert keys[2] is None and keys[1] == KR.segment_key(B, 2)

@@ -71,21 +71,30 @@ def full_logits(spec, model, token_ids: Sequence[int]) -> torch.Tensor:
 
 
 class PicHarness:
-    """Store + keyer + runner around one model; ``run`` plans and prefills one request."""
+    """Store + keyer + runner around one model; ``run`` plans and prefills one request. Its
+    default policy caches every segment a seam leaves a body in, written inline (the runner's
+    tests are about those writes and their reuse)."""
 
     def __init__(self, spec, model, *, budget: Optional[int] = None, host_budget: int = 0,
-                 config: PICConfig = PICConfig(), hash_fn=None):
+                 config: PICConfig = PICConfig(cold_policy="inline", segment_min_tokens=0), hash_fn=None,
+                 prefix_block_tokens: Optional[int] = None):
         self.spec, self.model = spec, model
         self.store = SegmentStore(budget, host_budget)
         ns = KeyNamespace("tiny-test", "float32")
         self.keyer = Keyer(ns) if hash_fn is None else Keyer(ns, hash_fn)
         self.runner = PicRunner(model, spec, self.store, torch.device("cpu"), next(model.parameters()).dtype)
         self.config = config
+        # the prefix cache's spine spacing (None: no prefix cache, except in prefix_cache mode,
+        # which needs one: 16 tokens then)
+        self.prefix_block_tokens = prefix_block_tokens
 
     def plan(self, segments, query, **overrides):
         policy = self.config.resolve(**overrides)
+        block = self.prefix_block_tokens
+        if block is None and policy.mode.uses_prefix_checkpoints:
+            block = 16
         return plan_request(SegmentedPrompt(tuple(map(tuple, segments)), tuple(query)), policy,
-                            store=self.store, keyer=self.keyer)
+                            store=self.store, keyer=self.keyer, prefix_block_tokens=block)
 
     def run(self, segments, query, **overrides):
         plan = self.plan(segments, query, **overrides)

@@ -56,8 +56,9 @@ def test_entries_are_exact_copies_of_each_layers_rows_in_buffers_of_their_own(ti
 
     monkeypatch.setattr(EntryWriter, "linear_done", linear_done)
     monkeypatch.setattr(EntryWriter, "attention_done", attention_done)
-    h = PicHarness(spec, model, config=PICConfig(mode=mode))
-    segs = [random_segment(n, 700 + n) for n in (21, 34, 18)]
+    h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
+    # bodies long enough to be stored dense (test_short_bodies_are_stored_factored has the others)
+    segs = [random_segment(n, 700 + n) for n in (21, 34, 23)]
     query = random_segment(6, 5)
     h.run(segs, query)
     entries = h.store.snapshot()
@@ -136,7 +137,7 @@ def test_segment_writes_store_t_packed_when_presplit(tiny, monkeypatch):
     from hypic.ops.linear import t_planes
 
     spec, model = tiny
-    segs = [random_segment(n, 700 + n) for n in (23, 17, 40)]
+    segs = [random_segment(n, 700 + n) for n in (23, 20, 40)]  # bodies long enough to be stored dense
     query = random_segment(5, 19)
     got = {}
     for packed in (False, True):
@@ -154,3 +155,31 @@ def test_segment_writes_store_t_packed_when_presplit(tiny, monkeypatch):
             assert torch.equal(cache.summary.state, want.state)
     assert float((logits_packed - logits_plain).abs().max() / logits_plain.abs().max()) < 1e-3
     assert t_planes.presplit_wanted(torch.device("cuda")) and not t_planes.presplit_wanted(torch.device("cpu"))
+
+
+def test_short_bodies_are_stored_factored(tiny):
+    """A body short enough (hypic.ops.linear.low_rank.low_rank_is_smaller) is stored as its
+    factors, per layer one row of a buffer of its own, its bytes what entry_nbytes says; a
+    request reusing it gives what the dense form gives."""
+    from hypic.ops.linear.low_rank import LowRankSummary
+
+    spec, model = tiny
+    segs = [random_segment(n, 800 + n) for n in (15, 30, 12)]  # bodies 7, 22, 4 at seam 8
+    query = random_segment(5, 9)
+    h = PicHarness(spec, model)
+    h.run(segs, query)
+    by_tokens = {e.num_body_tokens: e for e in h.store.snapshot()}
+    for n, entry in by_tokens.items():
+        kinds = {type(c.summary).__name__ for c in entry.linear.values()}
+        assert kinds == ({"LowRankSummary"} if n < 10 else {"DenseSummary"})
+        assert entry.nbytes == h.runner.entry_nbytes(n, checkpoint=False)
+        if n < 10:
+            first = next(iter(entry.linear.values())).summary
+            assert first.rank == n and first.keys.untyped_storage().nbytes() == first.keys.nbytes * len(entry.linear)
+    _, reused = h.run(segs[::-1], query)
+    dense = PicHarness(spec, model)
+    dense.runner._factored = lambda num_tokens: False
+    dense.run(segs, query)
+    _, want = dense.run(segs[::-1], query)
+    assert not any(isinstance(c.summary, LowRankSummary) for e in dense.store.snapshot() for c in e.linear.values())
+    torch.testing.assert_close(reused.logits, want.logits, rtol=1e-4, atol=1e-4)

@@ -28,8 +28,8 @@ def entry(tokens, dtype=torch.float32, body_start=1):
 
 
 def write(kind, tokens):
-    key = KEYER.checkpoint_keys([tokens])[0] if kind == WRITE_CHECKPOINT else KEYER.segment_key(tokens, 1)
-    return Write(kind, key, 0)
+    key = KEYER.prefix_key(None, tokens) if kind == WRITE_CHECKPOINT else KEYER.segment_key(tokens, 1)
+    return (Write(kind, key, 0),)
 
 
 def test_recorded_rows_are_the_states_after_checkpoints():
@@ -48,7 +48,8 @@ def test_recorded_rows_are_the_states_after_checkpoints():
     assert lay.checkpoint_record_rows.tolist() == [-1, 0, -1, 1, -1, -1, -1]
     assert lay.num_checkpoint_records == 2
     assert lay.write_after_checkpoint_rows == [0, 1, None, -1]
-    assert lay.write_spans.tolist() == [0, 1, 2, 3] and lay.write_span_range == (0, 4)
+    # summaries only for the segment write (live span 2)
+    assert lay.write_spans.tolist() == [2] and lay.write_span_range == (2, 3) and lay.write_parts == [1]
     # addresses per layer [L, 2, NB]: each body's T and S pointers where the entry holds them
     addr = lay.body_addresses
     assert addr.shape == (3, 2, 2)

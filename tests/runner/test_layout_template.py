@@ -42,7 +42,7 @@ def body_entry(tokens, body_start=1, origin=0, dtype=torch.float32):
 
 
 def checkpoint_entry(tokens):
-    key = KEYER.checkpoint_keys([tuple(tokens)])[0]
+    key = KEYER.prefix_key(None, tuple(tokens))
     n = len(tokens)
     linear = {layer: LinearStateCheckpoint(torch.randn(HV, K, V), torch.zeros(8, 3)) for layer in (0, 2)}
     attention = {layer: AttentionLayerCache(torch.randn(n, 2, 8), torch.randn(n, 2, 8)) for layer in (1, 3)}
@@ -54,7 +54,7 @@ POOL = [body_entry(range(100 * i, 100 * i + SEGMENT_TOKENS), SEAM, origin=SEGMEN
 
 
 def hit_request(order, query, *, prefix=(), seam=SEAM, use_transition=True, rerotate_keys=True,
-                need_logits=True, miss_at=None, write_kind=WRITE_SEGMENT):
+                need_logits=True, miss_at=None, write_kind=WRITE_SEGMENT, write_from=None):
     """The request a runner lays out for segments of POOL in ``order`` (each a seam window then
     its body) and ``query``; ``miss_at``: the index in ``order`` of a segment run live and written."""
     elems = []
@@ -63,9 +63,9 @@ def hit_request(order, query, *, prefix=(), seam=SEAM, use_transition=True, rero
         entry = POOL[idx]
         tokens = entry.key.token_ids
         if i == miss_at:
-            key = KEYER.segment_key(tokens, seam) if write_kind == WRITE_SEGMENT else KEYER.checkpoint_keys([tokens])[0]
+            key = KEYER.segment_key(tokens, seam) if write_kind == WRITE_SEGMENT else KEYER.prefix_key(None, tokens)
             elems.append(LiveElement(tokens[:seam], pos))
-            elems.append(LiveElement(tokens[seam:], pos + seam, Write(write_kind, key, pos)))
+            elems.append(LiveElement(tokens[seam:], pos + seam, (Write(write_kind, key, pos, write_from),)))
         else:
             elems.append(LiveElement(tokens[:seam], pos))
             elems.append(BodyElement(entry, pos + seam, len(tokens) - seam, pos))
@@ -158,6 +158,8 @@ def _variants():
     yield "write kind", [hit_request(order, query, miss_at=1)], \
         [hit_request(order, query, miss_at=1, write_kind=WRITE_CHECKPOINT)]
     yield "write place", [hit_request(order, query, miss_at=1)], [hit_request(order, query, miss_at=2)]
+    yield "checkpoint K/V start", [hit_request(order, query, miss_at=1, write_kind=WRITE_CHECKPOINT)], \
+        [hit_request(order, query, miss_at=1, write_kind=WRITE_CHECKPOINT, write_from=SEGMENT_TOKENS)]
     yield "prefix", base, [hit_request(order, query, prefix=(checkpoint_entry((1, 2, 3)),))]
     yield "prefix length", [hit_request(order, query, prefix=(checkpoint_entry((1, 2, 3)),))], \
         [hit_request(order, query, prefix=(checkpoint_entry((1, 2, 3, 4)),))]
@@ -322,7 +324,7 @@ def test_runner_results_are_those_of_fresh_builds(tiny, mode):
     spec, model = tiny
     rng = random.Random(5)
     pool = [random_segment(20, 300 + i) for i in range(5)]
-    kept, fresh = (PicHarness(spec, model, config=PICConfig(mode=mode)) for _ in range(2))
+    kept, fresh = (PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0)) for _ in range(2))
     fresh.runner.layout_templates = LayoutTemplates(max_templates=0)
     for h in (kept, fresh):
         h.run(pool, random_segment(4, 1))  # cold: caches the pool

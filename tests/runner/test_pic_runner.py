@@ -80,7 +80,7 @@ def test_same_order_and_context_reuse_is_exact(tiny):
 
 def test_seam_covering_every_segment_is_exact(tiny):
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(seam=1.0))
+    h = PicHarness(spec, model, config=PICConfig(seam=1.0, segment_min_tokens=0))
     pool = [random_segment(n, 40 + n) for n in (20, 33, 17)]
     h.run(pool, random_segment(3, 1))
     segs = [pool[2], pool[0], pool[1]]
@@ -121,7 +121,7 @@ def test_reordered_reuse_orders_the_modes(tiny):
     rng = random.Random(0)
     pool = [random_segment(rng.randint(24, 72), 100 + i) for i in range(10)]
     modes = ["hypic", "transition_rope", "transition", "addition"]
-    harness = {m: PicHarness(spec, model, config=PICConfig(mode=m)) for m in modes}
+    harness = {m: PicHarness(spec, model, config=PICConfig(mode=m, cold_policy="inline", segment_min_tokens=0)) for m in modes}
     # warm: every document cached once, in shuffled contexts
     for m in modes:
         order = list(range(len(pool)))
@@ -160,7 +160,7 @@ def test_mixed_hit_miss_and_repeated_segments(tiny):
     assert kinds == ["hit", "miss", "hit", "hit", "query"]
     assert torch.isfinite(res.logits).all()
     ref = full_logits(spec, model, _concat([a, c, b, a], query))
-    addition = PicHarness(spec, model, config=PICConfig(mode="addition"))
+    addition = PicHarness(spec, model, config=PICConfig(mode="addition", cold_policy="inline", segment_min_tokens=0))
     addition.run([a, b], query)
     _, res_add = addition.run([a, c, b, a], query)
     assert _max_err(res.logits, ref) < _max_err(res_add.logits, ref)
@@ -169,7 +169,7 @@ def test_mixed_hit_miss_and_repeated_segments(tiny):
 
 def test_standalone_policy(tiny):
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(cold_policy="standalone"))
+    h = PicHarness(spec, model, config=PICConfig(cold_policy="standalone", segment_min_tokens=0))
     a, b = random_segment(40, 300), random_segment(22, 301)
     query = random_segment(5, 302)
     # one segment at position 0: standalone prefill is its true context -> exact
@@ -195,7 +195,7 @@ def test_canonical_policy_is_exact_now_and_writes_standalone_entries(tiny):
     spec, model = tiny
     segs = [random_segment(n, 400 + n) for n in (30, 45, 26)]
     query = random_segment(5, 402)
-    harness = {p: PicHarness(spec, model, config=PICConfig(cold_policy=p))
+    harness = {p: PicHarness(spec, model, config=PICConfig(cold_policy=p, segment_min_tokens=0))
                for p in ("canonical", "standalone", "inline")}
     # All cold: the request itself runs live, exact (like inline), and records every segment.
     plan, res = harness["canonical"].run(segs, query)
@@ -227,7 +227,7 @@ def test_canonical_policy_is_exact_now_and_writes_standalone_entries(tiny):
 
 def test_prefix_cache_is_exact_and_reuses_checkpoints(tiny):
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
+    h = PicHarness(spec, model, config=PICConfig(mode="prefix_cache", cold_policy="inline", segment_min_tokens=0))
     a, b, c, d = (random_segment(n, 400 + n) for n in (31, 18, 2, 25))
     h.run([a, b, c], random_segment(4, 1))
     query = random_segment(6, 2)
@@ -344,7 +344,7 @@ def test_engine_issues_no_tensor_op_per_cached_segment(tiny, mode):
     spec, model = tiny
     counts = {}
     for n in (4, 12):
-        h = PicHarness(spec, model, config=PICConfig(mode=mode))
+        h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
         segs = [random_segment(40, 300 + i) for i in range(n)]
         query = random_segment(5, 9)
         h.run(list(reversed(segs)), query)  # cache every segment, in another order
@@ -374,7 +374,7 @@ def test_cold_writes_cost_no_kernel_per_written_segment(tiny):
     spec, model = tiny
     counts = {}
     for n in (4, 12):
-        h = PicHarness(spec, model, config=PICConfig(mode="hypic"))
+        h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="inline", segment_min_tokens=0))
         segs = [random_segment(40, 500 + i) for i in range(n)]
         plan = h.plan(segs, random_segment(5, 9))
         assert plan.cached_tokens == 0
@@ -402,16 +402,16 @@ def test_nothing_cached_nothing_recorded_runs_without_summaries(tiny, monkeypatc
     monkeypatch.setattr(pic_context, "gated_delta_chain_forward_and_summarize",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
 
-    full = PicHarness(spec, model, config=PICConfig(mode="full_recompute"))
+    full = PicHarness(spec, model, config=PICConfig(mode="full_recompute", cold_policy="inline", segment_min_tokens=0))
     _, res = full.run(segs, query)
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
 
-    prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
-    prefix.run(segs, random_segment(4, 1))  # records the checkpoints (the write path runs here)
+    prefix = PicHarness(spec, model, config=PICConfig(mode="prefix_cache", cold_policy="inline", segment_min_tokens=0))
+    prefix.run(segs, query)  # records the checkpoints (the write path runs here)
     assert calls  # the spy sees the write path when it runs
     calls.clear()
-    plan, res = prefix.run(segs, query)
-    assert plan.prefix_hit_tokens == sum(len(s) for s in segs)
+    plan, res = prefix.run(segs, query)  # everything but the last token found: nothing to write
+    assert plan.prefix_hit_tokens == sum(len(s) for s in segs) + len(query) - 1 and plan.checkpoints == ()
     assert calls == [] and _max_err(res.logits, full_logits(spec, model, _concat(segs, query))) < ATOL
 
 
@@ -422,7 +422,7 @@ def test_run_initial_conv_states_are_stacked_once_per_forward(tiny, mode):
     from hypic.runner import pic_context
 
     spec, model = tiny
-    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
     segs = [random_segment(20, 700 + i) for i in range(3)]
     query = random_segment(4, 5)
     h.run(segs if mode == "prefix_cache" else list(reversed(segs)), query)
@@ -468,7 +468,7 @@ def test_cold_records_keep_no_summaries(tiny, monkeypatch, mode):
         return real(self, layer_idx, rec)
 
     monkeypatch.setattr(EntryWriter, "linear_done", spy)
-    h = PicHarness(spec, model, config=PICConfig(mode=mode))
+    h = PicHarness(spec, model, config=PICConfig(mode=mode, cold_policy="inline", segment_min_tokens=0))
     segs = [random_segment(n, 900 + n) for n in (23, 30, 17)]
     query = random_segment(5, 4)
     plan, res = h.run(segs, query)
@@ -496,35 +496,44 @@ def test_writes_beyond_the_device_headroom_are_skipped(tiny, monkeypatch):
     h = PicHarness(spec, model)  # an unbounded store: the headroom alone limits the writes
     query = random_segment(4, 3)
     plan, res = h.run([a, b, c], query)
-    # a cold forward writes its entries in place: each once
-    assert asked == [(plan.live_tokens, pic_runner.IN_PLACE_PEAK_FACTOR)]
+    # a cold forward writes its entries in place: each charged once against the raw headroom
+    assert asked == [(plan.live_tokens, 1)]
     assert len(h.store) == 2 and h.runner.skipped_writes == 1
     assert _max_err(res.logits, full_logits(spec, model, _concat([a, b, c], query))) < ATOL
 
 
 def test_write_headroom_counts_an_entry_once_only_when_written_in_place(tiny, monkeypatch):
-    """The device headroom of a forward's writes takes each entry's bytes once when its linear
-    layers write the summaries straight into the entries (a cold forward), else
+    """The device headroom of a forward's writes takes a segment entry's bytes once when its
+    linear layers write the summaries straight into the entries (a cold forward), else
     RECORD_PEAK_FACTOR times (the rows copied from the forward's records: a cached request with a
-    missed segment, or prefix-cache checkpoints)."""
+    missed segment), and a prefix-cache checkpoint's RECORD_PEAK_FACTOR times always."""
     from hypic.runner import pic_runner
 
     spec, model = tiny
     a, b, c = (random_segment(n, 900 + n) for n in (40, 30, 50))
-    factors = []
-    monkeypatch.setattr(pic_runner, "record_headroom_bytes",
-                        lambda device, n, factor=pic_runner.RECORD_PEAK_FACTOR: factors.append(factor) or None)
-    copied = pic_runner.RECORD_PEAK_FACTOR
-    cold = pic_runner.IN_PLACE_PEAK_FACTOR
+    charged = []
+    real = pic_runner.PicRunner._take_budget
+
+    def spy(self, budget, num_tokens, checkpoint):
+        before = budget.remaining()[1]
+        taken = real(self, budget, num_tokens, checkpoint)
+        charged.append((checkpoint, (before - budget.remaining()[1]) // self.entry_nbytes(num_tokens, checkpoint)))
+        return taken
+
+    monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n, factor=1: 1 << 40)
+    monkeypatch.setattr(pic_runner.PicRunner, "_take_budget", spy)
+    copied, cold = pic_runner.RECORD_PEAK_FACTOR, pic_runner.IN_PLACE_PEAK_FACTOR
     h = PicHarness(spec, model)
     query = random_segment(4, 3)
     h.run([a, b], query)  # cold
+    assert charged == [(False, cold)] * 2
+    charged.clear()
     h.run([a, c, b], query)  # two hits and a miss: the miss's rows are copied after the forward
-    assert factors == [cold, copied]
-    p = PicHarness(spec, model, config=PICConfig(mode="prefix_cache"))
-    factors.clear()
+    assert charged == [(False, copied)]
+    p = PicHarness(spec, model, config=PICConfig(mode="prefix_cache", cold_policy="inline", segment_min_tokens=0))
+    charged.clear()
     p.run([a, b], query)  # checkpoints are copied from the records
-    assert factors == [copied]
+    assert charged and all(c == (True, copied) for c in charged)
 
 
 def test_writes_in_place_follows_the_entry_writer_conditions():
@@ -533,15 +542,12 @@ def test_writes_in_place_follows_the_entry_writer_conditions():
     from hypic.runner import pic_runner
     from hypic.pic.plan import SpanKind
 
-    def plan(*kinds, checkpoints=False):
-        mode = SimpleNamespace(uses_prefix_checkpoints=checkpoints)
-        return SimpleNamespace(policy=SimpleNamespace(mode=mode), spans=[SimpleNamespace(kind=k) for k in kinds])
+    def plan(*kinds):
+        return SimpleNamespace(spans=[SimpleNamespace(kind=k) for k in kinds])
 
     cold = plan(SpanKind.MISS, SpanKind.MISS, SpanKind.QUERY)
     assert pic_runner._writes_in_place([cold, cold])
     assert not pic_runner._writes_in_place([cold, plan(SpanKind.HIT, SpanKind.MISS, SpanKind.QUERY)])
-    assert not pic_runner._writes_in_place([plan(SpanKind.PREFIX, SpanKind.MISS, SpanKind.QUERY)])
-    assert not pic_runner._writes_in_place([plan(SpanKind.MISS, SpanKind.QUERY, checkpoints=True)])
 
 
 def test_record_headroom_is_none_off_cuda_and_leaves_room_for_activations(monkeypatch):
@@ -564,7 +570,7 @@ def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
     spec, model = tiny
     segs = [random_segment(n, 600 + n) for n in (30, 22, 41, 27)]
     query = random_segment(5, 6)
-    ref = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone"))
+    ref = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone", segment_min_tokens=0))
     _, want = ref.run(segs, query)
     one = ref.runner.entry_nbytes(41 - 8, checkpoint=False)  # the largest entry
     monkeypatch.setattr(pic_runner, "record_headroom_bytes", lambda device, n, factor=3: one)
@@ -572,7 +578,7 @@ def test_standalone_pass_runs_in_groups_that_fit_the_device(tiny, monkeypatch):
     real = pic_runner.PicRunner._standalone_entries
     monkeypatch.setattr(pic_runner.PicRunner, "_standalone_entries",
                         lambda self, todo: forwards.append(len(todo)) or real(self, todo))
-    h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone"))
+    h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="standalone", segment_min_tokens=0))
     plan, got = h.run(segs, query)
     assert forwards == [1, 1, 1, 1] and len(h.store) == 4  # one segment per forward: the room of one
     torch.testing.assert_close(got.logits, want.logits)

@@ -24,7 +24,7 @@ class Harness:
         self.runner = PicRunner(model, spec, self.store, self.device, torch.float32)
 
     def run(self, segments, query):
-        policy = PICConfig(mode="hypic", seam=4).resolve()
+        policy = PICConfig(mode="hypic", seam=4, cold_policy="inline", segment_min_tokens=0).resolve()
         plan = plan_request(SegmentedPrompt(tuple(map(tuple, segments)), tuple(query)), policy, store=self.store,
                             keyer=self.keyer)
         with plan:
@@ -162,3 +162,61 @@ def test_cached_request_with_missed_segments_replays_graphs_of_its_own_on_cuda()
             if hasattr(layer_a, name):
                 x, y = getattr(layer_a, name).float(), getattr(layer_b, name).float()
                 assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, name
+
+
+def _plan(h, segments, query, mode="hypic", block=None):
+    policy = PICConfig(mode=mode, seam=4, cold_policy="inline", segment_min_tokens=0).resolve()
+    return plan_request(SegmentedPrompt(tuple(map(tuple, segments)), tuple(query)), policy, store=h.store,
+                        keyer=h.keyer, prefix_block_tokens=block)
+
+
+def test_prefix_checkpoints_and_cold_writes_in_one_forward_on_cuda():
+    """A cold forward writing segment entries and prefix-cache checkpoints (the walk records
+    every element's state for the segments' S and hands the checkpoints theirs), a segment body
+    cut by a checkpoint (its parts composed), then the same prompt again from the checkpoints:
+    CUDA against the CPU reference."""
+    spec, cpu_model = tiny_model(seed=4, layer_types=DEEP_LAYER_TYPES)
+    _, gpu_model = tiny_model(seed=4, layer_types=DEEP_LAYER_TYPES)
+    gpu_model = gpu_model.cuda()
+    segs = [random_segment(n, seed=20 + n) for n in (70, 45, 90)]
+    query = random_segment(12, seed=98)
+    out = {}
+    for name, h in (("cpu", Harness(cpu_model, spec, "cpu")), ("cuda", Harness(gpu_model, spec, "cuda"))):
+        with _plan(h, segs, query, block=64) as plan:
+            assert [c.position for c in plan.checkpoints] == [64, 128, 192, 216]  # 64 is inside segment 0's body
+            cold = h.runner.prefill([plan])[0]
+        with _plan(h, segs, query, block=64) as plan:
+            assert plan.prefix_tokens == 216
+            again = h.runner.prefill([plan])[0]
+        entries = {e.key: e for e in h.store.snapshot()}
+        out[name] = (cold.logits.float().cpu(), again.logits.float().cpu(), entries)
+    (c_cold, c_again, c_entries), (g_cold, g_again, g_entries) = out["cpu"], out["cuda"]
+    assert c_entries.keys() == g_entries.keys() and len(c_entries) == 3 + 4
+    for key, want in c_entries.items():
+        got = g_entries[key]
+        for layer, cache in want.linear.items():
+            w = cache.summary.state if hasattr(cache, "summary") else cache.state
+            g = got.linear[layer].summary.state if hasattr(cache, "summary") else got.linear[layer].state
+            assert (g.float().cpu() - w).abs().max() <= 1e-3 * (w.abs().max() + 1e-3), (key.kind, layer)
+    for got, want in ((g_cold, c_cold), (g_again, c_again)):
+        assert (got - want).norm() / want.norm() < 1e-2 and got.argmax() == want.argmax()
+
+
+def test_factored_bodies_are_read_as_dense_t_on_cuda():
+    """Short bodies are stored factored on CUDA too, and a later forward forms their dense T for
+    the walk: the same logits as bodies stored dense."""
+    from hypic.ops.linear.low_rank import LowRankSummary
+
+    spec, model = tiny_model(seed=5, layer_types=DEEP_LAYER_TYPES)
+    model = model.cuda()
+    segs = [random_segment(n, seed=40 + n) for n in (9, 11, 30, 12)]  # bodies 5, 7, 26, 8 at seam 4
+    query = random_segment(6, seed=97)
+    factored, dense = Harness(model, spec, "cuda"), Harness(model, spec, "cuda")
+    dense.runner._factored = lambda num_tokens: False
+    logits = []
+    for h in (factored, dense):
+        h.run(segs, query)
+        logits.append(h.run(segs[::-1], query)[1].logits.float().cpu())
+    kinds = {type(c.summary) for e in factored.store.snapshot() for c in e.linear.values()}
+    assert LowRankSummary in kinds
+    assert (logits[0] - logits[1]).norm() / logits[1].norm() < 1e-3

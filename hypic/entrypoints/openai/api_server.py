@@ -376,7 +376,7 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e), getattr(e, "param", "sampling_params")) from None
         rid = req.rid or f"gen-{uuid.uuid4().hex}"
-        streams = await submit([prompt], lambda j: params, 1, {"tenant_salt": req.cache_salt}, rid)
+        streams = await submit([prompt], lambda j: params, 1, {"cache_salt": req.cache_salt}, rid)
         choice = _Choice(0, 0, max((len(s) for s in params.stop), default=1) - 1)
 
         def body(output: RequestOutput) -> dict:

@@ -26,6 +26,11 @@ _STORE_COUNTERS = {
     "spills": ("hypic:segment_cache_spills", "Evictions that landed in the host tier"),
     "promotions": ("hypic:segment_cache_promotions", "Host-tier hits copied back to the device"),
     "drops": ("hypic:segment_cache_drops", "Entries gone from the store entirely"),
+    "prefix_hits": ("hypic:prefix_cache_hits", "Prefix-cache checkpoint look-ups that found one"),
+    "prefix_misses": ("hypic:prefix_cache_misses", "Prefix-cache checkpoint look-ups that found none"),
+    "disk_hits": ("hypic:segment_cache_disk_hits", "Look-ups answered from the disk tier"),
+    "disk_writes": ("hypic:segment_cache_disk_writes", "Entries written to the disk tier"),
+    "disk_corrupt": ("hypic:segment_cache_disk_corrupt", "Entry files skipped (truncated, checksum mismatch)"),
 }
 _STORE_GAUGES = {
     "device_bytes": ("hypic:segment_cache_device_bytes", "Bytes of segment entries on the device tier"),
@@ -33,6 +38,10 @@ _STORE_GAUGES = {
     "device_entries": ("hypic:segment_cache_device_entries", "Segment entries on the device tier"),
     "host_entries": ("hypic:segment_cache_host_entries", "Segment entries on the host tier"),
     "held_entries": ("hypic:segment_cache_held_entries", "Entries held by running requests"),
+    "prefix_bytes": ("hypic:prefix_cache_bytes", "Bytes of prefix-cache checkpoints (device and host tiers)"),
+    "prefix_entries": ("hypic:prefix_cache_entries", "Prefix-cache checkpoints (device and host tiers)"),
+    "disk_bytes": ("hypic:segment_cache_disk_bytes", "Bytes of entry files in the disk tier"),
+    "disk_entries": ("hypic:segment_cache_disk_entries", "Entry files in the disk tier"),
 }
 
 

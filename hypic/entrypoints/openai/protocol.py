@@ -81,7 +81,7 @@ class _SamplingFields(BaseModel):
     def pic_options(self) -> dict[str, Any]:
         """Per-request keyword arguments of LLMEngine.add_request."""
         return {"mode": self.pic_mode, "seam": self.seam, "cold_policy": self.cold_policy,
-                "tenant_salt": self.cache_salt}
+                "cache_salt": self.cache_salt}
 
     def sampling_params(self, max_tokens: int, index: int = 0) -> SamplingParams:
         """The engine's settings for completion ``index`` of ``n`` (a seeded request's

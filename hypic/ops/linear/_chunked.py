@@ -30,6 +30,7 @@ from typing import List, Optional, Tuple
 import torch
 
 CHUNK_SIZE = 64
+MIN_CHUNK_SIZE = 8  # the shortest chunk a group of short spans runs in
 # Sub-chunk length for per-channel gates: off-diagonal blocks factor through a reference row.
 SUB_CHUNK = 16
 # Upper bound on elements of a per-channel decay tensor built at once.
@@ -173,7 +174,68 @@ def _decayed_grams(
     return [torch.matmul(x, k_t) * decay for x in lhs]
 
 
+def chunk_size_for(num_tokens: int) -> int:
+    """The chunk length a span of ``num_tokens`` runs in: its length rounded up to a power of two
+    (at least :data:`MIN_CHUNK_SIZE`), :data:`CHUNK_SIZE` for spans longer than half of it."""
+    if num_tokens > CHUNK_SIZE // 2:
+        return CHUNK_SIZE
+    size = MIN_CHUNK_SIZE
+    while size < num_tokens:
+        size *= 2
+    return size
+
+
 def chunked_recurrence(
+    q: Optional[torch.Tensor],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_gate: Optional[torch.Tensor],
+    beta: Optional[torch.Tensor],
+    bounds: List[int],
+    initial_state: Optional[torch.Tensor],
+    scale: float,
+    with_transition: bool = False,
+    chunk_size: Optional[int] = None,
+    with_zero_start: bool = False,
+) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """:func:`fixed_chunk_recurrence` with ``chunk_size``, or (None) with the spans grouped by
+    :func:`chunk_size_for` their length, each group in its own chunk length: every span is padded
+    to a whole chunk, so hundreds of short spans (a PIC forward's seams and small segments) in
+    64-token chunks cost several times their tokens; in chunks of their own size, about their
+    tokens (benchmarks/results/small_segments/)."""
+    if chunk_size is not None:
+        return fixed_chunk_recurrence(q, k, v, log_gate, beta, bounds, initial_state, scale, with_transition,
+                                      chunk_size, with_zero_start)
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    groups: dict = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(chunk_size_for(n), []).append(i)
+    if len(groups) <= 1:
+        size = next(iter(groups), CHUNK_SIZE)
+        return fixed_chunk_recurrence(q, k, v, log_gate, beta, bounds, initial_state, scale, with_transition,
+                                      size, with_zero_start)
+    device = k.device
+    out = None if q is None else v.new_empty(v.shape)
+    final = None
+    for size, seqs in groups.items():
+        rows = torch.cat([torch.arange(bounds[i], bounds[i + 1], device=device) for i in seqs])
+        sub_bounds = [0]
+        for i in seqs:
+            sub_bounds.append(sub_bounds[-1] + lengths[i])
+        pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
+        index = torch.tensor(seqs, dtype=torch.long, device=device)
+        init = None if initial_state is None else initial_state.index_select(0, index)
+        o, state = fixed_chunk_recurrence(pick(q), pick(k), pick(v), pick(log_gate), pick(beta), sub_bounds, init,
+                                          scale, with_transition, size, with_zero_start)
+        if final is None:
+            final = state.new_empty((len(lengths),) + tuple(state.shape[1:]))
+        final.index_copy_(0, index, state)
+        if out is not None:
+            out.index_copy_(0, rows, o)
+    return out, final
+
+
+def fixed_chunk_recurrence(
     q: Optional[torch.Tensor],
     k: torch.Tensor,
     v: torch.Tensor,

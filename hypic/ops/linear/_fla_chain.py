@@ -37,6 +37,7 @@ import torch
 from hypic.ops.linear._fla_common import CHUNK_SIZE, _check_fla_inputs, _state_or_none, fla_takes, span_chunk_rows
 from hypic.ops.linear._fla_wy import _span_output, _transitions_beside, _wy_prepare, _zero_start_summary
 from hypic.ops.linear._layout_tables import LayoutTables
+from hypic.ops.linear.scan import recorded_rows
 from hypic.ops.linear.short_span import short_span_rows, triton_supported
 from hypic.ops.linear.state_summary import written_span_rows, zero_start_from_states, zero_start_from_states_into
 from hypic.ops.linear.summary import DenseSummary, select_spans, write_summaries_into
@@ -101,8 +102,10 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
         # A cold prefill's writes (every element live, no checkpoint records): the walk records
         # the states around them and their S comes from those (hypic/ops/linear/state_summary.py);
         # T is composed for the written spans alone (hypic/ops/linear/transition.py).
-        from_states = (summarize and long_spans and source is None and record_rows is None
-                       and summary_spans is not None)
+        from_states = summarize and long_spans and source is None and summary_spans is not None
+        # the caller's records (a cold prefill's prefix-cache checkpoints) are among the states
+        # the walk then records anyway (every element's entering state): picked from them after
+        caller_rows, caller_num = record_rows, num_records
         if from_states:
             record_rows, num_records, rows = written_span_rows(cu_chains, summary_spans,
                                                                cu_seqlens_cpu.numel() - 1)
@@ -138,7 +141,8 @@ def _chain(q, k, v, g, beta, cu_seqlens, cu_chains, source, bodies, initial_stat
             else:
                 state = zero_start_from_states(trans, incoming, final, rows)
                 summary = DenseSummary(transition=trans, state=state)
-            incoming = None  # the walk's records were for the derivation, not the caller's
+            # the walk's records were for the derivation; the caller's rows are among them
+            incoming = None if caller_rows is None else recorded_rows(incoming, caller_rows, caller_num)
         elif summarize:
             summary = _span_summaries(k4, w, u, gc, cu, cu_seqlens, cu_seqlens_cpu, summary_spans, summary_spans_host)
     return o[0].to(v.dtype), final, summary, incoming

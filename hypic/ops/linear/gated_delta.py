@@ -158,7 +158,9 @@ def gated_delta_chain_forward(
 
     The B chains (``cu_chains [B+1]``) list elements in order: element i is live span
     ``source[i]`` of ``cu_seqlens`` when ``source[i] >= 0``, else body ``-source[i] - 1`` of
-    ``bodies`` (dense summaries, or a :class:`SummaryTable` read where the store holds them).
+    ``bodies`` (dense summaries, a :class:`SummaryTable` read where the store holds them, or, on
+    the reference path, a list of one-span bodies some of them factored:
+    :class:`~hypic.ops.linear.low_rank.LowRankSummary`).
     Without ``source`` the chains are the live spans in order. Every live span is one element of
     exactly one chain (the caller's contract; the GPU path does not read ``source`` back).
     ``initial_states [B, HV, K, V]`` (or None: zeros) start the chains.

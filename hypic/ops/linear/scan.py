@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from .checks import STATE_DTYPES, check_same_device, check_tensor, cu_seqlens_to_list
+from .low_rank import scan_chain_mixed
 from .summary import DenseSummary, Summary, SummaryTable, _apply_t, _check_summary
 from .triton_scan import scan_chain_triton
 
@@ -49,7 +50,7 @@ def _check_record(record_rows: Optional[torch.Tensor], num_records: Optional[int
         raise ValueError(f"num_records must be an int >= 0 with record_rows, got {num_records!r}")
 
 
-def _recorded(incoming: torch.Tensor, record_rows: Optional[torch.Tensor], num_records: Optional[int]) -> torch.Tensor:
+def recorded_rows(incoming: torch.Tensor, record_rows: Optional[torch.Tensor], num_records: Optional[int]) -> torch.Tensor:
     """The rows a caller asked for: ``out[record_rows[i]] = incoming[i]`` where >= 0."""
     if record_rows is None:
         return incoming
@@ -89,7 +90,7 @@ def scan_chain(
         if m != 0:
             raise ValueError(f"cu_chains describes no chains but summaries hold {m} spans")
         empty = summaries.state.new_zeros(0, hv, k, v)
-        return _recorded(empty, record_rows, num_records), empty.clone()
+        return recorded_rows(empty, record_rows, num_records), empty.clone()
     bounds = cu_seqlens_to_list(cu_chains, m, name="cu_chains")
     device = summaries.device
     if initial_states is None:
@@ -107,7 +108,7 @@ def scan_chain(
         entering = current.index_select(0, chains)
         incoming.index_copy_(0, spans, entering)
         current.index_copy_(0, chains, _apply_t(step, entering) + step.state)
-    return _recorded(incoming, record_rows, num_records), current
+    return recorded_rows(incoming, record_rows, num_records), current
 
 
 def gather_chain(first: Summary, second: Union[Summary, SummaryTable], source: torch.Tensor) -> Summary:
@@ -170,6 +171,8 @@ def chain_recorded_states(live: DenseSummary, cu_chains: torch.Tensor, source: O
     rows = dict(record_rows=record_rows, num_records=num_records)
     if source is None:
         return scan_chain(live, cu_chains, initial_states, **rows)[0]
+    if isinstance(bodies, (list, tuple)):  # bodies of either form, some factored
+        return scan_chain_mixed(live, bodies, source, cu_chains, initial_states, **rows)[0]
     return scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)[0]
 
 
@@ -180,10 +183,12 @@ def chain_incoming_states(live: DenseSummary, cu_chains: torch.Tensor, source: O
     if source is None:
         return scan_chain(live, cu_chains, initial_states)
     # live span s records its incoming state in row s; bodies (negative sources) are not kept
-    return scan_chain_from(live, bodies, source, cu_chains, initial_states, record_rows=source.clamp(min=-1),
-                           num_records=live.num_spans)
+    rows = dict(record_rows=source.clamp(min=-1), num_records=live.num_spans)
+    if isinstance(bodies, (list, tuple)):  # bodies of either form, some factored
+        return scan_chain_mixed(live, bodies, source, cu_chains, initial_states, **rows)
+    return scan_chain_from(live, bodies, source, cu_chains, initial_states, **rows)
 
 
 __all__: List[str] = [
-    "chain_incoming_states", "chain_recorded_states", "gather_chain", "scan_chain", "scan_chain_from",
+    "chain_incoming_states", "chain_recorded_states", "gather_chain", "recorded_rows", "scan_chain", "scan_chain_from",
 ]

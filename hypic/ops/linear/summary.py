@@ -195,11 +195,11 @@ class DenseSummary(_SummaryOps):
 
 
 Summary = Union[ScalarSummary, DiagonalSummary, DenseSummary]
-_SUMMARY_TYPES = (ScalarSummary, DiagonalSummary, DenseSummary)
+SUMMARY_TYPES = (ScalarSummary, DiagonalSummary, DenseSummary)
 
 
 def _check_summary(name: str, summary: object) -> Summary:
-    if not isinstance(summary, _SUMMARY_TYPES):
+    if not isinstance(summary, SUMMARY_TYPES):
         raise ValueError(f"{name} must be a Scalar/Diagonal/DenseSummary, got {type(summary).__name__}")
     return summary
 
@@ -381,6 +381,7 @@ __all__: List[str] = [
     "DiagonalSummary",
     "DenseSummary",
     "Summary",
+    "SUMMARY_TYPES",
     "SummaryTable",
     "summary_addresses",
     "check_summary_targets",

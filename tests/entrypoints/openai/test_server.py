@@ -153,8 +153,9 @@ def test_segmented_prompts(client, reference):
                                                "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).json()
     assert reordered["meta_info"]["cached_tokens"] > 0
     usage = structured["usage"]
-    assert usage["pic"]["segment_hit_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
-    assert usage["pic"]["live_tokens"] < usage["prompt_tokens"]
+    pic = usage["pic"]
+    assert pic["segment_hit_tokens"] + pic["prefix_hit_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
+    assert pic["segment_hit_tokens"] > 0 and pic["live_tokens"] < usage["prompt_tokens"]
 
 
 def test_token_id_segments_stream_one_chunk_per_token(client, reference):
@@ -277,8 +278,15 @@ def test_metrics_parse_and_count_tokens(client):
     assert after["hypic:e2e_request_latency_seconds_count"] - before["hypic:e2e_request_latency_seconds_count"] == 5
     assert after["hypic:inter_token_latency_seconds_count"] > before["hypic:inter_token_latency_seconds_count"]
     for name in ("hypic:num_requests_running", "hypic:num_requests_waiting", "hypic:segment_cache_hits_total",
-                 "hypic:segment_cache_misses_total", "hypic:segment_cache_device_bytes"):
+                 "hypic:segment_cache_misses_total", "hypic:segment_cache_device_bytes", "hypic:prefix_cache_hits_total",
+                 "hypic:prefix_cache_bytes", "hypic:segment_cache_disk_bytes"):
         assert name in after
+    again = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 5, "temperature": 0}).json()
+    final = scrape()
+    hit = again["usage"]["pic"]["prefix_hit_tokens"]
+    assert hit == again["usage"]["prompt_tokens"] - 1  # the same prompt again
+    assert final["hypic:prompt_prefix_hit_tokens_total"] - after["hypic:prompt_prefix_hit_tokens_total"] == hit
+    assert final["hypic:prefix_cache_hits_total"] > after["hypic:prefix_cache_hits_total"]
 
 
 def test_concurrent_requests_all_complete(engine, reference):
