@@ -25,6 +25,7 @@ from hypic.assets import resolve_model_path
 from hypic.config import DTYPES, EngineConfig
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.outputs import RequestOutput
+from hypic.engine.pic_stages import own_cached_tokens, plan_stages, run_stage
 from hypic.engine.request import PicState, Request
 from hypic.engine.sampling import SamplingParams, sample, token_logprobs
 from hypic.engine.scheduler import ScheduledBatch, Scheduler
@@ -127,6 +128,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             detokenize=self.tokenizer.decode if self.tokenizer else None,
             lookup_prefix=self._lookup_prefix if cache_cfg.enable_prefix_caching else None,
+            stage_pic=self._stage_pic,
         )
         # Seeds for requests without their own: drawn in arrival order, so a run is reproducible.
         self._seed_generator = torch.Generator().manual_seed(seed)
@@ -321,7 +323,14 @@ class LLMEngine:
             return False
         request.cache = None
         self._release_prefix_plan(request)
+        if request.pic_stages is not None:
+            request.pic_stages.release()
         return True
+
+    def _stage_pic(self, request: Request) -> None:
+        """The scheduler's hook (first scheduling of a PIC request): its staged prefill where its
+        cold segments exceed a step (:mod:`hypic.engine.pic_stages`)."""
+        request.pic_stages = plan_stages(request.pic, self.store, self.scheduler.config.max_num_batched_tokens)
 
     def _lookup_prefix(self, request: Request) -> int:
         """The scheduler's hook (first scheduling of a request prefilled in chunks): the prefix
@@ -435,7 +444,14 @@ class LLMEngine:
     def _run_pic(self, batch: ScheduledBatch, indices: list[int]) -> dict[int, torch.Tensor]:
         """One PIC-runner forward over the batch's requests ``indices``: segmented prompts
         planned and prefilled whole, chunks of prefix-cached prompts (their plan made when they
-        were first scheduled) from where their previous chunk ended."""
+        were first scheduled) from where their previous chunk ended; before it, the stages of
+        staged segmented prompts (:mod:`hypic.engine.pic_stages`: no forward of their own, no
+        logits)."""
+        for i in indices:
+            stages = batch.requests[i].pic_stages
+            if stages is not None and not stages.final:
+                run_stage(stages, self.pic_runner, self.store)
+        indices = [i for i in indices if batch.samples[i] or not batch.requests[i].atomic_prefill]
         requests = [batch.requests[i] for i in indices]
         plans, windows, owned = [], [], []
         try:
@@ -458,17 +474,22 @@ class LLMEngine:
                         resume = resume_entry(r.cache, self.spec, self.keyer.namespace, r.prompt_token_ids[:start])
                     windows.append(ChunkWindow(start, end, resume))
                 plans.append(plan)
-            results = self.pic_runner.prefill(plans, windows)
+            results = self.pic_runner.prefill(plans, windows) if plans else []
         finally:
             for plan in owned:
                 plan.release()
+            for r in requests:
+                if r.pic_stages is not None:  # its own forward ran (or failed): unpin its entries
+                    r.pic_stages.release()
         out = {}
         for i, r, plan, window, res in zip(indices, requests, plans, windows, results):
             r.cache = res.cache
             if window is None:
-                r.metrics.cached_tokens = plan.cached_tokens
+                stages = r.pic_stages
+                r.metrics.cached_tokens = own_cached_tokens(plan, stages)
                 r.metrics.prefix_hit_tokens = plan.prefix_hit_tokens
-                r.metrics.live_tokens = plan.live_tokens + plan.standalone_tokens
+                r.metrics.live_tokens = (plan.live_tokens + plan.standalone_tokens
+                                         + (stages.standalone_tokens if stages is not None else 0))
             else:
                 plan.release_prefix()  # its K/V is in the request's cache now
                 r.metrics.live_tokens = (r.metrics.live_tokens or 0) + res.live_tokens

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Tuple
 
 from hypic.engine.sampling_params import SamplingParams
@@ -81,12 +81,49 @@ class PicState:
     segment_keys: Optional[Tuple[Optional["StoreKey"], ...]] = None
 
 
+@dataclass
+class PicStages:
+    """A PIC request prefilled over several steps (the ``standalone`` cold policy, when its cold
+    segments exceed a step's token budget): stages ``0..n-2`` prefill groups of its cold segments
+    alone at position 0, writing their store entries; the last stage is the request's own forward,
+    which then finds them all cached. ``costs``: each stage's tokens (the scheduler's charge);
+    ``groups``: what each earlier stage prefills (the engine's: (key, tokens, body start) per
+    segment); ``held``: store handles of the entries the earlier stages wrote, kept until the last
+    stage has run so nothing evicts them; ``written``: their keys; ``standalone_tokens``: the
+    tokens those stages prefilled."""
+
+    costs: list
+    groups: list
+    done: int = 0
+    held: list = field(default_factory=list)
+    written: set = field(default_factory=set)
+    standalone_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.costs) != len(self.groups) + 1 or not all(isinstance(c, int) and c >= 0 for c in self.costs):
+            raise ValueError(f"a staged prefill needs one cost per group plus its own forward's, got {self.costs!r} "
+                             f"for {len(self.groups)} groups")
+
+    @property
+    def cost(self) -> int:
+        return self.costs[self.done]
+
+    @property
+    def final(self) -> bool:
+        return self.done == len(self.groups)
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for handle in held:
+            handle.release()
+
+
 class Request:
     """One prompt being served. ``num_computed_tokens`` counts tokens whose state is in the cache.
 
     ``cache`` and ``generator`` are set by the engine: the per-sequence model cache and the
-    request's ``torch.Generator``. ``pic``: set for a PIC request, which is prefilled in one
-    step through the PIC runner (:attr:`atomic_prefill`).
+    request's ``torch.Generator``. ``pic``: set for a PIC request, which is prefilled through the
+    PIC runner in one forward (:attr:`atomic_prefill`), after ``pic_stages`` where there are any.
     """
 
     def __init__(
@@ -142,10 +179,17 @@ class Request:
         # set by the engine when the prefix cache plans the request's chunked prefill
         # (hypic.pic.plan.RequestPlan: the checkpoints it resumes from and those it writes)
         self.prefix_plan: Optional["RequestPlan"] = None
+        # set by the engine when a PIC request's prefill is spread over several steps
+        self.pic_stages: Optional[PicStages] = None
 
     @property
     def atomic_prefill(self) -> bool:
         return self.pic is not None
+
+    @property
+    def prefill_started(self) -> bool:
+        """Whether a step has computed part of the prompt (or an earlier stage of it)."""
+        return self.num_computed_tokens > 0 or (self.pic_stages is not None and self.pic_stages.done > 0)
 
     @property
     def num_prompt_tokens(self) -> int:

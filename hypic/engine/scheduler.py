@@ -14,7 +14,11 @@ decode step comes first, so prefill and decode steps alternate and a long prompt
 chunks never freezes the token streams of running requests (each running request gets a token
 every other step instead of none until the prompt is done). Requests join and leave between steps.
 A request whose prompt starts with tokens the engine's prefix cache holds starts its prefill
-after them (``lookup_prefix``). The scheduler decides how many
+after them (``lookup_prefix``). A segmented (PIC) prompt is prefilled in one forward, charged its
+live tokens; where its cold segments exceed the budget, the engine spreads their standalone
+prefill over earlier steps first (``stage_pic``: each stage charged its tokens, within the budget
+unless one segment alone exceeds it), so a long cold segmented prompt shares steps like a plain
+one. The scheduler decides how many
 tokens each request computes; :meth:`Scheduler.postprocess` appends the sampled tokens and
 applies the stop rules (eos / stop token ids / stop strings -> ``"stop"``; max_tokens or the
 context length -> ``"length"``). Stop strings are matched on the detokenised output text, and
@@ -100,6 +104,7 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         detokenize: Detokenize | None = None,
         lookup_prefix: Callable[[Request], int] | None = None,
+        stage_pic: Callable[[Request], None] | None = None,
     ) -> None:
         _check_positive_int("max_model_len", max_model_len)
         self.config = config
@@ -107,6 +112,9 @@ class Scheduler:
         # prefilled whole, when it is first scheduled, it returns how many of its prompt tokens
         # are cached already (less than all of them); its prefill starts there.
         self.lookup_prefix = lookup_prefix
+        # Staged PIC prefill (the engine's): called once for a PIC request when it is first
+        # scheduled, it may set ``request.pic_stages`` (a prefill spread over several steps).
+        self.stage_pic = stage_pic
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenize = detokenize
@@ -180,8 +188,8 @@ class Scheduler:
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         budget = self.config.max_num_batched_tokens
-        # Requests part-way through a chunked prefill already hold a cache slot.
-        holding = len(self.running) + sum(1 for r in self.waiting if r.num_computed_tokens)
+        # Requests part-way through a chunked or staged prefill already hold a cache slot.
+        holding = len(self.running) + sum(1 for r in self.waiting if r.prefill_started)
         requests, counts, starts, samples = [], [], [], []
         now = time.monotonic()
         # A prompt that needs more than this step takes at most half of the budget while others
@@ -191,10 +199,12 @@ class Scheduler:
         for k, request in enumerate(self.waiting):
             if budget == 0:
                 break
-            if request.num_computed_tokens == 0:
+            if not request.prefill_started:
                 if holding >= self.config.max_num_seqs:
                     break  # strict arrival order: a later request never overtakes this one
                 holding += 1
+                if request.atomic_prefill and self.stage_pic is not None and request.pic_stages is None:
+                    self.stage_pic(request)
                 if self.lookup_prefix is not None and not request.atomic_prefill:
                     cached = self.lookup_prefix(request)
                     if not 0 <= cached < request.num_prompt_tokens:
@@ -203,12 +213,15 @@ class Scheduler:
                     request.num_computed_tokens = cached
             remaining = request.num_uncomputed_prompt_tokens
             if request.atomic_prefill:
-                # Prefilled whole (the PIC runner plans the prompt at once); charged its expected
-                # live tokens. It waits for the next step unless it would run alone.
-                cost = request.pic.prefill_cost
+                # Prefilled whole (the PIC runner plans the prompt at once), after its stages if
+                # it has any; charged its expected live tokens (or the stage's). It waits for the
+                # next step unless it would run alone. A stage other than the last computes none
+                # of the request's own tokens and samples nothing.
+                stages = request.pic_stages
+                cost = request.pic.prefill_cost if stages is None else stages.cost
                 if requests and cost > budget:
                     break
-                n = remaining
+                n = remaining if stages is None or stages.final else 0
                 budget -= min(cost, budget)
             else:
                 n = min(remaining, budget)

@@ -159,6 +159,16 @@ class PicRunner:
             for s in plan.spans:
                 if s.kind is SpanKind.HIT and s.entry_source == ENTRY_FROM_STANDALONE and s.key not in todo:
                     todo[s.key] = (plan.prompt.segments[s.segment_index], s.body_start)
+        return self.prefill_standalone(todo)
+
+    @torch.inference_mode()
+    def prefill_standalone(self, todo: Dict[object, Tuple[Tuple[int, ...], int]]) -> Dict[object, SegmentHandle]:
+        """Canonical store entries of the segments ``todo`` (store key -> (tokens, body start)),
+        each prefilled alone at position 0 (on the segment workers too, where the engine has
+        them); returns their handles, acquired: the caller releases them. The standalone cold
+        policy's first pass, run inside :meth:`prefill` or, for a prompt whose cold segments
+        exceed a step's token budget, by the engine over several steps before the request's own
+        forward."""
         if not todo:
             return {}
         if self.store is None:

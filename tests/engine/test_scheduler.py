@@ -353,3 +353,32 @@ def test_a_long_prompt_leaves_half_the_budget_to_those_behind_it():
     batch, _ = run_step(s, {"short": 5})
     assert [r.request_id for r in batch.requests] == ["long", "short"]
     assert batch.num_scheduled_tokens == [4, 3] and batch.samples == [False, True]
+
+
+def test_staged_pic_prefill_runs_one_stage_a_step_between_decode_steps():
+    from hypic.engine.request import PicStages
+
+    staged = _atomic("staged", 30, cost=30)
+
+    def stage(request):
+        request.pic_stages = PicStages([12, 14, 6], [["g0"], ["g1"]])
+
+    s = Scheduler(SchedulerConfig(16, 8), max_model_len=64, eos_token_ids=[EOS], detokenize=detok, stage_pic=stage)
+    short = req("short", 3)
+    s.add(short)
+    run_step(s, {"short": 5})  # short runs
+    s.add(staged)
+    seen = []
+    for _ in range(6):
+        batch = s.schedule()
+        if batch.is_prefill:
+            assert batch.requests == [staged]
+            seen.append((staged.pic_stages.done, batch.num_scheduled_tokens[0], batch.samples[0]))
+            if not batch.samples[0]:
+                staged.pic_stages.done += 1  # the engine ran the stage
+        s.postprocess(batch, [5] * len(batch.sampling_requests))
+    # stages compute none of the request's own tokens; its own forward (the last) all of them;
+    # a decode step of the running request between every two of them
+    assert seen == [(0, 0, False), (1, 0, False), (2, 30, True)]
+    assert staged.num_computed_tokens == 30 and staged.status == RequestStatus.RUNNING
+    assert short.num_output_tokens >= 3
