@@ -116,6 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--warmup-max-sampled", type=int, default=2,
                    help="trace requests of the corpus warm-up before those covering the rest of the corpus")
     s.add_argument("--calibration-requests", type=int, default=4)
+    s.add_argument("--beside-long-tokens", type=int, default=0,
+                   help="after the calibration, requests one at a time while a cold prompt of this many fresh "
+                        "tokens prefills: their TTFT against the idle TTFT (0: skipped)")
     s.add_argument("--max-seconds", type=float, default=None,
                    help="a rate point of a (target, trace) starts only if its arrivals end within this many "
                         "seconds of the first point's start")
@@ -156,7 +159,7 @@ def config_from_args(args: argparse.Namespace):
         corpus_warmup=not args.no_corpus_warmup, warmup_max_sampled=args.warmup_max_sampled,
         calibration_requests=args.calibration_requests, slo_ttft_ms=args.slo_ttft_ms,
         slo_attainment=args.slo_attainment, goodput_ms=tuple(sorted(goodput.items())), max_seconds=args.max_seconds,
-        extra_body=_extra_body(args.extra_body))
+        extra_body=_extra_body(args.extra_body), beside_long_tokens=args.beside_long_tokens)
 
 
 def _extra_body(text: Optional[str]) -> Tuple[Tuple[str, object], ...]:

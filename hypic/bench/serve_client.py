@@ -160,6 +160,27 @@ async def run_closed_loop(base_url: str, bodies: Sequence[bytes], *, api_key: Op
     return results
 
 
+async def run_beside(base_url: str, long_body: bytes, bodies: Sequence[bytes], *, api_key: Optional[str] = None
+                     ) -> Tuple[RequestResult, List[RequestResult]]:
+    """Send ``long_body``, then ``bodies`` one after another while it runs (the next as the
+    previous finishes, none once it has finished): how requests fare beside a long prefill.
+    Returns the long request's result and those of the requests sent while it ran."""
+    url = base_url.rstrip("/") + "/v1/completions"
+    async with _client(api_key) as client:
+        t0 = time.perf_counter()
+        long_result = RequestResult(-1, 0.0)
+        long_task = asyncio.ensure_future(stream_completion(client, url, long_body, long_result, t0))
+        await asyncio.sleep(0)  # the long request is sent first
+        results: List[RequestResult] = []
+        for i, body in enumerate(bodies):
+            if long_task.done():
+                break
+            result = RequestResult(i, time.perf_counter() - t0)
+            results.append(await stream_completion(client, url, body, result, t0))
+        await long_task
+    return long_result, results
+
+
 def _client(api_key: Optional[str]) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # no pool limit: a request never waits for a connection, so the client adds no queueing

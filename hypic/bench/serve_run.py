@@ -8,14 +8,15 @@ import asyncio
 import json
 import math
 import os
+import random
 import statistics
 import time
 import traceback
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from hypic.bench.serve_client import (encode_body, flush_cache, health_ok, run_closed_loop, run_schedule,
-                                      scrape_metrics, wait_idle)
+from hypic.bench.serve_client import (encode_body, flush_cache, health_ok, run_beside, run_closed_loop,
+                                      run_schedule, scrape_metrics, wait_idle)
 from hypic.bench.serve_metrics import metrics_delta, point_metrics
 from hypic.bench.serve_trace import (PROMPT_FORMS, ServeRequest, build_trace, corpus_fit, poisson_arrivals_s,
                                      rate_stream_name, request_body, request_stream)
@@ -54,6 +55,7 @@ class ServeBenchConfig:
     goodput_ms: Tuple[Tuple[str, float], ...] = (("ttft", 1000.0),)
     max_seconds: Optional[float] = None
     extra_body: Tuple[Tuple[str, object], ...] = ()
+    beside_long_tokens: int = 0  # after the calibration: requests one at a time beside a long cold prompt
 
     def __post_init__(self):
         if not self.modes or not self.prompt_tokens:
@@ -81,6 +83,8 @@ class ServeBenchConfig:
             raise ValueError(f"--output-tokens: need 1 <= min <= max, got {self.output_tokens!r}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError("--max-seconds: expected > 0")
+        if self.beside_long_tokens < 0 or (self.beside_long_tokens and self.calibration_requests < 1):
+            raise ValueError("--beside-long-tokens: expected >= 0, and the calibration's idle TTFT to compare with")
 
 
 def point_sizes(config: ServeBenchConfig, rate_rps: float) -> Tuple[int, int]:
@@ -231,6 +235,8 @@ class ServeBench:
                                    "idle_ttft_ms": idle_ttft_ms,
                                    "idle_ttft_p90_ms": done_ms[min(len(done_ms) - 1, int(0.9 * len(done_ms)))],
                                    "ttft_ms": [None if r.ttft_s is None else r.ttft_s * 1e3 for r in results]}
+        if c.beside_long_tokens:
+            info["beside_long"] = self._beside_long(base_url, model, trace, idle_ttft_ms)
         start = c.rate_start if c.rate_start is not None else (
             _sig2(500.0 / idle_ttft_ms) if idle_ttft_ms else None)
         search = RateSearch(c, start)
@@ -253,6 +259,32 @@ class ServeBench:
                   f"{_ms(row['p90_ttft_ms'])}, {row['ttft_slo_attainment']:.0%} within {c.slo_ttft_ms:g} ms, "
                   f"{row['completed']}/{row['num_requests']} done, steady={row['steady']} -> "
                   f"{'meets' if row['meets_slo'] else 'misses'} SLO", flush=True)
+
+    def _beside_long(self, base_url: str, model: str, trace, idle_ttft_ms: float) -> Dict:
+        """Requests of the trace one at a time while a long cold prompt (``beside_long_tokens``
+        fresh tokens in the trace's segments, one output token) is prefilling: their TTFT against
+        the idle TTFT, i.e. whether a long prefill freezes the requests beside it."""
+        c = self.config
+        rng = random.Random(f"beside-long-{c.trace_seed}")
+        first, vocab = trace.config.first_token_id, trace.config.vocab_size
+        tokens = [rng.randrange(first, vocab) for _ in range(c.beside_long_tokens)]
+        segments = tuple(tuple(tokens[i:i + c.segment_tokens]) for i in range(0, len(tokens), c.segment_tokens))
+        query = tuple(rng.randrange(first, vocab) for _ in range(16))
+        (long_body,) = self._bodies([ServeRequest(segments, query, 1, ())], model)
+        shorts = request_stream(trace, 256, "beside-long", *c.output_tokens)
+        long_result, results = asyncio.run(run_beside(base_url, long_body, self._bodies(shorts, model, output_tokens=1),
+                                                      api_key=self.api_key))
+        if not long_result.success:
+            raise RuntimeError(f"the long prompt failed: {long_result.error}")
+        done_ms = sorted(r.ttft_s * 1e3 for r in results if r.success)
+        p50 = statistics.median(done_ms) if done_ms else None
+        out = {"long_prompt_tokens": long_result.prompt_tokens, "long_ttft_ms": long_result.ttft_s * 1e3,
+               "requests": len(results), "failed": sum(not r.success for r in results),
+               "ttft_p50_ms": p50, "ttft_max_ms": done_ms[-1] if done_ms else None, "ttft_ms": done_ms,
+               "idle_ttft_ms": idle_ttft_ms, "ratio_to_idle": None if p50 is None else p50 / idle_ttft_ms}
+        print(f"beside a {out['long_prompt_tokens']}-token cold prompt (TTFT {out['long_ttft_ms']:.0f} ms): "
+              f"{len(done_ms)} requests, TTFT p50 {_ms(p50)} ms against {idle_ttft_ms:.1f} ms idle", flush=True)
+        return out
 
     def _check_alive(self, base_url: str) -> None:
         """Raise when the server is gone (a crash, out of memory): the search would otherwise go on

@@ -449,7 +449,7 @@ class LLMEngine:
         logits)."""
         for i in indices:
             stages = batch.requests[i].pic_stages
-            if stages is not None and not stages.final:
+            if stages is not None and stages.next_count:  # the scheduler picked a stage
                 run_stage(stages, self.pic_runner, self.store)
         indices = [i for i in indices if batch.samples[i] or not batch.requests[i].atomic_prefill]
         requests = [batch.requests[i] for i in indices]

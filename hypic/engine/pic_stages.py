@@ -3,9 +3,10 @@ steps, so a long cold segmented prompt obeys the per-step token budget as a plai
 
 Under ``standalone`` a cold segment is first prefilled alone at position 0 (its canonical store
 entry), then the request runs all-hit: only its seam windows and query are live. When the cold
-segments of a request exceed the step budget, :func:`plan_stages` packs them into groups of at
-most ``max_num_batched_tokens`` tokens (a segment longer than the budget forms a group of its
-own), one group a step (:func:`run_stage`), the request's own forward last. Between stages other
+segments of a request exceed the step budget, :func:`plan_stages` lists them and the scheduler
+gives each step's stage the segments that fit its budget (half of it while other requests wait
+behind, as for a plain prompt's chunk; a segment longer than that runs alone), one stage a step
+(:func:`run_stage`), the request's own forward last. Between stages other
 requests prefill and decode: running streams are never frozen for the whole cold prompt. The
 entries a stage writes stay acquired by the request until its last stage has run, so nothing
 evicts them in between; an abort releases them (:meth:`PicStages.release`).
@@ -35,24 +36,15 @@ def plan_stages(pic: PicState, store, max_num_batched_tokens: int) -> Optional[P
     cold_tokens = sum(len(seg) for seg, _ in cold.values())
     if not cold or cold_tokens + own_tokens <= max_num_batched_tokens:
         return None
-    groups: List[List[tuple]] = []
-    costs: List[int] = []
-    for key, (seg, body_start) in cold.items():
-        if not groups or costs[-1] + len(seg) > max_num_batched_tokens:
-            groups.append([])
-            costs.append(0)
-        groups[-1].append((key, seg, body_start))
-        costs[-1] += len(seg)
-    return PicStages(costs + [own_tokens], groups)
+    items = [(key, seg, body_start) for key, (seg, body_start) in cold.items()]
+    return PicStages([len(seg) for _, seg, _ in items], items, own_tokens)
 
 
 def run_stage(stages: PicStages, runner, store) -> None:
-    """Prefill the next group of cold segments alone at position 0 and keep their entries
-    acquired (a segment another request stored meanwhile is acquired instead of prefilled)."""
-    if stages.final:
-        raise ValueError("the last stage is the request's own forward")
+    """Prefill the stage the scheduler picked (cold segments alone at position 0) and keep their
+    entries acquired (a segment another request stored meanwhile is acquired instead)."""
     todo: Dict[object, Tuple[Tuple[int, ...], int]] = {}
-    for key, seg, body_start in stages.groups[stages.done]:
+    for key, seg, body_start in stages.pop_stage():
         handle = store.acquire(key)
         if handle is not None:
             stages.held.append(handle)
@@ -62,7 +54,6 @@ def run_stage(stages: PicStages, runner, store) -> None:
     stages.held.extend(handles.values())
     stages.written.update(handles)
     stages.standalone_tokens += sum(len(seg) for seg, _ in todo.values())
-    stages.done += 1
 
 
 def own_cached_tokens(plan: RequestPlan, stages: Optional[PicStages]) -> int:

@@ -84,33 +84,54 @@ class PicState:
 @dataclass
 class PicStages:
     """A PIC request prefilled over several steps (the ``standalone`` cold policy, when its cold
-    segments exceed a step's token budget): stages ``0..n-2`` prefill groups of its cold segments
+    segments exceed a step's token budget): earlier stages prefill groups of its cold segments
     alone at position 0, writing their store entries; the last stage is the request's own forward,
-    which then finds them all cached. ``costs``: each stage's tokens (the scheduler's charge);
-    ``groups``: what each earlier stage prefills (the engine's: (key, tokens, body start) per
-    segment); ``held``: store handles of the entries the earlier stages wrote, kept until the last
-    stage has run so nothing evicts them; ``written``: their keys; ``standalone_tokens``: the
-    tokens those stages prefilled."""
+    which then finds them all cached. ``lengths``/``items``: the cold segments still to prefill
+    (tokens; what the engine prefills, opaque here); ``own_tokens``: the last stage's tokens. The
+    scheduler sizes each stage to the budget it has (:meth:`take`: at least one segment), so a
+    stage leaves room to the requests behind it as a chunk of a plain prompt does. ``held``: store
+    handles of the entries the stages wrote, kept until the last stage has run so nothing evicts
+    them; ``written``: their keys; ``standalone_tokens``: the tokens the stages prefilled."""
 
-    costs: list
-    groups: list
+    lengths: list
+    items: list
+    own_tokens: int
     done: int = 0
+    next_count: int = 0  # segments of the stage the scheduler picked, for the engine
     held: list = field(default_factory=list)
     written: set = field(default_factory=set)
     standalone_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if len(self.costs) != len(self.groups) + 1 or not all(isinstance(c, int) and c >= 0 for c in self.costs):
-            raise ValueError(f"a staged prefill needs one cost per group plus its own forward's, got {self.costs!r} "
-                             f"for {len(self.groups)} groups")
-
-    @property
-    def cost(self) -> int:
-        return self.costs[self.done]
+        if len(self.lengths) != len(self.items) or not all(isinstance(n, int) and n > 0 for n in self.lengths):
+            raise ValueError(f"a staged prefill needs one positive length per segment, got {self.lengths!r} for "
+                             f"{len(self.items)} segments")
 
     @property
     def final(self) -> bool:
-        return self.done == len(self.groups)
+        return not self.lengths
+
+    def take(self, budget_tokens: int) -> int:
+        """The next stage within ``budget_tokens`` (the leading segments that fit, at least one):
+        records it for the engine and returns its tokens; the last stage's are ``own_tokens``."""
+        if self.final:
+            return self.own_tokens
+        count, total = 1, self.lengths[0]
+        while count < len(self.lengths) and total + self.lengths[count] <= budget_tokens:
+            total += self.lengths[count]
+            count += 1
+        self.next_count = count
+        return total
+
+    def pop_stage(self) -> list:
+        """The items of the stage :meth:`take` picked, removed from the pending ones."""
+        if not self.next_count:
+            raise ValueError("no stage was picked")
+        items = self.items[:self.next_count]
+        del self.items[:self.next_count], self.lengths[:self.next_count]
+        self.next_count = 0
+        self.done += 1
+        return items
 
     def release(self) -> None:
         held, self.held = self.held, []

@@ -218,7 +218,12 @@ class Scheduler:
                 # next step unless it would run alone. A stage other than the last computes none
                 # of the request's own tokens and samples nothing.
                 stages = request.pic_stages
-                cost = request.pic.prefill_cost if stages is None else stages.cost
+                if stages is None:
+                    cost = request.pic.prefill_cost
+                elif stages.final:
+                    cost = stages.own_tokens
+                else:  # a stage: half the budget while others wait behind it, as a chunk
+                    cost = stages.take(min(budget, long_share) if k + 1 < len(self.waiting) else budget)
                 if requests and cost > budget:
                     break
                 n = remaining if stages is None or stages.final else 0

@@ -267,6 +267,13 @@ def test_calibration_only_measures_the_idle_all_hit_ttft(tiny_server, tmp_path):
     calibration = report["targets"][0]["traces"][0]["calibration"]
     assert calibration["failed"] == 0 and len(calibration["ttft_ms"]) == 3
     assert 0 < calibration["idle_ttft_ms"] <= calibration["idle_ttft_p90_ms"]
+    # beside a long cold prompt: requests one at a time while it prefills, against the idle TTFT
+    argv += ["--beside-long-tokens", "600", "--json", str(tmp_path / "beside.json")]
+    assert main(argv) == 0
+    beside = json.loads((tmp_path / "beside.json").read_text())["targets"][0]["traces"][0]["beside_long"]
+    assert beside["long_prompt_tokens"] == 616 and beside["long_ttft_ms"] > 0 and beside["failed"] == 0
+    assert beside["requests"] == len(beside["ttft_ms"]) >= 1
+    assert beside["ratio_to_idle"] == pytest.approx(beside["ttft_p50_ms"] / beside["idle_ttft_ms"])
     with pytest.raises(ValueError, match="--max-points >= 0"):
         config_from_args(build_parser().parse_args(["bench", "serve", "--max-points", "-1"]))
 

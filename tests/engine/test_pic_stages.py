@@ -41,15 +41,15 @@ def test_stages_stay_within_the_budget_and_equal_the_one_step_prefill():
     engine = _engine(100)  # 8 cold documents of 36-48 tokens: at most 2 a stage
     request_id = engine.add_request(PROMPT, GREEDY)
     request = engine.scheduler.waiting[0]
-    steps = 0
+    stage_tokens = []
     while request.pic_stages is None or not request.pic_stages.final:
         done = 0 if request.pic_stages is None else request.pic_stages.done
+        before = 0 if request.pic_stages is None else request.pic_stages.standalone_tokens
         assert engine.step() == []  # a stage samples nothing
         assert request.pic_stages.done == done + 1  # one stage a step
-        steps += 1
-    stage_costs = request.pic_stages.costs[:-1]
-    assert len(stage_costs) >= 4 and max(stage_costs) <= 100
-    assert sum(stage_costs) == sum(len(engine.tokenizer.encode(d)) for d in DOCS)
+        stage_tokens.append(request.pic_stages.standalone_tokens - before)
+    assert len(stage_tokens) >= 4 and max(stage_tokens) <= 100
+    assert sum(stage_tokens) == sum(len(engine.tokenizer.encode(d)) for d in DOCS)
     assert engine.segment_cache_stats().held_entries == len(DOCS)  # pinned until the last stage
     (staged,) = _drain(engine, [request_id])
     assert staged.outputs[0].token_ids == one_step.outputs[0].token_ids
@@ -97,6 +97,13 @@ def test_one_step_when_it_fits_and_for_other_cold_policies(policy, budget):
     assert len(out.outputs[0].token_ids) == 1 and engine.scheduler.running[0].pic_stages is None
 
 
-def test_stage_records_are_checked():
-    with pytest.raises(ValueError, match="one cost per group"):
-        PicStages([10], [[("k", (1,), 0)]])
+def test_stages_take_what_fits_and_at_least_one_segment():
+    stages = PicStages([40, 30, 50, 20], ["a", "b", "c", "d"], own_tokens=12)
+    assert stages.take(100) == 70 and stages.pop_stage() == ["a", "b"]
+    assert stages.take(10) == 50 and stages.pop_stage() == ["c"]  # longer than the budget: alone
+    assert stages.take(100) == 20 and stages.pop_stage() == ["d"] and stages.final and stages.done == 3
+    assert stages.take(100) == 12  # the request's own forward
+    with pytest.raises(ValueError, match="no stage was picked"):
+        stages.pop_stage()
+    with pytest.raises(ValueError, match="one positive length per segment"):
+        PicStages([10], [], own_tokens=1)

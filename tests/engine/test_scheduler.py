@@ -360,8 +360,8 @@ def test_staged_pic_prefill_runs_one_stage_a_step_between_decode_steps():
 
     staged = _atomic("staged", 30, cost=30)
 
-    def stage(request):
-        request.pic_stages = PicStages([12, 14, 6], [["g0"], ["g1"]])
+    def stage(request):  # two cold segments of 12 and 14 tokens, then its own 6-token forward
+        request.pic_stages = PicStages([12, 14], ["g0", "g1"], own_tokens=6)
 
     s = Scheduler(SchedulerConfig(16, 8), max_model_len=64, eos_token_ids=[EOS], detokenize=detok, stage_pic=stage)
     short = req("short", 3)
@@ -375,7 +375,7 @@ def test_staged_pic_prefill_runs_one_stage_a_step_between_decode_steps():
             assert batch.requests == [staged]
             seen.append((staged.pic_stages.done, batch.num_scheduled_tokens[0], batch.samples[0]))
             if not batch.samples[0]:
-                staged.pic_stages.done += 1  # the engine ran the stage
+                staged.pic_stages.pop_stage()  # the engine ran the stage
         s.postprocess(batch, [5] * len(batch.sampling_requests))
     # stages compute none of the request's own tokens; its own forward (the last) all of them;
     # a decode step of the running request between every two of them
