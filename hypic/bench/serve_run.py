@@ -283,7 +283,7 @@ class ServeBench:
                "ttft_p50_ms": p50, "ttft_max_ms": done_ms[-1] if done_ms else None, "ttft_ms": done_ms,
                "idle_ttft_ms": idle_ttft_ms, "ratio_to_idle": None if p50 is None else p50 / idle_ttft_ms}
         print(f"beside a {out['long_prompt_tokens']}-token cold prompt (TTFT {out['long_ttft_ms']:.0f} ms): "
-              f"{len(done_ms)} requests, TTFT p50 {_ms(p50)} ms against {idle_ttft_ms:.1f} ms idle", flush=True)
+              f"{len(done_ms)} requests, TTFT p50 {_ms(p50)} against {idle_ttft_ms:.1f} ms idle", flush=True)
         return out
 
     def _check_alive(self, base_url: str) -> None:
