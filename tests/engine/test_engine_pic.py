@@ -13,6 +13,8 @@ from hypic.data.suites import DocumentPool
 from hypic.engine.engine import LLMEngine
 from hypic.pic.segments import PIC_SEP
 
+from .helpers import drain
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
@@ -42,13 +44,7 @@ def _question(relation="lives", i=0):
 
 
 def _run(engine: LLMEngine, prompts, **kw):
-    ids = [engine.add_request(p, GREEDY, **kw) for p in prompts]
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[i] for i in ids]
+    return drain(engine, [engine.add_request(p, GREEDY, **kw) for p in prompts])
 
 
 def test_all_miss_hypic_generates_like_full_recompute(llm):

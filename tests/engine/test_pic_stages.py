@@ -14,6 +14,8 @@ from hypic.engine.engine import LLMEngine
 from hypic.engine.request import PicStages
 from hypic.pic.segments import PIC_SEP
 
+from .helpers import drain
+
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -27,17 +29,8 @@ def _engine(budget: int) -> LLMEngine:
                      cold_policy="standalone")
 
 
-def _drain(engine, ids):
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[i] for i in ids]
-
-
 def test_stages_stay_within_the_budget_and_equal_the_one_step_prefill():
-    (one_step,) = _drain(big := _engine(4096), [big.add_request(PROMPT, GREEDY)])
+    (one_step,) = drain(big := _engine(4096), [big.add_request(PROMPT, GREEDY)])
     engine = _engine(100)  # 8 cold documents of 36-48 tokens: at most 2 a stage
     request_id = engine.add_request(PROMPT, GREEDY)
     request = engine.scheduler.waiting[0]
@@ -51,15 +44,15 @@ def test_stages_stay_within_the_budget_and_equal_the_one_step_prefill():
     assert len(stage_tokens) >= 4 and max(stage_tokens) <= 100
     assert sum(stage_tokens) == sum(len(engine.tokenizer.encode(d)) for d in DOCS)
     assert engine.segment_cache_stats().held_entries == len(DOCS)  # pinned until the last stage
-    (staged,) = _drain(engine, [request_id])
+    (staged,) = drain(engine, [request_id])
     assert staged.outputs[0].token_ids == one_step.outputs[0].token_ids
     assert staged.metrics.cached_tokens == one_step.metrics.cached_tokens == 0  # computed for it
     assert staged.metrics.live_tokens == one_step.metrics.live_tokens
     assert engine.segment_cache_stats().held_entries == 0
     # the entries are the one-step pass's: a reordered repeat hits them in both engines alike
     reordered = PIC_SEP.join(DOCS[::-1] + [question_text("lives", POOL.documents[2].subject)])
-    (a,) = _drain(big, [big.add_request(reordered, GREEDY)])
-    (b,) = _drain(engine, [engine.add_request(reordered, GREEDY)])
+    (a,) = drain(big, [big.add_request(reordered, GREEDY)])
+    (b,) = drain(engine, [engine.add_request(reordered, GREEDY)])
     assert a.outputs[0].token_ids == b.outputs[0].token_ids and a.metrics.cached_tokens == b.metrics.cached_tokens > 0
 
 
