@@ -91,7 +91,9 @@ class PicStages:
     scheduler sizes each stage to the budget it has (:meth:`take`: at least one segment), so a
     stage leaves room to the requests behind it as a chunk of a plain prompt does. ``held``: store
     handles of the entries the stages wrote, kept until the last stage has run so nothing evicts
-    them; ``written``: their keys; ``standalone_tokens``: the tokens the stages prefilled."""
+    them; ``written``: their keys; ``standalone_tokens``: the tokens the stages prefilled.
+    ``yielded``: the last prefill step skipped this request's stage so that a segmented prompt
+    behind it could run (a stage yields at most one step in two)."""
 
     lengths: list
     items: list
@@ -101,6 +103,7 @@ class PicStages:
     held: list = field(default_factory=list)
     written: set = field(default_factory=set)
     standalone_tokens: int = 0
+    yielded: bool = False
 
     def __post_init__(self) -> None:
         if len(self.lengths) != len(self.items) or not all(isinstance(n, int) and n > 0 for n in self.lengths):

@@ -5,7 +5,8 @@ Each step is either
 * a **prefill** step: waiting requests in arrival order, each given as many of its remaining
   prompt tokens as fit in the ``max_num_batched_tokens`` budget; a prompt longer than what is
   left of the budget is prefilled in chunks over several steps (the runner carries its state),
-  at most half a budget per step while other requests wait behind it; or
+  at most half a budget per step while other requests wait behind it, and never so much that
+  a segmented prompt right behind it (prefilled whole, never chunked) finds no room; or
 * a **decode** step: one token for every running request.
 
 Prefill goes first whenever a waiting request can be admitted (fewer than ``max_num_seqs``
@@ -18,7 +19,8 @@ after them (``lookup_prefix``). A segmented (PIC) prompt is prefilled in one for
 live tokens; where its cold segments exceed the budget, the engine spreads their standalone
 prefill over earlier steps first (``stage_pic``: each stage charged its tokens, within the budget
 unless one segment alone exceeds it), so a long cold segmented prompt shares steps like a plain
-one. The scheduler decides how many
+one; a stage whose first segment leaves no room for a segmented prompt arriving behind it yields
+that step to it, at most one step in two. The scheduler decides how many
 tokens each request computes; :meth:`Scheduler.postprocess` appends the sampled tokens and
 applies the stop rules (eos / stop token ids / stop strings -> ``"stop"``; max_tokens or the
 context length -> ``"length"``). Stop strings are matched on the detokenised output text, and
@@ -186,7 +188,7 @@ class Scheduler:
             samples=[True] * len(self.running),
         )
 
-    def _schedule_prefill(self) -> ScheduledBatch | None:
+    def _schedule_prefill(self, allow_yield: bool = True) -> ScheduledBatch | None:
         budget = self.config.max_num_batched_tokens
         # Requests part-way through a chunked or staged prefill already hold a cache slot.
         holding = len(self.running) + sum(1 for r in self.waiting if r.prefill_started)
@@ -196,6 +198,7 @@ class Scheduler:
         # wait behind it, so a short prompt arriving during a long prefill starts at the next
         # step instead of after the whole long prompt.
         long_share = max(1, self.config.max_num_batched_tokens // 2)
+        yielded = False
         for k, request in enumerate(self.waiting):
             if budget == 0:
                 break
@@ -223,7 +226,19 @@ class Scheduler:
                 elif stages.final:
                     cost = stages.own_tokens
                 else:  # a stage: half the budget while others wait behind it, as a chunk
-                    cost = stages.take(min(budget, long_share) if k + 1 < len(self.waiting) else budget)
+                    share = min(budget, long_share) if k + 1 < len(self.waiting) else budget
+                    reserve = self._reserve_behind(k, holding)
+                    if reserve:
+                        # The segmented prompt behind runs whole or not at all: leave it room.
+                        # Where not even the stage's first segment fits beside it, the stage
+                        # yields the step (at most one in two, so the long prompt still advances).
+                        room = budget - reserve
+                        if room < stages.lengths[0] and allow_yield and not stages.yielded:
+                            stages.yielded = yielded = True
+                            continue
+                        share = max(1, min(share, room))
+                    stages.yielded = False
+                    cost = stages.take(share)
                 if requests and cost > budget:
                     break
                 n = remaining if stages is None or stages.final else 0
@@ -232,6 +247,9 @@ class Scheduler:
                 n = min(remaining, budget)
                 if n < remaining and k + 1 < len(self.waiting):
                     n = min(n, long_share)
+                    reserve = self._reserve_behind(k, holding)
+                    if 0 < reserve < budget:  # a chunk leaves the segmented prompt behind it room
+                        n = min(n, budget - reserve)
                 budget -= n
             requests.append(request)
             counts.append(n)
@@ -240,8 +258,21 @@ class Scheduler:
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
         if not requests:
-            return None
+            # nothing behind a yielding stage could run after all: the stage takes the step
+            return self._schedule_prefill(allow_yield=False) if yielded else None
         return ScheduledBatch(True, requests, counts, starts, samples)
+
+    def _reserve_behind(self, k: int, holding: int) -> int:
+        """Tokens the request right behind waiting position ``k`` needs this step to run at
+        all: the cost of a segmented prompt (prefilled whole, never chunked) that has not started
+        and can be admitted now, when it fits one step; 0 otherwise."""
+        if k + 1 >= len(self.waiting) or holding >= self.config.max_num_seqs:
+            return 0
+        behind = self.waiting[k + 1]
+        if behind.prefill_started or not behind.atomic_prefill:
+            return 0
+        cost = behind.pic.prefill_cost
+        return cost if cost <= self.config.max_num_batched_tokens else 0
 
     # ---- after the model ran ---------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: list[int],

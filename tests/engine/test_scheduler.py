@@ -382,3 +382,65 @@ def test_staged_pic_prefill_runs_one_stage_a_step_between_decode_steps():
     assert seen == [(0, 0, False), (1, 0, False), (2, 30, True)]
     assert staged.num_computed_tokens == 30 and staged.status == RequestStatus.RUNNING
     assert short.num_output_tokens >= 3
+
+
+def _staged_scheduler(budget, lengths, own_tokens=6, max_num_seqs=8):
+    from hypic.engine.request import PicStages
+
+    def stage(request):
+        if request.request_id.startswith("long"):
+            request.pic_stages = PicStages(list(lengths), [f"g{i}" for i in range(len(lengths))], own_tokens)
+
+    return Scheduler(SchedulerConfig(budget, max_num_seqs), max_model_len=512, eos_token_ids=[EOS], detokenize=detok,
+                     stage_pic=stage)
+
+
+def test_a_stage_leaves_room_for_the_segmented_prompt_behind_it():
+    s = _staged_scheduler(budget=16, lengths=[4, 4, 4, 4, 4, 4])
+    long = _atomic("long", 40, cost=40)
+    s.add(long)
+    s.add(_atomic("short", 20, cost=7))
+    batch = s.schedule()
+    # half the budget (8) would leave 8 >= 7; room 16 - 7 = 9 takes two 4-token segments
+    assert [r.request_id for r in batch.requests] == ["long", "short"]
+    assert long.pic_stages.next_count == 2 and batch.num_scheduled_tokens == [0, 20]
+
+
+def test_a_stage_yields_one_step_in_two_to_a_segmented_prompt_that_finds_no_room_beside_it():
+    s = _staged_scheduler(budget=16, lengths=[10, 10, 10, 10])
+    long = _atomic("long", 60, cost=60)
+    s.add(long)
+    ran = []
+    for i in range(6):  # a 12-token segmented prompt arrives before every step
+        s.add(_atomic(f"short{i}", 20, cost=12))
+        batch = s.schedule()
+        assert batch.is_prefill  # no request runs: nothing decodes
+        ran.append(tuple(r.request_id for r in batch.requests))
+        if long in batch.requests and not batch.samples[batch.requests.index(long)]:
+            long.pic_stages.pop_stage()
+        for r in batch.sampling_requests:  # finish the short ones at once
+            r.sampling_params = SamplingParams(max_tokens=1)
+        s.postprocess(batch, [5] * len(batch.sampling_requests))
+    # the stage (10 tokens) never fits beside a 12-token prompt in 16: it yields, then takes its
+    # step, in turn; no short request waits more than one step, and the long prompt advances
+    assert ran[0] == ("short0",) and ran[1][0] == "long"
+    assert all("long" in ran[i] or "long" in ran[i + 1] for i in range(len(ran) - 1))
+    assert long.pic_stages.done >= 2
+
+
+def test_a_yielding_stage_takes_the_step_when_nothing_behind_it_can_run():
+    s = _staged_scheduler(budget=16, lengths=[10, 10], max_num_seqs=1)  # no slot for the short one
+    long = _atomic("long", 30, cost=30)
+    s.add(long)
+    s.add(_atomic("short", 20, cost=12))
+    batch = s.schedule()
+    assert batch.requests == [long] and long.pic_stages.next_count == 1
+
+
+def test_a_plain_chunk_leaves_room_for_the_segmented_prompt_behind_it():
+    s = make_scheduler(budget=16)
+    s.add(req("long", 60))
+    s.add(_atomic("short", 20, cost=11))
+    batch = s.schedule()
+    assert [r.request_id for r in batch.requests] == ["long", "short"]
+    assert batch.num_scheduled_tokens == [5, 20]
