@@ -99,6 +99,13 @@ class ServerMetrics:
         self.e2e = Histogram("hypic:e2e_request_latency_seconds", "Arrival to finish", labels,
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.http_errors = Counter("hypic:http_errors", "Requests answered with an error", ["status"], registry=r)
+        # every series exists from start-up at zero, so a scrape before the first request (and a
+        # rate over the first one) sees it, as vLLM's do
+        for family in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.segment_hit_tokens,
+                       self.prefix_hit_tokens, self.ttft, self.itl, self.e2e):
+            family.labels(**self._label)
+        for reason in ("stop", "length", "abort"):
+            self.request_success.labels(finished_reason=reason, **self._label)
         r.register(_EngineCollector(engine))
         self._last_token_time: dict[str, float] = {}
         engine.add_output_listener(self.on_output)
