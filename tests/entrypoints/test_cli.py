@@ -184,3 +184,42 @@ def test_generate_cache_salt_keeps_tenants_apart_across_runs(capsys, tmp_path):
     again, text_c = run("tenant-a")
     assert first == other == [(0, 0), (0, 0)]
     assert all(p > 0 for _, p in again) and text_a == text_b == text_c
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_serve_stops_on_a_signal_without_a_traceback(sig):
+    """Ctrl-C (or a service manager's SIGTERM) ends `hypic serve` gracefully: exit code 0, the
+    drain logged, no traceback."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    pytest.importorskip("uvicorn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(README.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "hypic", "serve", "tiny", "--device", "cpu", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start within 120 s"
+            time.sleep(0.2)
+        proc.send_signal(getattr(signal, sig))
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "Application shutdown complete" in out, out
