@@ -142,7 +142,7 @@ def test_start_up_capture_covers_buckets_and_graphs_die_with_their_layers():
     assert eager.graphs is None and eager.capture_graphs(max_tokens=64) == 0
     runner.capture_graphs(max_tokens=64)  # nothing new
     assert len(graphs._graphs) - before == phases * len(sizes)
-    del runner, model
+    del runner, eager, model  # every runner holds the model: all of them must go for it to die
     gc.collect()
     assert len(graphs._graphs) == before  # the freed layers' graphs are dropped
 
