@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families

@@ -14,7 +14,7 @@ evicts them in between; an abort releases them (:meth:`PicStages.release`).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from hypic.engine.request import PicStages, PicState
 from hypic.pic.modes import COLD_STANDALONE

@@ -351,7 +351,6 @@ def build_fresh(requests: Sequence[RequestLayout], conv_width: int, device: torc
                 chain_source.append(s)
                 runs[-1][1] += n
                 run_local += n
-                k_first = num_keys
                 piece_rows.append(first)
                 piece_cached.append(False)
                 piece_lengths.append(n)

@@ -6,7 +6,6 @@ batch."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from hypic import LLM, SamplingParams
 from hypic.data import PIC_SEP, SuiteConfig, generate_suite

@@ -5,7 +5,6 @@ within the budget, then runs its own forward; outputs equal the one-step prefill
 from __future__ import annotations
 
 import pytest
-import torch
 
 from hypic import SamplingParams
 from hypic.data.language import question_text

@@ -11,7 +11,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 from hypic import LLM, SamplingParams
 from hypic.data.language import question_text

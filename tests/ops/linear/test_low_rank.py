@@ -15,7 +15,7 @@ from hypic.ops.linear.low_rank import (
     scan_chain_mixed,
 )
 from hypic.ops.linear.scan import scan_chain_from
-from hypic.ops.linear.summary import DenseSummary, apply_summary
+from hypic.ops.linear.summary import apply_summary
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 H, HV, K, V = 2, 4, 16, 8
