@@ -184,6 +184,11 @@ class LLMEngine:
             workers.close()
         self.store.close()
 
+    @property
+    def num_live_segment_workers(self) -> int:
+        """Segment worker processes serving now (0 without segment parallelism)."""
+        return len(self.segment_workers.live_ranks) if self.segment_workers is not None else 0
+
     def _on_segment_worker_fault(self, fault: WorkerFault) -> None:
         self.stats.num_segment_worker_faults += 1
         self.stats.num_segments_recomputed += fault.segments_recomputed

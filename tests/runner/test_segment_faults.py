@@ -71,6 +71,7 @@ def test_worker_killed_mid_request_then_the_survivor_then_none(device, reference
     try:
         pool = engine.segment_workers
         victim, survivor = pool.links[1], pool.links[2]
+        assert engine.num_live_segment_workers == 2
         real_groups = engine.pic_runner.standalone_entry_groups
         killed = []
 
@@ -90,7 +91,7 @@ def test_worker_killed_mid_request_then_the_survivor_then_none(device, reference
         assert [(f.rank, f.kind) for f in report.faults] == [(1, "died")] and "signal 9" in report.faults[0].detail
         assert report.fallback_segments >= 1 and engine.stats.num_segment_worker_faults == 1
         assert engine.stats.num_segments_recomputed == report.fallback_segments
-        assert pool.live_ranks == [2] and not victim.process.is_alive()
+        assert pool.live_ranks == [2] and engine.num_live_segment_workers == 1 and not victim.process.is_alive()
 
         before = pool.segments_by_rank[2]
         (second,) = _run(engine, prompts[1:2], cold_policy="standalone")
@@ -101,7 +102,7 @@ def test_worker_killed_mid_request_then_the_survivor_then_none(device, reference
         survivor.process.join(DEATH_SEEN_S)
         (third,) = _run(engine, prompts[2:], cold_policy="standalone")
         assert _tokens([third]) == want[2:]
-        assert engine.stats.num_segment_worker_faults == 2 and pool.live_ranks == []
+        assert engine.stats.num_segment_worker_faults == 2 and engine.num_live_segment_workers == 0
         assert [f.kind for f in pool.faults] == ["died", "died"]
     finally:
         engine.shutdown()
