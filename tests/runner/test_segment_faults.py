@@ -4,7 +4,8 @@ sent. Every request completes with the output of the engine without workers, lat
 served (by the surviving workers, or the engine alone), each fault is counted in the engine's
 stats, and nothing waits long: a death is seen at once, a hang after the reply timeout.
 
-Each case runs on the CPU (CI) and, marked ``cuda``, on two GPUs."""
+Each case runs on the CPU (CI) and, marked ``cuda``, on two GPUs (without CUDA graphs: start-up
+would capture them in every engine, and faults do not depend on them)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def reference():
 
     def get(device):
         if device not in out:
-            base = LLMEngine("tiny", seed=0, device=device)
+            base = LLMEngine("tiny", seed=0, device=device, enforce_eager=True)
             out[device] = [_tokens(_run(base, [p], cold_policy="standalone"))[0] for p in _prompts()]
         return out[device]
 
@@ -66,7 +67,7 @@ def test_worker_killed_mid_request_then_the_survivor_then_none(device, reference
     engine and worker 2; worker 2 is then killed while idle, and the last request runs on the
     engine alone. Both faults are counted and logged."""
     want = reference(device)
-    engine = LLMEngine("tiny", seed=0, device=device, segment_workers=3, segment_group_tokens=64,
+    engine = LLMEngine("tiny", seed=0, device=device, enforce_eager=True, segment_workers=3, segment_group_tokens=64,
                        segment_reply_timeout_s=120)
     try:
         pool = engine.segment_workers
@@ -116,7 +117,7 @@ def test_worker_fails_after_part_of_its_share(device, fault, reference, caplog):
     reference's, and the fault is counted and logged. A dead or hung worker is dropped and the
     engine serves on alone; one that raised serves the next request."""
     want = reference(device)
-    engine = LLMEngine("tiny", seed=0, device=device)
+    engine = LLMEngine("tiny", seed=0, device=device, enforce_eager=True)
     config = SegmentParallelConfig(num_workers=2, group_tokens=1, reply_timeout_s=HANG_TIMEOUT_S)
     worker_device = "cuda:1" if device == "cuda" else "cpu"
     args = (fault, 2, str(engine.model_path), worker_device, str(engine.dtype).removeprefix("torch."), 0, 1)
