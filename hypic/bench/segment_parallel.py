@@ -145,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
     longest = max(t.max_prompt_tokens for t in traces) + args.query_tokens
     rng = random.Random(args.seed)
     rows: List[Dict] = []
+    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "workers_available": available, "model": args.dummy_config or args.model, **provenance(args),
+              "results": rows}
     with tempfile.TemporaryDirectory() as tmp:
         folder = _model_folder(args, tmp)
         for m in counts:
@@ -178,16 +181,14 @@ def run(args: argparse.Namespace) -> int:
                                      "worker_faults": sum(s["worker_faults"] for s in samples), "samples": samples})
                         print(f"{trace.name:>14} {mode:>14} workers {m} {assignment or '-'}: "
                               f"p50 {rows[-1]['ttft_p50_ms']:.1f} ms", flush=True)
+                        derive(rows)
+                        if args.json:  # after every row: a run cut short keeps what it measured
+                            write_report(args.json, report)
             finally:
                 engine.shutdown()
-    derive(rows)
     for r in rows:
         print(format_row(r))
-    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "workers_available": available, "model": args.dummy_config or args.model, **provenance(args),
-              "results": rows}
     if args.json:
-        write_report(args.json, report)
         print(f"wrote {args.json}")
     if args.plot:
         try:
