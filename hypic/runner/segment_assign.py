@@ -25,9 +25,9 @@ ASSIGN_LPT = "lpt"
 ASSIGN_ROUND_ROBIN = "round_robin"
 
 
-def _check(costs: Sequence[float], num_ranks: int) -> None:
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
-        raise ValueError(f"num_workers must be an int >= 1, got {num_ranks!r}")
+def _check(costs: Sequence[float], num_workers: int) -> None:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
     if any(c < 0 for c in costs):
         raise ValueError("costs must be >= 0")
 

@@ -233,7 +233,9 @@ class SegmentParallel:
         shares = assign(self.assignment, costs, 1 + len(ranks))
         state.report.estimated_loads = rank_loads(costs, shares)
         own = [items[i] for i in shares[0]]
-        state.local.extend((g, False) for g in share_groups(own, self.config.group_tokens))
+        # groups only let workers' entries be inserted between them: with no worker live the share
+        # is one call of run_share (which still splits it to fit the device)
+        state.local.extend((g, False) for g in share_groups(own, self.config.group_tokens if ranks else None))
         for rank, share in zip(ranks, shares[1:]):
             if share:
                 link = self.links[rank]

@@ -13,6 +13,7 @@ from hypic.bench.segment_trace import Trace, derive, parse_traces
 from hypic.models.config import spec_from_config
 from hypic.runner.segment_assign import lpt_assign, rank_loads, round_robin_assign, segment_cost_fn
 
+
 def test_traces_parse_and_draw_the_same_lengths_per_request():
     uniform, uneven = parse_traces("64x512, 24x256-4096")
     assert uniform == Trace(64, 512, 512) and uniform.name == "64x512" and not uniform.uneven

@@ -67,8 +67,10 @@ def test_worker_killed_mid_request_then_the_survivor_then_none(device, reference
     engine and worker 2; worker 2 is then killed while idle, and the last request runs on the
     engine alone. Both faults are counted and logged."""
     want = reference(device)
-    engine = LLMEngine("tiny", seed=0, device=device, enforce_eager=True, segment_workers=3, segment_group_tokens=64,
-                       segment_reply_timeout_s=120)
+    # on CUDA both workers share the second GPU: the test needs two, not three
+    devices = ("cuda:0", "cuda:1", "cuda:1") if device == "cuda" else None
+    engine = LLMEngine("tiny", seed=0, device=device, enforce_eager=True, segment_workers=3, segment_devices=devices,
+                       segment_group_tokens=64, segment_reply_timeout_s=120)
     try:
         pool = engine.segment_workers
         victim, survivor = pool.links[1], pool.links[2]

@@ -1,9 +1,11 @@
-"""Segment parallelism (hypic.runner.segment_parallel): the longest-processing-time split, the
-entries' wire format, and cold standalone segments prefilled by a second process (gloo on the
-CPU) through the engine, against the same engine without workers."""
+"""Segment parallelism (hypic.runner.segment_parallel): the LPT and round-robin splits, the
+entries' wire format, the scatter report, and cold standalone segments prefilled by a second
+process through the engine, against the same engine without workers (faults:
+test_segment_faults.py)."""
 
 from __future__ import annotations
 
+import queue
 import random
 
 import pytest
@@ -13,14 +15,14 @@ from hypic.engine.engine import LLMEngine
 from hypic.runner.pic_runner import PicRunner
 from hypic.runner.segment_assign import assign, lpt_assign, rank_loads, round_robin_assign, segment_cost_fn
 from hypic.runner.segment_report import ScatterReport, union_s
-from hypic.runner.segment_parallel import SegmentParallelConfig
+from hypic.runner.segment_parallel import SegmentParallel, SegmentParallelConfig
 from hypic.runner.segment_wire import pack_tensors, share_groups, unpack_tensors
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.payload import payload_equal
 from hypic.pic.persist import decode_entries, encode_entries
 from hypic.pic.segments import PIC_SEP
 from tests.runner.pic_helpers import random_segment, tiny_model
-from tests.engine.test_engine_pic import GREEDY, _docs, _question, _run
+from tests.engine.test_engine_pic import _docs, _question, _run
 
 
 def test_lpt_balances_and_is_deterministic():
@@ -79,6 +81,18 @@ def test_scatter_report_splits_compute_and_exposed_transfer():
     assert r.estimated_imbalance == 1.5
     no_workers = ScatterReport(2, "lpt", 1, 10, [1.0], started_at=0.0, finished_at=1.0, local_done_at=1.0)
     assert no_workers.exposed_transfer_s == 0 and no_workers.transfer_overlap is None
+
+
+def test_without_live_workers_the_engine_runs_its_share_in_one_call():
+    """Groups only let workers' entries in between them: with no worker live, the whole batch is
+    one ``run_share`` call whatever ``group_tokens`` (the runner still splits it to fit)."""
+    pool = SegmentParallel([], queue.Queue(), torch.device("cpu"), float, SegmentParallelConfig(group_tokens=4))
+    todo = {k: (tuple(range(n)), 0) for k, n in zip("abc", (3, 4, 5))}
+    ran, received = [], []
+    report = pool.prefill(todo, ran.append, received.extend)
+    assert ran == [todo] and received == [] and pool.segments_by_rank == [3]
+    assert report.num_segments == 3 and report.num_tokens == 12 and report.estimated_loads == [12.0]
+    assert report.own_compute_s >= 0 and report.fallback_segments == 0 and report.transfer_overlap is None
 
 
 def test_segment_cost_grows_faster_than_length():
