@@ -33,6 +33,7 @@ from hypic.engine.scheduler import SchedulerConfig
 from hypic.models.loader import LOAD_FORMATS
 from hypic.models.layers import MOE_BACKENDS
 from hypic.pic.modes import COLD_POLICIES, MODE_ALIASES, MODES, PICConfig, SeamSetting
+from hypic.runner.segment_assign import ASSIGNMENTS
 from hypic.runner.segment_parallel import SegmentParallelConfig
 
 DTYPES: Dict[str, torch.dtype] = {
@@ -286,14 +287,20 @@ ENGINE_OPTIONS: Tuple[EngineOption, ...] = (
     EngineOption("segment_workers", "parallel", "num_workers",
                  "processes (one device each, the engine's included) that prefill standalone cold segments",
                  int),
-    EngineOption("segment_backend", "parallel", "backend",
-                 "segment workers' torch.distributed backend: auto (NCCL on CUDA, gloo on CPU) | nccl | gloo",
-                 choices=("auto", "nccl", "gloo")),
     EngineOption("segment_devices", "parallel", "devices",
                  "one device per segment worker, comma-separated (default: cuda:r on CUDA, else the "
                  "engine's device)", parse_devices),
-    EngineOption("segment_timeout_s", "parallel", "timeout_s",
-                 "how long a segment workers' collective may wait (seconds)", float),
+    EngineOption("segment_assignment", "parallel", "assignment",
+                 "how a batch's cold segments are split over the segment workers: lpt (longest first to the "
+                 "least loaded) | round_robin", choices=tuple(ASSIGNMENTS)),
+    EngineOption("segment_group_tokens", "parallel", "group_tokens",
+                 "tokens of one forward on a segment worker; each group's entries are sent as soon as they "
+                 "are written (none: a worker's whole share at once)", parse_optional_int),
+    EngineOption("segment_start_timeout_s", "parallel", "start_timeout_s",
+                 "how long a segment worker may take to load the model (seconds)", float),
+    EngineOption("segment_reply_timeout_s", "parallel", "reply_timeout_s",
+                 "how long a segment worker with work may stay silent before the engine kills it and "
+                 "prefills the rest of its share itself (seconds; one group's forward must fit)", float),
     EngineOption("enforce_eager", "kernel", "enforce_eager", "run without CUDA graphs"),
     EngineOption("moe_backend", "kernel", "moe_backend",
                  "routed experts: auto (the kernels for the device) | torch (the reference)",

@@ -158,6 +158,13 @@ class AsyncLLMEngine:
     def segment_cache_stats(self) -> StoreStats:
         return self.engine.segment_cache_stats()  # the store takes its own lock
 
+    def segment_worker_counts(self) -> tuple[int, int, int]:
+        """``(live workers, worker faults, segments the engine prefilled for failed workers)``:
+        plain counters the loop thread only increments, read without a lock."""
+        stats = self.engine.stats
+        return (self.engine.num_live_segment_workers, stats.num_segment_worker_faults,
+                stats.num_segments_recomputed)
+
     def add_output_listener(self, listener: OutputListener) -> None:
         """``listener(output, num_new_tokens, now)`` runs on the loop thread after each step for
         each output (keep it short: it delays the next step)."""

@@ -34,6 +34,7 @@ from hypic.engine.fingerprint import model_fingerprint, store_fingerprint
 from hypic.runner.layout_pieces import ChunkWindow, resume_entry
 from hypic.runner.pic_runner import PicRunner
 from hypic.runner.segment_parallel import start_segment_workers
+from hypic.runner.segment_report import WorkerFault
 from hypic.models.config import load_spec
 from hypic.models.loader import load_model
 from hypic.pic.disk_tier import DiskTier
@@ -78,6 +79,10 @@ class EngineStats:
     num_decode_steps: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # Segment workers that failed a share (died, hung or raised; each logged) and the segments of
+    # theirs the engine prefilled itself instead.
+    num_segment_worker_faults: int = 0
+    num_segments_recomputed: int = 0
 
 
 class LLMEngine:
@@ -89,8 +94,9 @@ class LLMEngine:
     max_num_seqs=8)``: a first positional argument that is not a config is the model). With
     segment workers (``segment_workers > 1``) cold standalone segments are spread over that many
     processes, each with a replica of the model on its own device
-    (:mod:`hypic.runner.segment_parallel`); the engine holds the process group until
-    :meth:`shutdown`.
+    (:mod:`hypic.runner.segment_parallel`), until :meth:`shutdown`; a worker that dies, hangs or
+    raises costs no request (the engine prefills its segments itself) and is counted in
+    :attr:`stats`.
     """
 
     def __init__(self, config: EngineConfig | str | Path | None = None, /, **kwargs) -> None:
@@ -163,20 +169,29 @@ class LLMEngine:
         self.segment_workers = start_segment_workers(
             config.parallel, self.spec, model_dir=str(self.model_path), dtype=self.dtype, device=self.device,
             load_format=load_format, seed=seed, enforce_eager=enforce_eager,
-            moe_backend=config.kernel.moe_backend)
+            moe_backend=config.kernel.moe_backend, on_fault=self._on_segment_worker_fault)
         self.pic_runner.segment_parallel = self.segment_workers
         # CUDA graphs of the layers' row-wise phases for every batch size the scheduler can form
         # (GPU only; none under enforce_eager).
         self.pic_runner.capture_graphs(config.scheduler.max_num_batched_tokens)
 
     def shutdown(self) -> None:
-        """Stop the segment workers (if any) and leave their process group, and write what is
-        queued for the segment store's disk tier; idempotent."""
+        """Stop the segment workers (if any) and write what is queued for the segment store's
+        disk tier; idempotent."""
         if self.segment_workers is not None:
             self.pic_runner.segment_parallel = None
             workers, self.segment_workers = self.segment_workers, None
             workers.close()
         self.store.close()
+
+    @property
+    def num_live_segment_workers(self) -> int:
+        """Segment worker processes serving now (0 without segment parallelism)."""
+        return len(self.segment_workers.live_ranks) if self.segment_workers is not None else 0
+
+    def _on_segment_worker_fault(self, fault: WorkerFault) -> None:
+        self.stats.num_segment_worker_faults += 1
+        self.stats.num_segments_recomputed += fault.segments_recomputed
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(

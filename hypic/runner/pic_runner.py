@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,6 +27,7 @@ from hypic.graphs.layer_graphs import FRESH_EAGER_LIVE_TOKENS, CudaGraphBackend,
 from hypic.runner.layout_pieces import ChunkWindow, clip_pieces, merge_live, split_at_checkpoints
 from hypic.runner.layout_template import LayoutTemplates
 from hypic.runner.pic_context import PicContext
+from hypic.runner.segment_report import PhaseTimer
 from hypic.runner.layout import (
     WRITE_SEGMENT,
     BodyElement,
@@ -76,6 +77,7 @@ class PicRunner:
         # Set by the engine when cold standalone segments are spread over several workers
         # (hypic.runner.segment_parallel); None: this runner prefills them all.
         self.segment_parallel = None
+        self.last_standalone: Optional[PhaseTimer] = None  # the last standalone pass (the scatter phase)
 
     # ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -176,14 +178,15 @@ class PicRunner:
         handles: Dict[object, SegmentHandle] = {}
 
         def run_here(share):
-            for group in self._standalone_groups(share):
-                for entry in self._standalone_entries(group):
+            for entries in self.standalone_entry_groups(share):
+                for entry in entries:
                     handles[entry.key] = self.store.insert(entry, acquire=True, compact=False)
 
         def received(entries):  # views of one received buffer: the store compacts each
             for entry in entries:
                 handles[entry.key] = self.store.insert(entry, acquire=True)
 
+        timer = PhaseTimer(self.device)
         try:
             if self.segment_parallel is not None:
                 self.segment_parallel.prefill(todo, run_here, received)
@@ -193,7 +196,17 @@ class PicRunner:
             for h in handles.values():
                 h.release()
             raise
+        timer.stop()
+        self.last_standalone = timer
         return handles
+
+    @torch.inference_mode()
+    def standalone_entry_groups(self, todo: Dict[object, Tuple[Tuple[int, ...], int]]) -> Iterator[List[SegmentEntry]]:
+        """The canonical entries of ``todo``'s segments (each prefilled alone at position 0), one
+        list per forward, in groups that fit the device (:meth:`_standalone_groups`); the store
+        is left alone (the caller inserts them, or a segment worker sends them)."""
+        for group in self._standalone_groups(todo):
+            yield self._standalone_entries(group)
 
     def _standalone_groups(self, todo: Dict[object, Tuple[Tuple[int, ...], int]]):
         """``todo`` in groups whose records fit the device while they are made (one segment at

@@ -1,72 +1,94 @@
 """Segment parallelism: a request's cold segments prefilled on several workers at once.
 
 Under the ``standalone`` cold policy every missed segment is prefilled alone at position 0
-(:meth:`hypic.runner.pic_runner.PicRunner._run_standalone`): its store entry depends on its own
-tokens only, so the segments are independent work. On one GPU that saves only the attention
+(:meth:`hypic.runner.pic_runner.PicRunner.prefill_standalone`): its store entry depends on its
+own tokens only, so the segments are independent work. On one GPU that saves only the attention
 between segments (measured at most 1.24x on the all-cold 32k prompt on the H200, attention being
-126.6 of 662.1 ms of its full prefill). Spread over ``m`` workers the linear and MoE work
-divides too: ``O(n |C|)`` becomes ``O(ceil(n / m) |C| + c)``, with ``c`` the combine, the
-all-hit forward of the request on the router (architecture.md section 2, the published system:
-cold 32k TTFT 2.83 s -> 0.49 s on 8 H20s).
+126.6 of 662.1 ms of its full prefill). Spread over ``m`` ranks the linear and MoE work divides
+too: ``O(n |C|)`` becomes ``O(ceil(n / m) |C| + c)``, with ``c`` the combine, the all-hit forward
+of the request on the engine (architecture.md section 2, the published system: cold 32k TTFT
+2.83 s -> 0.49 s on 8 H20s).
 
-The processes form one ``torch.distributed`` group: rank 0 is the engine (router and combine
-worker), ranks ``1..m-1`` each hold a replica of the model on their own device (NCCL between
-GPUs, gloo on CPU). For a batch's cold segments the router
+Rank 0 is the engine; ranks ``1..m-1`` are worker processes (:mod:`hypic.runner.segment_worker`),
+each with a replica of the model on its own device. For a batch's cold segments the engine
 
-1. splits them over all ranks, itself included, longest processing time first
-   (:func:`lpt_assign`; a segment's cost is its prefill FLOPs, linear plus its local attention);
-2. sends each worker its share (token ids, body start and store key; over a gloo group, even
-   with NCCL, as Python objects);
-3. prefills its own share meanwhile, and inserts the entries into its store;
-4. receives each worker's entries: the manifest (:func:`hypic.pic.persist.encode_entries`) and
-   the tensors packed into one byte buffer (:func:`pack_tensors`), received straight onto its
-   device, unpacked as views and compacted by the store's insert.
+1. splits them over every live rank, itself included, by the configured assignment
+   (:mod:`hypic.runner.segment_assign`: longest processing time first by default);
+2. sends each worker its share (token ids, body start and store key);
+3. prefills its own share meanwhile, group by group, and between groups inserts whatever entries
+   the workers have sent: a worker sends each group's entries as soon as they are written, so
+   the transfer overlaps compute on both sides;
+4. waits (bounded) for the rest.
 
-A worker that fails a share answers with its error, which the router raises
-(:class:`SegmentWorkerError`); the worker keeps serving. :func:`start_segment_workers` spawns
-the workers and joins the group; :meth:`SegmentParallel.close` stops them.
+**Transport.** Each worker has its own pipe; a group's tensors cross it packed in one buffer, as
+a CUDA IPC handle between GPUs and as bytes on the CPU (:mod:`hypic.runner.segment_wire`), not
+through ``torch.distributed``: a collective or a point-to-point receive on a dead peer hangs or poisons
+the whole process group (an NCCL receive also wedges the receiving stream until the communicator
+is aborted), and a group cannot drop a member without every survivor re-joining a new one. Pipes
+share no state: one worker's death closes only its own pipe, is seen at once (the pipe's end and
+the process's sentinel), and every wait of the engine has a deadline.
+
+**Faults.** A worker that dies (its pipe closes), hangs (no answer within ``reply_timeout_s``: it
+is killed) or raises (it answers with its error) loses only the part of its share not yet
+received: the engine prefills that itself, so the request completes with the same entries and
+nothing is lost. A dead or hung worker is dropped (later batches split over the survivors, or the
+engine alone); one that raised keeps serving. Every fault is logged, kept in :attr:`faults` and
+handed to ``on_fault`` (the engine's counters).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import datetime
-import heapq
+import logging
 import os
-import socket
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import queue
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from hypic.pic.persist import decode_entries, encode_entries
 from hypic.pic.payload import SegmentEntry
+from hypic.pic.persist import decode_entries
+from hypic.runner.segment_assign import ASSIGN_LPT, ASSIGNMENTS, assign, rank_loads, segment_cost_fn
+from hypic.runner.segment_link import Lost, WorkerLink, exit_detail
+from hypic.runner.segment_report import FAULT_DIED, FAULT_HUNG, FAULT_RAISED, ScatterReport, WorkerFault
+from hypic.runner.segment_wire import (Done, Entries, Failed, Ready, ShareItem, Stop, Todo, Work, now_s,
+                                       share_groups, unpack_tensors)
+from hypic.runner.segment_worker import worker_main
 
-ALIGN_BYTES = 16  # every packed tensor starts here: its dtype view is aligned, loads vectorise
-Todo = Dict[object, Tuple[Tuple[int, ...], int]]  # store key -> (token ids, body start)
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30.0  # how long close() waits for workers to leave before killing them
 
 
-class SegmentWorkerError(RuntimeError):
-    """A worker could not prefill its share of segments."""
+def _positive_number(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class SegmentParallelConfig:
     """``num_workers``: processes that prefill cold segments, the engine's own included (1: no
-    segment parallelism). ``backend``: ``auto`` (NCCL on CUDA, gloo on CPU), ``nccl`` or
-    ``gloo``. ``devices``: one per rank (default: ``cuda:r`` on CUDA, else the engine's device
-    for every rank). ``timeout_s``: how long a collective may wait."""
+    segment parallelism). ``devices``: one per rank (default: ``cuda:r`` on CUDA, else the
+    engine's device for every rank). ``assignment``: how a batch's segments are split
+    (``lpt``, ``round_robin``). ``group_tokens``: tokens of one forward on a rank; each group's
+    entries are sent as soon as they are written, so their transfer overlaps the next group's
+    compute (None: a rank's whole share in one forward, as device memory allows).
+    ``start_timeout_s``: how long a worker may take to load the model. ``reply_timeout_s``: how
+    long a worker with work may stay silent (one group's forward must fit) before the engine
+    takes it for hung, kills it and prefills the rest of its share itself."""
 
     num_workers: int = 1
-    backend: str = "auto"
     devices: Optional[Tuple[str, ...]] = None
-    timeout_s: float = 600.0
+    assignment: str = ASSIGN_LPT
+    group_tokens: Optional[int] = 2048
+    start_timeout_s: float = 600.0
+    reply_timeout_s: float = 60.0
 
     def __post_init__(self):
         if not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool) or self.num_workers < 1:
             raise ValueError(f"num_workers must be an int >= 1, got {self.num_workers!r}")
-        if self.backend not in ("auto", "nccl", "gloo"):
-            raise ValueError(f"backend must be 'auto', 'nccl' or 'gloo', got {self.backend!r}")
         if self.devices is not None:
             if not isinstance(self.devices, tuple) or len(self.devices) != self.num_workers:
                 raise ValueError(f"devices must be a tuple naming one device per worker ({self.num_workers}), "
@@ -76,8 +98,13 @@ class SegmentParallelConfig:
                     torch.device(d)
                 except (RuntimeError, TypeError):
                     raise ValueError(f"devices: {d!r} is not a device name (cpu, cuda, cuda:N)") from None
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number > 0, got {self.timeout_s!r}")
+        if self.assignment not in ASSIGNMENTS:
+            raise ValueError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {self.assignment!r}")
+        if self.group_tokens is not None and (isinstance(self.group_tokens, bool)
+                                              or not isinstance(self.group_tokens, int) or self.group_tokens < 1):
+            raise ValueError(f"group_tokens must be an int >= 1 or None, got {self.group_tokens!r}")
+        _positive_number("start_timeout_s", self.start_timeout_s)
+        _positive_number("reply_timeout_s", self.reply_timeout_s)
 
     def rank_devices(self, engine_device: torch.device) -> Tuple[torch.device, ...]:
         if self.devices is not None:
@@ -88,236 +115,278 @@ class SegmentParallelConfig:
             return tuple(torch.device("cuda", first + r) for r in range(self.num_workers))
         return (engine_device,) * self.num_workers
 
-    def resolved_backend(self, engine_device: torch.device) -> str:
-        if self.backend != "auto":
-            return self.backend
-        return "nccl" if torch.device(engine_device).type == "cuda" else "gloo"
 
+@dataclasses.dataclass
+class _Batch:
+    """The engine's state of one batch: local groups still to run (``True``: a lost worker's),
+    and per worker the items not received yet."""
 
-def lpt_assign(costs: Sequence[float], num_workers: int) -> List[List[int]]:
-    """Indices of ``costs`` per worker, longest processing time first: the costliest item goes
-    to the least loaded worker (ties: the lower index and rank first). Within 4/3 of the best
-    makespan; deterministic, so every run splits a batch alike."""
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    if any(c < 0 for c in costs):
-        raise ValueError("costs must be >= 0")
-    shares: List[List[int]] = [[] for _ in range(num_workers)]
-    loads = [(0.0, r) for r in range(num_workers)]  # a heap of (load, rank)
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        load, rank = heapq.heappop(loads)
-        shares[rank].append(i)
-        heapq.heappush(loads, (load + costs[i], rank))
-    return shares
+    batch: int
+    local: Deque[Tuple[List[ShareItem], bool]]
+    pending: Dict[int, Dict[object, Tuple[Tuple[int, ...], int]]]
+    report: ScatterReport
 
-
-def segment_cost_fn(spec) -> Callable[[int], float]:
-    """A segment's standalone prefill FLOPs by its length: per token linear work plus causal
-    attention within the segment (:func:`hypic.bench.flops.flop_model`)."""
-    from hypic.bench.flops import flop_model
-
-    model = flop_model(spec)
-    return lambda n: model.prefill(n, n * (n + 1) // 2, logits_rows=0)
-
-
-# ---- tensors over the wire ----------------------------------------------------------------------
-
-def pack_tensors(tensors: Dict[str, torch.Tensor], device: torch.device) -> Tuple[torch.Tensor, List[tuple]]:
-    """One uint8 buffer on ``device`` holding every tensor's bytes (each start 16-byte aligned)
-    and ``(name, dtype name, shape, offset)`` of each: one send instead of one per tensor (a
-    64-segment batch has ~7,000)."""
-    specs: List[tuple] = []
-    offset = 0
-    for name, t in tensors.items():
-        specs.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-        offset += t.numel() * t.element_size()
-        offset += -offset % ALIGN_BYTES
-    buffer = torch.empty(offset, dtype=torch.uint8, device=device)
-    for (name, _, _, start), t in zip(specs, tensors.values()):
-        nbytes = t.numel() * t.element_size()
-        if nbytes:
-            buffer[start:start + nbytes].copy_(t.contiguous().reshape(-1).view(torch.uint8))
-    return buffer, specs
-
-
-def unpack_tensors(buffer: torch.Tensor, specs: Sequence[tuple]) -> Dict[str, torch.Tensor]:
-    """The tensors :func:`pack_tensors` packed, as views of ``buffer``."""
-    out = {}
-    for name, dtype_name, shape, start in specs:
-        dtype = getattr(torch, dtype_name)
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-        out[name] = buffer[start:start + nbytes].view(dtype).view(shape)
-    return out
-
-
-# ---- the router (rank 0) ------------------------------------------------------------------------
 
 class SegmentParallel:
-    """Rank 0's side of a segment-parallel group (the process group is initialised)."""
+    """The engine's side of segment parallelism over started workers (``links``, answering to
+    ``events``); see the module. ``cost_fn``: a segment's cost by its length."""
 
-    def __init__(self, world_size: int, control, device: torch.device, cost_fn: Callable[[int], float],
-                 processes: Sequence = ()) -> None:
-        self.world_size = world_size
-        self.control = control  # a gloo group for the Python objects
+    def __init__(self, links: Sequence[WorkerLink], events: "queue.Queue", device: torch.device,
+                 cost_fn: Callable[[int], float], config: SegmentParallelConfig,
+                 on_fault: Optional[Callable[[WorkerFault], None]] = None) -> None:
+        self.links = {link.rank: link for link in links}
+        self.events = events
         self.device = torch.device(device)
         self.cost_fn = cost_fn
-        self._processes = list(processes)
+        self.config = config
+        self.on_fault = on_fault
         self.closed = False
         self.num_batches = 0
-        self.segments_by_rank = [0] * world_size  # segments each rank prefilled, over all batches
+        # segments each rank prefilled, over all batches (rank 0: its shares and failed workers' rest)
+        self.segments_by_rank = [0] * (1 + len(self.links))
+        self.num_segments_recomputed = 0  # a failed worker's segments the engine prefilled itself
+        self.faults: List[WorkerFault] = []
+        self.last_report: Optional[ScatterReport] = None
+        self._assignment = config.assignment
 
+    @property
+    def assignment(self) -> str:
+        """The split policy of the next batches: ``config.assignment``, or another set here
+        between batches (a benchmark compares policies on one set of workers)."""
+        return self._assignment
+
+    @assignment.setter
+    def assignment(self, policy: str) -> None:
+        if policy not in ASSIGNMENTS:
+            raise ValueError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {policy!r}")
+        self._assignment = policy
+
+    @property
+    def live_ranks(self) -> List[int]:
+        return [rank for rank, link in self.links.items() if link.alive]
+
+    def await_ready(self, timeout_s: float) -> None:
+        """Wait until every worker has loaded its model; raises RuntimeError naming a worker that
+        failed, died or took longer than ``timeout_s``."""
+        waiting = set(self.links)
+        deadline = now_s() + timeout_s
+        while waiting:
+            try:
+                rank, message = self.events.get(timeout=max(0.0, deadline - now_s()))
+            except queue.Empty:
+                raise RuntimeError(f"segment workers {sorted(waiting)} did not start within {timeout_s} s") from None
+            if isinstance(message, Ready):
+                waiting.discard(rank)
+            elif isinstance(message, Failed):
+                raise RuntimeError(f"segment worker {rank} failed to start: {message.message}")
+            elif isinstance(message, Lost):
+                link = self.links[rank]
+                link.process.join(1.0)
+                raise RuntimeError(f"segment worker {rank} ended while starting ({exit_detail(link.process.exitcode)})")
+
+    # ---- a batch ------------------------------------------------------------------------------
     def prefill(self, todo: Todo, run_share: Callable[[Todo], None],
-                on_entries: Callable[[List[SegmentEntry]], None]) -> None:
-        """Prefill ``todo``'s segments over the group: each worker's share remotely, rank 0's by
-        ``run_share(share)`` (which inserts its entries itself) while they run; every worker's
-        entries are handed to ``on_entries`` as they arrive. Raises SegmentWorkerError naming
-        the workers that failed, after every worker has answered."""
+                on_entries: Callable[[List[SegmentEntry]], None]) -> ScatterReport:
+        """Prefill ``todo``'s segments over the live ranks: each worker's share remotely, the
+        engine's by ``run_share(share)`` (which inserts its entries itself), group by group;
+        workers' entries are handed to ``on_entries`` as they arrive; a failed worker's missing
+        segments go through ``run_share`` too. Returns the batch's report. An error of
+        ``run_share`` or ``on_entries`` propagates (the workers' late answers are dropped)."""
         if self.closed:
-            raise RuntimeError("the segment-parallel group is closed")
-        items = list(todo.items())
-        shares = lpt_assign([self.cost_fn(len(tokens)) for _, (tokens, _) in items], self.world_size)
-        for rank in range(1, self.world_size):
-            dist.send_object_list([("work", [items[i] for i in shares[rank]])], dst=rank, group=self.control)
-        errors = []
-        try:
-            if shares[0]:
-                run_share(dict(items[i] for i in shares[0]))
-        finally:
-            # every worker's answer is taken even when the own share failed: the protocol stays
-            # in step for the next batch
-            for rank in range(1, self.world_size):
-                reply = [None]
-                dist.recv_object_list(reply, src=rank, group=self.control)
-                status, manifest, specs, nbytes = reply[0]
-                if status != "ok":
-                    errors.append(f"rank {rank}: {manifest}")
-                    continue
-                buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-                if nbytes:
-                    dist.recv(buffer, src=rank)
-                entries = decode_entries(manifest, unpack_tensors(buffer, specs))
-                self.segments_by_rank[rank] += len(entries)
-                on_entries(entries)
-        self.segments_by_rank[0] += len(shares[0])
+            raise RuntimeError("the segment workers are stopped")
         self.num_batches += 1
-        if errors:
-            raise SegmentWorkerError("segment workers failed: " + "; ".join(errors))
+        items = list(todo.items())
+        state = _Batch(self.num_batches, collections.deque(), {},
+                       ScatterReport(self.num_batches, self.assignment, len(items),
+                                     sum(len(tokens) for _, (tokens, _) in items), [], started_at=now_s()))
+        # a worker lost between batches is dropped before the split: by its pipe, or by its process
+        self._pump(state, on_entries, block=False)
+        for rank in self.live_ranks:
+            if not self.links[rank].process.is_alive():
+                self._handle(state, rank, Lost("the process ended"), on_entries)
+        self._dispatch(state, items)
+        while state.local or state.pending:
+            if state.local:
+                group, fallback = state.local.popleft()
+                started = now_s()
+                run_share(dict(group))
+                self._synchronize()  # stamps of device time, like the workers'
+                state.report.local_done_at = now_s()
+                if fallback:
+                    state.report.fallback_compute_s += state.report.local_done_at - started
+                else:
+                    state.report.own_compute_s += state.report.local_done_at - started
+                self.segments_by_rank[0] += len(group)
+                self._pump(state, on_entries, block=False)
+            else:
+                self._pump(state, on_entries, block=True)
+        self._synchronize()
+        state.report.finished_at = now_s()
+        self.last_report = state.report
+        return state.report
+
+    def _dispatch(self, state: _Batch, items: List[ShareItem]) -> None:
+        """Split ``items`` over the live ranks: the engine's share into its queue, each worker's
+        sent to it."""
+        ranks = self.live_ranks
+        costs = [self.cost_fn(len(tokens)) for _, (tokens, _) in items]
+        shares = assign(self.assignment, costs, 1 + len(ranks))
+        state.report.estimated_loads = rank_loads(costs, shares)
+        own = [items[i] for i in shares[0]]
+        # groups only let workers' entries be inserted between them: with no worker live the share
+        # is one call of run_share (which still splits it to fit the device)
+        state.local.extend((g, False) for g in share_groups(own, self.config.group_tokens if ranks else None))
+        for rank, share in zip(ranks, shares[1:]):
+            if share:
+                link = self.links[rank]
+                state.pending[rank] = dict(items[i] for i in share)
+                link.last_heard_s = now_s()
+                link.send(Work(state.batch, [items[i] for i in share]))
+
+    def _pump(self, state: _Batch, on_entries, block: bool) -> None:
+        """Handle every answer already in; with ``block`` and none in, wait for one until the
+        nearest reply deadline. Then drop the workers past their deadline."""
+        try:
+            if block:
+                deadline = min(self.links[r].last_heard_s for r in state.pending) + self.config.reply_timeout_s
+                first = self.events.get(timeout=max(0.0, deadline - now_s()))
+            else:
+                first = self.events.get_nowait()
+        except queue.Empty:
+            first = None
+        while first is not None:
+            self._handle(state, *first, on_entries)
+            try:
+                first = self.events.get_nowait()
+            except queue.Empty:
+                first = None
+        for rank in list(state.pending):
+            link = self.links[rank]
+            silent_s = now_s() - link.last_heard_s
+            if link.alive and silent_s > self.config.reply_timeout_s:
+                self._fail(state, link, FAULT_HUNG, f"no answer for {silent_s:.1f} s; {link.kill()}")
+
+    def _handle(self, state: _Batch, rank: int, message, on_entries) -> None:
+        link = self.links[rank]
+        if isinstance(message, Lost):
+            if link.alive:
+                link.alive = False
+                link.process.join(1.0)  # its pipe closed: it is ending, if not already gone
+                detail = exit_detail(link.process.exitcode)
+                if link.process.is_alive():
+                    detail = f"{message.detail}; {link.kill()}"
+                self._fail(state, link, FAULT_DIED, detail)
+            return
+        if not link.alive or getattr(message, "batch", None) != state.batch:
+            return  # an answer after the worker was given up, or to a batch given up
+        if isinstance(message, Entries):
+            self._insert(state, rank, message, on_entries)
+        elif isinstance(message, Failed):
+            self._fail(state, link, FAULT_RAISED, message.message)
+        elif isinstance(message, Done):
+            if state.pending.get(rank):  # done without some of its share: prefilled here like a failure's
+                self._fail(state, link, FAULT_RAISED, f"done without {len(state.pending[rank])} of its segments")
+            state.pending.pop(rank, None)
+
+    def _insert(self, state: _Batch, rank: int, message: Entries, on_entries) -> None:
+        inserting_at = now_s()
+        want = state.pending.get(rank, {})
+        entries = [e for e in decode_entries(message.manifest, unpack_tensors(message.buffer, message.specs))
+                   if e.key in want]
+        if message.buffer.is_cuda:  # copied on the receiver's stream, read on the engine's
+            message.buffer.record_stream(torch.cuda.current_stream(message.buffer.device))
+        on_entries(entries)
+        for e in entries:
+            del want[e.key]
+        report = state.report
+        # the transfer's two parts: packed, sent and copied (worker and receiver), then inserted
+        # here; the wait in between, behind the engine's own group, is no transfer work
+        report.transfers += [(message.written_at, message.received_at), (inserting_at, now_s())]
+        report.worker_compute_s[rank] = report.worker_compute_s.get(rank, 0.0) + message.compute_s
+        report.worker_done_at[rank] = max(report.worker_done_at.get(rank, 0.0), message.written_at)
+        report.received_bytes += message.buffer.numel()
+        self.segments_by_rank[rank] += len(entries)
+
+    def _fail(self, state: _Batch, link: WorkerLink, kind: str, detail: str) -> None:
+        """``link``'s unanswered segments to the engine's own queue; the fault recorded and told."""
+        missing = list(state.pending.pop(link.rank, {}).items())
+        state.local.extend((g, True) for g in share_groups(missing, self.config.group_tokens))
+        state.report.fallback_segments += len(missing)
+        self.num_segments_recomputed += len(missing)
+        fault = WorkerFault(link.rank, link.pid, kind, detail, state.batch, len(missing), len(self.live_ranks))
+        self.faults.append(fault)
+        state.report.faults.append(fault)
+        logger.warning("segment worker %d (pid %d) %s in batch %d (%s): the engine prefills %d of its segments "
+                       "itself; %d worker(s) %s", link.rank, link.pid, kind, state.batch, detail, len(missing),
+                       fault.workers_left, "serve on" if kind == FAULT_RAISED else "left")
+        if self.on_fault is not None:
+            self.on_fault(fault)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        """Stop the workers, wait for their processes and leave the process group."""
+        """Stop the workers (killing any that do not leave within STOP_TIMEOUT_S) and reap them."""
         if self.closed:
             return
         self.closed = True
-        try:
-            for rank in range(1, self.world_size):
-                dist.send_object_list([("stop", None)], dst=rank, group=self.control)
-        finally:
-            for p in self._processes:
-                p.join(timeout=60)
-                if p.is_alive():
-                    p.terminate()
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        for link in self.links.values():
+            if link.alive:
+                link.send(Stop())
+        deadline = now_s() + STOP_TIMEOUT_S
+        for link in self.links.values():
+            link.process.join(max(0.0, deadline - now_s()))
+            if link.process.is_alive():
+                link.kill()
+            link.alive = False
 
 
-# ---- the workers (ranks 1..m-1) -----------------------------------------------------------------
+# ---- starting workers ---------------------------------------------------------------------------
 
-def serve(runner, control, device: torch.device) -> int:
-    """A worker's loop: prefill each share the router sends (with ``runner``'s standalone pass,
-    in groups that fit the device) and send the entries back, until told to stop. Returns the
-    number of shares served."""
-    served = 0
-    while True:
-        msg = [None]
-        dist.recv_object_list(msg, src=0, group=control)
-        kind, share = msg[0]
-        if kind == "stop":
-            return served
-        buffer = None
-        try:
-            entries: List[SegmentEntry] = []
-            for group in runner._standalone_groups(dict(share)):
-                entries += runner._standalone_entries(group)
-            manifest, tensors = encode_entries(entries, to_cpu=False)
-            buffer, specs = pack_tensors(tensors, device)
-            del entries, tensors
-            reply = ("ok", manifest, specs, buffer.numel())
-        except Exception as exc:  # noqa: BLE001 - the router raises it; this worker keeps serving
-            reply, buffer = ("error", f"{type(exc).__name__}: {exc}", [], 0), None
-        dist.send_object_list([reply], dst=0, group=control)
-        if buffer is not None and buffer.numel():
-            dist.send(buffer, dst=0)
-        served += 1
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _join(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float, device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-
-
-def _worker_main(rank: int, world_size: int, init_method: str, backend: str, timeout_s: float, device: str,
-                 model_dir: str, dtype: str, load_format: str, seed: int, enforce_eager: bool,
-                 moe_backend: str) -> None:
-    from hypic.runner.pic_runner import PicRunner
-    from hypic.models.loader import load_model
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dev = torch.device(device)
-    control = _join(rank, world_size, init_method, backend, timeout_s, dev)
+def launch(target: Callable, args_by_rank: Sequence[tuple], device: torch.device, cost_fn: Callable[[int], float],
+           config: SegmentParallelConfig, on_fault: Optional[Callable[[WorkerFault], None]] = None) -> SegmentParallel:
+    """Spawn one worker per ``args_by_rank`` entry (rank 1 first), each running ``target(conn,
+    *args)`` (:func:`hypic.runner.segment_worker.worker_main`, or any function that ends in
+    :func:`~hypic.runner.segment_worker.serve`), and wait until all are ready. Spawned, not
+    forked: CUDA cannot be forked, and a fork would copy the engine's model."""
+    ctx = mp.get_context("spawn")
+    events: "queue.Queue" = queue.Queue()
+    links: List[WorkerLink] = []
     try:
-        spec, model = load_model(model_dir, dtype=getattr(torch, dtype), device=dev, load_format=load_format,
-                                 seed=seed, moe_backend=moe_backend)
-        serve(PicRunner(model, spec, None, dev, getattr(torch, dtype), enforce_eager=enforce_eager), control, dev)
-    finally:
-        dist.destroy_process_group()
+        for rank, args in enumerate(args_by_rank, start=1):
+            conn, child_conn = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=target, args=(child_conn, *args), daemon=True,
+                                  name=f"hypic-segment-worker-{rank}")
+            process.start()
+            child_conn.close()  # the worker's end lives in the worker only: its death closes the pipe
+            links.append(WorkerLink(rank, process, conn, events, device))
+        pool = SegmentParallel(links, events, device, cost_fn, config, on_fault)
+        pool.await_ready(config.start_timeout_s)
+    except BaseException:
+        for link in links:
+            link.kill()
+        raise
+    return pool
 
 
 def start_segment_workers(config: SegmentParallelConfig, spec, *, model_dir: str, dtype: torch.dtype,
-                          device: torch.device, load_format: str, seed: int,
-                          enforce_eager: bool = False, moe_backend: str = "auto") -> Optional[SegmentParallel]:
-    """Spawn ranks ``1..m-1`` (each loads ``model_dir`` on its device, its runner without CUDA
-    graphs under ``enforce_eager``, its experts on ``moe_backend``) and join them as rank 0; None for ``num_workers`` 1. The
-    caller's process then holds the default process group."""
+                          device: torch.device, load_format: str, seed: int, enforce_eager: bool = False,
+                          moe_backend: str = "auto",
+                          on_fault: Optional[Callable[[WorkerFault], None]] = None) -> Optional[SegmentParallel]:
+    """Spawn ranks ``1..m-1``, each loading ``model_dir`` on its device (its runner without CUDA
+    graphs under ``enforce_eager``, its experts on ``moe_backend``); None for ``num_workers`` 1.
+    A device that does not exist is a ValueError; a worker that cannot start, a RuntimeError."""
     if config.num_workers == 1:
         return None
-    if dist.is_initialized():
-        raise RuntimeError("segment parallelism needs its own process group: torch.distributed is already initialised")
-    import torch.multiprocessing as mp
-
     devices = config.rank_devices(device)
-    backend = config.resolved_backend(device)
-    if backend == "nccl" and any(d.type != "cuda" for d in devices):
-        raise ValueError(f"the nccl backend needs a CUDA device per worker, got {devices}")
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
-    ctx = mp.get_context("spawn")
-    processes = []
-    for rank in range(1, config.num_workers):
-        p = ctx.Process(target=_worker_main, daemon=True,
-                        args=(rank, config.num_workers, init_method, backend, config.timeout_s, str(devices[rank]),
-                              str(model_dir), str(dtype).removeprefix("torch."), load_format, seed,
-                              enforce_eager, moe_backend))
-        p.start()
-        processes.append(p)
-    try:
-        control = _join(0, config.num_workers, init_method, backend, config.timeout_s, devices[0])
-    except BaseException:
-        for p in processes:
-            p.terminate()
-        raise
-    return SegmentParallel(config.num_workers, control, devices[0], segment_cost_fn(spec), processes)
+    for d in devices:
+        if d.type == "cuda" and (d.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"segment worker device {d} does not exist ({torch.cuda.device_count()} CUDA devices)")
+    threads = max(1, (os.cpu_count() or 1) // config.num_workers)
+    args = [(str(devices[rank]), str(model_dir), str(dtype).removeprefix("torch."), load_format, seed, enforce_eager,
+             moe_backend, config.group_tokens, threads) for rank in range(1, config.num_workers)]
+    return launch(worker_main, args, devices[0], segment_cost_fn(spec), config, on_fault)
 
 
-__all__ = ["SegmentParallel", "SegmentParallelConfig", "SegmentWorkerError", "lpt_assign", "pack_tensors",
-           "segment_cost_fn", "serve", "start_segment_workers", "unpack_tensors"]
+__all__ = ["STOP_TIMEOUT_S", "SegmentParallel", "SegmentParallelConfig", "launch", "start_segment_workers"]

@@ -39,11 +39,11 @@ SMOKE = {
     "op-count": (lambda cfg: [*_dummy(cfg), "--segments", "2,4", "--segment-tokens", "8", "--query-tokens", "3"],
                  {"device", "model", "rows", "flat_in_segments"},
                  {"cached_segments", "ops_by_area", "ops_outside_kernels"}, "rows"),
-    "segment-parallel": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--workers", "1", "--segments", "2",
-                                      "--segment-tokens", "8", "--query-tokens", "4", "--requests", "1",
-                                      "--warmup", "1"],
-                         {"device", "results"}, {"mode", "workers", "ttft_p50_ms", "speedup_vs_full_recompute"},
-                         "results"),
+    "segment-parallel": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--workers", "1", "--traces",
+                                      "2x8,2x4-12", "--query-tokens", "4", "--requests", "1", "--warmup", "1"],
+                         {"device", "results"},
+                         {"trace", "mode", "workers", "assignment", "ttft_p50_ms", "scatter_ms_p50", "combine_ms_p50",
+                          "speedup_vs_full_recompute"}, "results"),
     # launches `hypic serve` itself (one mode) on dummy weights without a tokenizer, as on the GPU:
     # token-id prompts of ~80 tokens, streamed chunks that carry token ids and no text
     "serve": (lambda cfg: [*_dummy(cfg), "--modes", "hypic", "--prompt-tokens", "80", "--segment-tokens", "16",

@@ -103,8 +103,9 @@ def test_llm_takes_every_engine_option():
     """``LLM(...)`` takes every field of EngineConfig by its flat name, one to one, or a config."""
     kwargs = dict(model="tiny", dtype="float32", device="cpu", seed=1, load_format="dummy", max_model_len=64,
                   pic_mode="hypic", seam=4, cold_policy="standalone", max_num_batched_tokens=64, max_num_seqs=4,
-                  segment_cache_bytes=1 << 20, host_cache_bytes=1 << 20, segment_workers=1, segment_backend="gloo",
-                  segment_devices=("cpu",), segment_timeout_s=30.0, enforce_eager=True,
+                  segment_cache_bytes=1 << 20, host_cache_bytes=1 << 20, segment_workers=1,
+                  segment_devices=("cpu",), segment_assignment="round_robin", segment_group_tokens=512,
+                  segment_start_timeout_s=30.0, segment_reply_timeout_s=5.0, enforce_eager=True,
                   moe_backend="torch", enable_prefix_caching=True, prefix_block_tokens=16, segment_cache_dir=None,
                   disk_cache_bytes=1 << 30, pic_segment_min_tokens=12)
     assert set(kwargs) == {o.name for o in ENGINE_OPTIONS}

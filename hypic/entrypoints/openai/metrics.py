@@ -62,6 +62,18 @@ class _EngineCollector:
         yield running
         yield waiting
         yield aborted
+        live, faults, recomputed = self.engine.segment_worker_counts()
+        family = GaugeMetricFamily("hypic:segment_workers_live", "Segment worker processes serving")
+        family.add_metric([], live)
+        yield family
+        family = CounterMetricFamily("hypic:segment_worker_faults", "Segment workers that died, hung or raised "
+                                     "during a share (each logged)")
+        family.add_metric([], faults)
+        yield family
+        family = CounterMetricFamily("hypic:segment_worker_recomputed_segments",
+                                     "Segments of failed segment workers that the engine prefilled itself")
+        family.add_metric([], recomputed)
+        yield family
         stats = self.engine.segment_cache_stats()
         for field, (name, doc) in _STORE_COUNTERS.items():
             family = CounterMetricFamily(name, doc)

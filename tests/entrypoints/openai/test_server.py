@@ -281,6 +281,8 @@ def test_metrics_parse_and_count_tokens(client):
                  "hypic:segment_cache_misses_total", "hypic:segment_cache_device_bytes", "hypic:prefix_cache_hits_total",
                  "hypic:prefix_cache_bytes", "hypic:segment_cache_disk_bytes"):
         assert name in after
+    assert after["hypic:segment_workers_live"] == 0 and after["hypic:segment_worker_faults_total"] == 0
+    assert after["hypic:segment_worker_recomputed_segments_total"] == 0
     again = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 5, "temperature": 0}).json()
     final = scrape()
     hit = again["usage"]["pic"]["prefix_hit_tokens"]
