@@ -110,6 +110,21 @@ def rotate_summary_keys(summary: Summary, offsets: torch.Tensor, rotary: RotaryE
     if not isinstance(offsets, torch.Tensor) or offsets.shape != (num_spans,):
         raise ValueError(f"offsets must be a tensor of shape [{num_spans}] (one start per span)")
     cos, sin = rotary.cos_sin(offsets.to(summary.device), dtype=summary.dtype)  # [N, rd]
+    return rotate_summary_keys_cos_sin(summary, cos, sin)
+
+
+def rotate_summary_keys_cos_sin(summary: Summary, cos: torch.Tensor, sin: torch.Tensor) -> Summary:
+    """:func:`rotate_summary_keys` given each span's rotate-half tables ``cos, sin [N, rotary_dim]``
+    (``RotaryEmbedding.cos_sin`` of its offset; the first ``rotary_dim`` key dims rotate)."""
+    if not isinstance(summary, (ScalarSummary, DiagonalSummary, DenseSummary)):
+        raise ValueError(f"summary must be a Scalar/Diagonal/DenseSummary, got {type(summary).__name__}")
+    num_spans, _, key_dim, _ = summary.state.shape
+    check_tensor("cos", cos, (num_spans, None), FLOAT_DTYPES)
+    check_tensor("sin", sin, tuple(cos.shape), (cos.dtype,))
+    rotary_dim = cos.shape[1]
+    if rotary_dim % 2 or not 0 < rotary_dim <= key_dim:
+        raise ValueError(f"cos/sin width {rotary_dim} must be even and in (0, key dim {key_dim}]")
+    cos, sin = cos.to(summary.state), sin.to(summary.state)
     # The state's K axis is dim 2: rotate the columns of S^T, i.e. S viewed as [N, HV, V, K].
     state_t = summary.state.transpose(-1, -2)
     state = _rotate_last(state_t, cos[:, None, None, :], sin[:, None, None, :]).transpose(-1, -2)
@@ -117,7 +132,7 @@ def rotate_summary_keys(summary: Summary, offsets: torch.Tensor, rotary: RotaryE
     if isinstance(summary, ScalarSummary):
         return ScalarSummary(summary.log_decay, state)
     if isinstance(summary, DiagonalSummary):
-        half = rotary.rotary_dim // 2
+        half = rotary_dim // 2
         first, second = summary.log_decay[..., :half], summary.log_decay[..., half : 2 * half]
         if not torch.equal(first, second):
             raise ValueError(

@@ -12,9 +12,12 @@ body's stored tail, the prefix checkpoint, or zeros).
 
 A linear layer of a scalar-decay family (lightning attention: Ring-linear, MiniMax) has no conv
 and a scalar T per head: the same chains run through ``simple_gla_chain_forward``, the cached
-bodies' summaries given as stored, or (where the layer's keys carry RoPE and the mode re-rotates)
-with S moved to the body's new position, ``S' = R(shift) S`` on the key axis
-(:func:`hypic.ops.rope.rotate_summary_keys`); T, a scalar, commutes with the rotation.
+bodies' summaries given as stored (through the layout's address table where it has one) and,
+where the layer's keys carry RoPE and the mode re-rotates, the RoPE tables of each body's shift,
+with which the op moves S to the body's new position, ``S' = R(shift) S`` on the key axis
+(:func:`hypic.ops.rope.rotate_summary_keys`); T, a scalar, commutes with the rotation. A cached
+request's core is then one walk that reads nothing back to the host, graphed like the
+gated-delta chain core.
 
 Per full-attention layer: each request's keys are its prefix checkpoints' K, its live K and its
 cached bodies' K (re-rotated by the shift between where the body was cached and where it now
@@ -48,9 +51,8 @@ from hypic.ops.linear.gated_delta import (
 )
 from hypic.ops.linear.checks import on_device
 from hypic.ops.linear.low_rank import LowRankSummary, gated_delta_low_rank_summarize
-from hypic.ops.linear.simple_gla import simple_gla_chain_forward, simple_gla_forward
+from hypic.ops.linear.simple_gla import simple_gla_chain_forward, simple_gla_chain_walk_takes, simple_gla_forward
 from hypic.ops.linear.summary import DenseSummary, ScalarSummary, SummaryTable
-from hypic.ops.rope import rotate_summary_keys
 
 
 ROPE_CACHE_MAX_TOKENS = 8192  # live tokens up to which a template keeps the RoPE tables
@@ -93,6 +95,8 @@ class PicContext(ForwardContext):
         self.writer = None
         # per body: RoPE shift of its summaries (False: none moves); made at the first layer
         self._body_shifts = None
+        # ((key rotary, dtype), (cos, sin)) of the bodies' shifts (_body_rotation)
+        self._rotations = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -313,31 +317,59 @@ class PicContext(ForwardContext):
                 q, k, v, g_gamma=log_decay, cu_seqlens=lay.cu_live_per_request, initial_state=init, scale=scale,
                 cu_seqlens_cpu=lay.cu_live_per_request_cpu)
             return o
-        bodies = self._scalar_bodies(layer_idx, v.device, _state_dtype(v), key_rotary) if lay.bodies else None
+        dtype = _state_dtype(v)
+        bodies = self._scalar_bodies(layer_idx, v.device, dtype) if lay.bodies else None
+        # per body, the RoPE tables of its shift where the layer's keys carry RoPE: the op uses
+        # the bodies' S rotated (on CUDA on load, read in place), T a scalar unchanged
+        rotation = self._body_rotation(key_rotary, v.device, dtype) if key_rotary is not None and lay.bodies else None
+        source = lay.chain_source if lay.bodies else None
+        if (not lay.writes and self.replays is not None
+                and (bodies is None or getattr(bodies, "addresses", None) is not None)
+                and simple_gla_chain_walk_takes(q, k, v, g_gamma=log_decay, cu_seqlens=lay.cu_spans,
+                                                cu_seqlens_cpu=lay.cu_spans_cpu, initial_states=init,
+                                                bodies=bodies)):
+            # A cached request's seams and question: the op is one walk that reads the bodies
+            # through the layer's address table alone and nothing back to the host, so one graph
+            # serves every layer, the layer's decay, table and rotation its inputs (as the
+            # gated-delta chain forward above). Its scale is the model's: one graph per value.
+            items = None if bodies is None else bodies.items
+
+            def core(q, k, v, log_decay, addresses, cos, sin, init):
+                table = None if addresses is None else SummaryTable(items, addresses)
+                o, final, _, _ = simple_gla_chain_forward(
+                    q, k, v, g_gamma=log_decay, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains, source=source,
+                    bodies=table, initial_states=init, scale=scale, cu_seqlens_cpu=lay.cu_spans_cpu,
+                    body_rotation=None if cos is None else (cos, sin))
+                return o, final
+
+            cos, sin = (None, None) if rotation is None else rotation
+            o, final = self.replays.run(f"lightning_chain_{scale!r}", core, q, k, v, log_decay,
+                                        None if bodies is None else bodies.addresses, cos, sin, init,
+                                        stable=(0, 1, 2) if self.graphs is not None else ())
+            rec.final_states = final.clone()  # the graph's buffer: the next replay rewrites it
+            return o
         checkpoints = lay.num_checkpoint_records > 0
         spans = None
         if lay.any_segment_write:
             spans = lay.write_span_range if lay.write_span_range is not None else lay.write_spans
         o, final, live, incoming = simple_gla_chain_forward(
             q, k, v, g_gamma=log_decay, cu_seqlens=lay.cu_spans, cu_chains=lay.cu_chains,
-            source=lay.chain_source if lay.bodies else None, bodies=bodies, initial_states=init, scale=scale,
+            source=source, bodies=bodies, initial_states=init, scale=scale,
             cu_seqlens_cpu=lay.cu_spans_cpu, summarize=lay.any_segment_write, summary_spans=spans,
             record_rows=lay.checkpoint_record_rows if checkpoints else None,
-            num_records=lay.num_checkpoint_records if checkpoints else None)
+            num_records=lay.num_checkpoint_records if checkpoints else None, body_rotation=rotation)
         if not lay.writes:
             rec.final_states = final
             return o
         self._record_writes(layer_idx, rec, final, live, incoming)
         return o
 
-    def _scalar_bodies(self, layer_idx: int, device: torch.device, dtype: torch.dtype, key_rotary):
-        """The cached bodies' scalar summaries in body order: read in place through the layout's
-        address table when they need no change, else stacked, with T dropped (the identity, log
-        decay 0) in ``addition`` mode and, for a layer whose keys carry RoPE, S rotated by each
-        body's shift where its request re-rotates (:meth:`_shifts`)."""
+    def _scalar_bodies(self, layer_idx: int, device: torch.device, dtype: torch.dtype):
+        """The cached bodies' scalar summaries in body order, as stored: read in place through
+        the layout's address table when it has one, else stacked (converted where they must be),
+        with T dropped (the identity, log decay 0) in ``addition`` mode."""
         lay = self.layout
-        shifts = self._shifts(device) if key_rotary is not None else None
-        if lay.body_addresses is not None and shifts is None:
+        if lay.body_addresses is not None:
             summaries = _LazyItems(lay.bodies, lambda body: body[1].entry.linear[layer_idx].summary)
             return SummaryTable(summaries, lay.body_addresses[layer_idx])
         decays, states = [], []
@@ -346,18 +378,34 @@ class PicContext(ForwardContext):
             decay = on_device(summ.log_decay, device, dtype)
             decays.append(torch.zeros_like(decay) if lay.body_drop_transition_host[idx] else decay)
             states.append(on_device(summ.state, device, dtype))
-        stacked = ScalarSummary(torch.cat(decays), torch.cat(states))
-        return stacked if shifts is None else rotate_summary_keys(stacked, shifts, key_rotary)
+        return ScalarSummary(torch.cat(decays), torch.cat(states))
+
+    def _body_rotation(self, key_rotary, device: torch.device, dtype: torch.dtype):
+        """``(cos, sin) [num bodies, rotary_dim]``: the RoPE tables of each body's shift
+        (:meth:`_shifts`) for keys rotated by ``key_rotary``, or None when no body moves; made
+        once per forward (every such layer of a model rotates its keys alike)."""
+        shifts = self._shifts(device)
+        if shifts is None:
+            return None
+        key = (key_rotary, dtype)
+        if self._rotations is None or self._rotations[0] != key:
+            self._rotations = (key, key_rotary.cos_sin(shifts, dtype=dtype))
+        return self._rotations[1]
 
     def _shifts(self, device: torch.device) -> Optional[torch.Tensor]:
         """Per body, the positions its summaries move by (its segment's start now minus where
         its entry was made; 0 where the request keeps cached positions), or None when every
-        shift is 0: the same for every layer of the forward, made once."""
+        shift is 0: the same for every layer of the forward, made once (sent with a pinned,
+        asynchronous copy: a pageable one waits for the device to drain its queue)."""
         if self._body_shifts is None:
             lay = self.layout
             shifts = [body.segment_start - body.entry.origin_position if lay.requests[b].rerotate_keys else 0
                       for b, body in lay.bodies]
-            self._body_shifts = torch.tensor(shifts, dtype=torch.long, device=device) if any(shifts) else False
+            self._body_shifts = False
+            if any(shifts):
+                host = torch.tensor(shifts, dtype=torch.long)
+                host = host.pin_memory() if device.type == "cuda" else host
+                self._body_shifts = host.to(device, non_blocking=True)
         return None if self._body_shifts is False else self._body_shifts
 
     def _low_rank_summaries(self, k, v, g, beta):

@@ -313,9 +313,10 @@ def _package_area(filename: str) -> Optional[str]:
 class _EngineOpCounter:
     """Counts the aten ops whose innermost hypic frame is in one of :data:`_COUNTED_AREAS`,
     leaving out the ops/ kernels, whose CPU references loop over chain steps by design (the GPU
-    paths batch them)."""
+    paths batch them); ops named in ``skip`` are not counted, and with ``only`` only those named
+    there are."""
 
-    def __init__(self, skip=()):
+    def __init__(self, skip=(), only=None):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         counter = self
@@ -324,7 +325,8 @@ class _EngineOpCounter:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 import traceback
 
-                if func.__name__.split(".")[0] in skip:
+                name = func.__name__.split(".")[0]
+                if name in skip or (only is not None and name not in only):
                     return func(*args, **(kwargs or {}))
                 areas = [a for a in map(_package_area, (f.filename for f in traceback.extract_stack())) if a]
                 if areas and areas[-1] in _COUNTED_AREAS:

@@ -11,9 +11,11 @@ import torch
 from hypic.engine.context import PlainContext, SequenceCache
 from hypic.models.loader import load_model
 from hypic.ops.linear.summary import ScalarSummary
-from hypic.pic.modes import COLD_POLICIES, MODES
+from hypic.pic.modes import COLD_POLICIES, MODES, PICConfig
 from tests.models._lightning import build_minimax, save_ring_checkpoint
 from tests.runner.pic_helpers import PicHarness, full_logits, random_segment
+from tests.runner.test_pic_runner import _EngineOpCounter
+from tests.runner.test_pic_runner_interpreted import SYNC_OPS
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -174,3 +176,26 @@ def test_a_batch_mixing_hits_misses_and_prefix_checkpoints(family):
     assert plans[0].cached_tokens > 0 and plans[1].cached_tokens == 0
     assert float((results[0].logits - full_logits(spec, model, _concat(a, qa))).abs().max()) < ATOL
     assert float((results[1].logits - full_logits(spec, model, _concat(b, qb))).abs().max()) < ATOL
+
+
+def test_engine_issues_no_tensor_op_and_no_host_read_per_cached_segment(family):
+    """The engine, runner and model code of an all-hit lightning request (reordered: every
+    body's keys re-rotated) issue as many tensor ops over 12 cached segments as over 4, and none
+    that would read a device tensor back on the host (the CUDA path of the layers' core is held
+    to the same by tests/runner/test_pic_runner_interpreted.py)."""
+    _, spec, model = family
+    counts = {}
+    for n in (4, 12):
+        h = PicHarness(spec, model, config=PICConfig(mode="hypic", cold_policy="inline", segment_min_tokens=0))
+        segs = [random_segment(40, 300 + i) for i in range(n)]
+        query = random_segment(5, 9)
+        h.run(list(reversed(segs)), query)  # caches every segment, in another order
+        plan = h.plan(segs, query)
+        assert plan.cached_tokens > 0
+        ops, syncs = _EngineOpCounter(), _EngineOpCounter(only=SYNC_OPS)
+        with plan:
+            with ops.mode, syncs.mode:
+                h.runner.prefill([plan])
+        counts[n] = ops.count
+        assert syncs.count == 0
+    assert counts[4] > 0 and counts[12] == counts[4], counts

@@ -91,3 +91,54 @@ def test_bf16_cached_request_and_greedy_decode_on_cuda(checkpoint):
     gpu_tokens = hypic_greedy(spec, gpu_model, prompt, 6, dtype=torch.bfloat16, device="cuda")
     # bf16 may flip a near-tie late; the first tokens agree
     assert gpu_tokens[:2] == cpu_tokens[:2]
+
+
+@pytest.mark.parametrize("name", ["ring", "minimax"])
+def test_all_hit_cores_replay_from_graphs_without_a_host_sync(name, tmp_path, monkeypatch):
+    """An all-hit request in bf16 whose layout was seen before (kept graphs): every lightning
+    layer takes the chain walk (bodies read through the address table, rotated on load for Ring)
+    and replays its core from a graph, nothing in ``lightning_attention`` reads the device back
+    (``torch.cuda.set_sync_debug_mode("error")`` around it), and the logits stay near the CPU's.
+    16 heads: an entry's per-layer log decays lie 64 bytes apart, so the bodies have an address
+    table as at the full models' head counts."""
+    from hypic.ops.linear import fla_paths
+    from hypic.runner import pic_context
+    from tests.models._lightning import RING_CONFIG
+
+    if name == "ring":
+        save_ring_checkpoint(tmp_path, dict(RING_CONFIG, num_attention_heads=16))
+    else:
+        build_minimax(seed=2, num_attention_heads=16).save_pretrained(str(tmp_path))
+    spec, cpu_model = load_model(str(tmp_path), dtype=torch.float32)
+    _, gpu_model = load_model(str(tmp_path), dtype=torch.bfloat16, device="cuda")
+    num_linear = len(spec.linear_layer_ids)
+    segs = [random_segment(48, seed=40 + i) for i in range(6)]
+    query = random_segment(16, seed=8)
+    orders = [[5, 4, 3, 2, 1, 0], [1, 3, 5, 0, 2, 4], [2, 0, 4, 1, 5, 3], [4, 5, 0, 3, 1, 2]]
+    cpu, gpu = Harness(cpu_model, spec, "cpu", torch.float32), Harness(gpu_model, spec, "cuda", torch.bfloat16)
+    for h in (cpu, gpu):
+        h.run([segs[i] for i in orders[0]], query)  # caches every segment
+    for order in orders[1:3]:  # the signature's first two forwards: the second's graphs are kept
+        gpu.run([segs[i] for i in order], query)
+    walks = []
+    walk = fla_paths.simple_gla_chain_walk
+    monkeypatch.setattr(fla_paths, "simple_gla_chain_walk", lambda *a, **kw: walks.append(1) or walk(*a, **kw))
+    attend = pic_context.PicContext.lightning_attention
+
+    def no_sync(self, *args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return attend(self, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(pic_context.PicContext, "lightning_attention", no_sync)
+    replays = gpu.runner.layout_graphs
+    _, got = gpu.run([segs[i] for i in orders[3]], query)
+    kept = gpu.runner._replays
+    assert replays.num_reused >= 1 and kept is not None and not kept.failures(), kept.failures()
+    assert walks == [] and kept.num_replays >= num_linear  # every layer replayed: no eager walk
+    _, want = cpu.run([segs[i] for i in orders[3]], query)
+    assert _rel(got.logits, want.logits) < 5e-2
+    for layer in spec.linear_layer_ids:
+        assert _rel(got.cache.layers[layer].recurrent_state, want.cache.layers[layer].recurrent_state) < 5e-2

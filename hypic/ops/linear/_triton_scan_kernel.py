@@ -127,12 +127,14 @@ def record_step(record, incoming, b_h, i, i_h, kv_off, m_kv,
 @triton.jit
 def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-            USE_G: tl.constexpr, INTERPRET: tl.constexpr):
+            USE_G: tl.constexpr, INTERPRET: tl.constexpr, HAS_W: tl.constexpr):
     """Live span ``s`` (at most one chunk) applied from its WY factors, its outputs' inputs written
     on the way: the entering state rounded to ``h_chunks``' dtype in the span's chunk row (what
     fla's output kernel reads), ``v_new = u - W h`` for its tokens, and the state after it,
     ``gamma h + Kd^T v_new`` with ``Kd = diag(exp2(g_last - g)) K`` (fla's one-chunk state pass,
-    here with h in fp32). Rows go in blocks of BS; every block reads the same entering h (WY)."""
+    here with h in fp32). Rows go in blocks of BS; every block reads the same entering h (WY).
+    Without ``HAS_W`` (a scalar-decay family: ``W = 0``, ``u = v``) ``v_new`` is ``u`` itself:
+    neither ``W`` nor ``v_new`` is read or written."""
     bos = tl.load(cu_spans + s).to(tl.int64)
     length = tl.load(cu_spans + s + 1).to(tl.int64) - bos
     chunk = tl.load(span_chunk + s).to(tl.int64)
@@ -152,14 +154,17 @@ def wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k,
         rows = bos + j + o_s
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
-        if w.dtype.element_ty == tl.bfloat16:
-            b_wh = bf16_fp32_dot(b_w, b_h, INTERPRET)
-        else:
-            b_wh = fp32_dot(b_w.to(tl.float32), b_h, INTERPRET)
         p_uv = (rows * HV + i_h)[:, None] * V + o_v[None, :]
-        b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
-        tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
+        if HAS_W:
+            b_w = tl.load(w + (rows * HV + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+            if w.dtype.element_ty == tl.bfloat16:
+                b_wh = bf16_fp32_dot(b_w, b_h, INTERPRET)
+            else:
+                b_wh = fp32_dot(b_w.to(tl.float32), b_h, INTERPRET)
+            b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
+            tl.store(v_new + p_uv, b_v.to(v_new.dtype.element_ty), mask=m_tv)
+        else:
+            b_v = tl.load(u + p_uv, mask=m_tv, other=0.0).to(tl.float32)
         b_k = tl.load(k + (rows * H + i_h // (HV // H))[:, None] * K + o_k[None, :], mask=m_tk,
                       other=0.0).to(tl.float32)
         if USE_G:
@@ -337,31 +342,53 @@ def seam_body_step(k, w, u, g, v_new, h_chunks, trans, state, b_h, bos, length, 
 
 
 @triton.jit
+def rotated_scalar_body_step(trans, state, rot_cos, rot_sin, j, b_h, t_off, s_off, o_k, m_k, o_v, m_kv,
+                             K: tl.constexpr, V: tl.constexpr, RD: tl.constexpr):
+    """``exp(log_decay) state + R S`` for body ``j`` of scalar T whose S moves to a new start: the
+    key rows of S rotated on load by rotate-half RoPE over the first ``RD`` rows, ``(R S)[r] =
+    cos_j[r] S[r] + sin_j[r] S[partner(r)]`` with ``partner`` the row ``RD / 2`` away inside the
+    rotated block (itself past it). ``rot_cos`` / ``rot_sin`` ``[N, K]`` fp32 hold each body's
+    cosines (1 past ``RD``) and signed sines (``-sin`` in the first half, 0 past ``RD``); a
+    scalar T commutes with the rotation, so it is applied as stored."""
+    half: tl.constexpr = RD // 2
+    partner = tl.where(o_k < half, o_k + half, tl.where(o_k < RD, o_k - half, o_k))
+    b_s = tl.load(state + s_off + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+    b_p = tl.load(state + s_off + partner[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+    b_c = tl.load(rot_cos + j * K + o_k, mask=m_k, other=1.0)
+    b_n = tl.load(rot_sin + j * K + o_k, mask=m_k, other=0.0)
+    return tl.exp(tl.load(trans + t_off)) * b_h + (b_s * b_c[:, None] + b_p * b_n[:, None])
+
+
+@triton.jit
 def live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off, m_kv,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
-              USE_G: tl.constexpr, LONG_WY: tl.constexpr, BT: tl.constexpr, INTERPRET: tl.constexpr):
+              USE_G: tl.constexpr, LONG_WY: tl.constexpr, BT: tl.constexpr, INTERPRET: tl.constexpr,
+              HAS_W: tl.constexpr):
     """Live span ``s`` applied from its WY factors: chunk by chunk (:func:`wy_chunks`) with
-    ``LONG_WY``, else as one short span (:func:`wy_step`)."""
+    ``LONG_WY``, else as one short span (:func:`wy_step`; ``HAS_W`` as there)."""
     if LONG_WY:
         return wy_chunks(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off,
                          m_kv, H, HV, K, V, BT, USE_G, INTERPRET)
     else:
         return wy_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, s, i_h, o_k, m_k, o_v, m_v, kv_off,
-                       m_kv, H, HV, K, V, BS, USE_G, INTERPRET)
+                       m_kv, H, HV, K, V, BS, USE_G, INTERPRET, HAS_W)
 
 
 @triton.jit
 def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, source,
-                  b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
+                  rot_cos, rot_sin, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr,
                   MODE: tl.constexpr, HAS_SOURCE: tl.constexpr,
                   HAS_RECORD: tl.constexpr, HAS_WY: tl.constexpr, USE_G: tl.constexpr, LONG_WY: tl.constexpr,
-                  BT: tl.constexpr, INTERPRET: tl.constexpr, T_PACKED: tl.constexpr):
+                  BT: tl.constexpr, INTERPRET: tl.constexpr, T_PACKED: tl.constexpr, HAS_W: tl.constexpr,
+                  ROTATE: tl.constexpr, RD: tl.constexpr):
     """Chain element i applied to ``b_h``. With ``HAS_WY`` the live elements (``source[i] >= 0``,
     or every element without a source) are spans of the WY factors (:func:`wy_step`, or with
     ``LONG_WY`` spans of any length, :func:`wy_chunks`); otherwise every element is a summary at
     the given offsets. With ``HAS_RECORD`` the state entering each element is kept in its row.
-    ``T_PACKED`` (with ``HAS_WY`` and ``HAS_SOURCE``): the bodies' T are stored as bf16 planes."""
+    ``T_PACKED`` (with ``HAS_WY`` and ``HAS_SOURCE``): the bodies' T are stored as bf16 planes.
+    ``ROTATE`` (with ``HAS_WY``, ``HAS_SOURCE`` and scalar T): each body's S is rotated on load
+    (:func:`rotated_scalar_body_step`)."""
     if HAS_RECORD or not HAS_WY:
         record_step(record, incoming, b_h, i, i_h, kv_off, m_kv, HV, K, V, HAS_RECORD)
     if HAS_WY and not HAS_SOURCE:
@@ -370,12 +397,15 @@ def chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chu
         # cold 32k prompt on the H200; without it, and with int32 offsets inside the token
         # tiles, 0.932 ms (benchmarks/cold_write_h200.py's kernel table)
         b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, i, i_h, o_k, m_k, o_v, m_v, kv_off,
-                        m_kv, H, HV, K, V, BS, USE_G, LONG_WY, BT, INTERPRET)
+                        m_kv, H, HV, K, V, BS, USE_G, LONG_WY, BT, INTERPRET, HAS_W)
     elif HAS_WY:
         live = tl.load(source + i)
         if live >= 0:
             b_h = live_step(k, w, u, g, cu_spans, span_chunk, v_new, h_chunks, b_h, live, i_h, o_k, m_k, o_v, m_v,
-                            kv_off, m_kv, H, HV, K, V, BS, USE_G, LONG_WY, BT, INTERPRET)
+                            kv_off, m_kv, H, HV, K, V, BS, USE_G, LONG_WY, BT, INTERPRET, HAS_W)
+        elif ROTATE:  # a body, from the address table, its S moved to where it now starts
+            b_h = rotated_scalar_body_step(trans, state, rot_cos, rot_sin, -live - 1, b_h, t_off, s_off, o_k, m_k,
+                                           o_v, m_kv, K, V, RD)
         else:  # a body, from the address table
             b_h = scan_step(trans, state, b_h, t_off, s_off, kv_off, m_kv, o_k, m_k, K, MODE, INTERPRET, T_PACKED)
     else:
@@ -405,6 +435,8 @@ def scan_chain_kernel(
     span_chunk,
     v_new,
     h_chunks,
+    rot_cos,      # ROTATE: [num_table, K] fp32 per body: cosines (1 past RD) and signed sines (0 past RD)
+    rot_sin,
     num_table,
     t_base,       # byte addresses of trans and state (table addresses are taken relative to them)
     s_base,
@@ -428,6 +460,9 @@ def scan_chain_kernel(
     S_UNIT: tl.constexpr,
     FUSE: tl.constexpr,    # HAS_WY, HAS_SOURCE, dense, no records: a seam and its body in one step
     T_PACKED: tl.constexpr,  # HAS_WY, HAS_SOURCE: the table's T are stored as bf16 hi/lo planes
+    HAS_W: tl.constexpr,     # HAS_WY: the live spans' W is read (without it W = 0 and v_new is u)
+    ROTATE: tl.constexpr,    # HAS_WY, HAS_SOURCE, scalar T: the bodies' S rotated on load (rot_cos, rot_sin)
+    RD: tl.constexpr,        # ROTATE: rotated key rows (even, at most K)
 ):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -467,9 +502,9 @@ def scan_chain_kernel(
                                      T_PACKED)
             else:
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new,
-                                    h_chunks, source, b_h, i, i_h, t0, s0, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV,
-                                    K, V, BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT, INTERPRET,
-                                    T_PACKED)
+                                    h_chunks, source, rot_cos, rot_sin, b_h, i, i_h, t0, s0, o_k, m_k, o_v, m_v,
+                                    kv_off, m_kv, H, HV, K, V, BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G,
+                                    LONG_WY, BT, INTERPRET, T_PACKED, HAS_W, ROTATE, RD)
             # the next element is i + 2 after a pair, else i + 1
             src0, t0, s0, bos0, len0 = (tl.where(fuse, src2, src1), tl.where(fuse, t2, t1), tl.where(fuse, s2, s1),
                                         tl.where(fuse, bos2, bos1), tl.where(fuse, len2, len1))
@@ -491,9 +526,9 @@ def scan_chain_kernel(
                 t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
                                               HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
-                                    source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                    BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT, INTERPRET,
-                                    T_PACKED)
+                                    source, rot_cos, rot_sin, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off,
+                                    m_kv, H, HV, K, V, BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
+                                    INTERPRET, T_PACKED, HAS_W, ROTATE, RD)
                 t_off, s_off = t_next, s_next
                 i += 1
         else:
@@ -501,9 +536,9 @@ def scan_chain_kernel(
                 t_next, s_next = span_offsets(table, source, tl.minimum(i + 1, last), i_h, num_table, t_base, s_base,
                                               HV, T_SIZE, K * V, HAS_SOURCE, T_UNIT, S_UNIT)
                 b_h = chain_element(trans, state, record, incoming, k, w, u, g, cu_spans, span_chunk, v_new, h_chunks,
-                                    source, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off, m_kv, H, HV, K, V,
-                                    BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT, INTERPRET,
-                                    T_PACKED)
+                                    source, rot_cos, rot_sin, b_h, i, i_h, t_off, s_off, o_k, m_k, o_v, m_v, kv_off,
+                                    m_kv, H, HV, K, V, BS, MODE, HAS_SOURCE, HAS_RECORD, HAS_WY, USE_G, LONG_WY, BT,
+                                    INTERPRET, T_PACKED, HAS_W, ROTATE, RD)
                 t_off, s_off = t_next, s_next
 
     tl.store(final + (i_b * HV + i_h) * K * V + kv_off, b_h, mask=m_kv)

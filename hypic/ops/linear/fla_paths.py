@@ -19,8 +19,9 @@ varlen forward and the summaries (:mod:`hypic.ops.linear._fla_wy`). fla-core is 
 these are private APIs.
 
 The scalar / diagonal families (GLA, simple GLA, Mamba2: T in closed form) live in
-:mod:`hypic.ops.linear._fla_scalar`, the chain walk in :mod:`hypic.ops.linear._fla_chain`, fla's
-causal conv in :mod:`hypic.ops.linear._fla_conv`; all are re-exported here.
+:mod:`hypic.ops.linear._fla_scalar`, the chain walk in :mod:`hypic.ops.linear._fla_chain` (and
+for a constant scalar decay in :mod:`hypic.ops.linear._fla_scalar_chain`), fla's causal conv in
+:mod:`hypic.ops.linear._fla_conv`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hypic.ops.linear._fla_chain import (
 from hypic.ops.linear._fla_common import CHUNK_SIZE, _b1, _check_fla_inputs, _chunk_indices, _cu, _local_cumsum
 from hypic.ops.linear._fla_common import _state_or_none, fla_takes
 from hypic.ops.linear._fla_conv import fla_causal_conv1d
+from hypic.ops.linear._fla_scalar_chain import scalar_chain_takes, simple_gla_chain_walk
 from hypic.ops.linear._fla_scalar import (
     gla_decode,
     gla_forward,

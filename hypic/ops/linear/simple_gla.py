@@ -10,7 +10,10 @@ Plain undecayed linear attention is ``g_gamma = zeros(HV)``. T is a scalar per h
 :func:`simple_gla_chain_forward` runs a PIC forward's live spans between cached bodies: the live
 spans' zero-start summaries, the scan along each chain (one Triton launch on CUDA,
 :mod:`hypic.ops.linear.triton_scan`, scalar T) and the varlen forward from the scanned states;
-on CUDA each of the three takes its fast path.
+on CUDA each of the three takes its fast path. With a constant decay, nothing to summarise or
+record and every live span at most one chunk (a cached request's seams and question) the three
+are one chain walk and a one-chunk output on CUDA instead
+(:mod:`hypic.ops.linear._fla_scalar_chain`), with no device-to-host read.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from . import _family, fla_paths
 from .checks import GATE_DTYPES, check_chain_records, check_cu_seqlens_cpu, check_tensor
 from .scan import chain_incoming_states, chain_recorded_states
 from .summary import ScalarSummary, SummaryTable, select_spans
+from ..rope import rotate_summary_keys_cos_sin
 
 SPEC = _family.FamilySpec("simple_gla", gate="scalar", delta=False)
 
@@ -121,6 +125,15 @@ def simple_gla_forward_and_summarize(
     return _family.forward_and_summarize(SPEC, q, k, v, gate, None, cu_seqlens, initial_state, scale_f)
 
 
+def simple_gla_chain_walk_takes(q, k, v, g=None, *, g_gamma=None, cu_seqlens, cu_seqlens_cpu=None,
+                                initial_states=None, bodies=None) -> bool:
+    """Whether :func:`simple_gla_chain_forward` of these inputs, without summaries or records,
+    runs as one chain walk (:mod:`hypic.ops.linear._fla_scalar_chain`): a constant decay, every
+    live span at most one chunk, on the kernels' devices. That path reads a :class:`SummaryTable`
+    of bodies through its addresses alone and nothing back to the host."""
+    return fla_paths.scalar_chain_takes(q, k, v, g, g_gamma, cu_seqlens, cu_seqlens_cpu, initial_states, bodies)
+
+
 def simple_gla_chain_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -139,6 +152,7 @@ def simple_gla_chain_forward(
     summary_spans: Optional[Union[torch.Tensor, Tuple[int, int]]] = None,
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
+    body_rotation: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[ScalarSummary], Optional[torch.Tensor]]:
     """Forward of live spans that sit in chains between cached bodies (a PIC forward's linear
     layer of a scalar-decay family): each live span starts from the state its chain reaches there.
@@ -152,6 +166,9 @@ def simple_gla_chain_forward(
     ``summary_spans`` (an index tensor, a host ``(a, b)`` range, or None: all), else None;
     ``incoming [num_records, HV, K, V]`` (with ``record_rows``, int64 ``[M]`` per chain element,
     -1: not kept) the state entering element i in row ``record_rows[i]``, else None.
+    ``body_rotation`` ``(cos, sin)``, rotate-half tables ``[num bodies, rotary_dim]`` of each
+    body's shift (``RotaryEmbedding.cos_sin``): the bodies' S are used rotated on the key axis,
+    ``S' = R(shift) S`` (:func:`~hypic.ops.rope.rotate_summary_keys`; a scalar T commutes with it).
 
     The live spans' summaries, :func:`~hypic.ops.linear.scan.scan_chain_from` and a forward from
     the scanned states; T is closed-form, so no kernel forms it."""
@@ -162,7 +179,18 @@ def simple_gla_chain_forward(
         raise ValueError("source and bodies go together: both or neither")
     if summary_spans is not None and not summarize:
         raise ValueError("summary_spans needs summarize=True")
+    if body_rotation is not None and bodies is None:
+        raise ValueError("body_rotation needs bodies")
     check_chain_records(record_rows, num_records, cu_seqlens, source)
+    if fla_paths.scalar_chain_takes(q, k, v, g, g_gamma, cu_seqlens, cu_seqlens_cpu, initial_states, bodies,
+                                    summarize, record_rows):
+        o, final = fla_paths.simple_gla_chain_walk(
+            q, k, v, g_gamma, cu_seqlens=cu_seqlens, cu_chains=cu_chains, source=source, bodies=bodies,
+            initial_states=initial_states, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu, body_rotation=body_rotation)
+        return o, final, None, None
+    if body_rotation is not None:
+        stacked = bodies.stacked() if isinstance(bodies, SummaryTable) else bodies
+        bodies = rotate_summary_keys_cos_sin(stacked, *body_rotation)
     live = simple_gla_summarize(k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
     incoming, final = chain_incoming_states(live, cu_chains, source, bodies, initial_states)
     o, _ = simple_gla_forward(q, k, v, g, g_gamma=g_gamma, cu_seqlens=cu_seqlens, initial_state=incoming,

@@ -92,7 +92,7 @@ def _build_kernel():
         return configs
 
     key = ["H", "HV", "K", "V", "BK", "MODE", "HAS_SOURCE", "HAS_RECORD", "HAS_WY", "USE_G", "LONG_WY", "T_UNIT",
-           "S_UNIT", "FUSE", "T_PACKED"]
+           "S_UNIT", "FUSE", "T_PACKED", "HAS_W", "ROTATE", "RD"]
     tuned = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})
     return tuned(scan_chain_kernel), None
 
@@ -111,6 +111,24 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a copy of it, starting on a 64-byte boundary: the kernel reads table entries as
     64-byte steps from the live summaries' base (fresh allocations always are aligned)."""
     return t if t.data_ptr() % 64 == 0 else t.clone()
+
+
+def body_rotation_tables(cos: torch.Tensor, sin: torch.Tensor, key_dim: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """``(cos, sin, rotary_dim)`` for a walk that rotates its bodies' S on load, from rotate-half
+    RoPE tables ``cos, sin [N, rotary_dim]`` of each body's shift (``RotaryEmbedding.cos_sin``):
+    both widened to ``[N, key_dim]`` fp32, the cosines with 1 past ``rotary_dim`` and the sines
+    signed as rotate-half applies them (``-sin`` on the first half, 0 past ``rotary_dim``)."""
+    num, rotary_dim = cos.shape
+    if sin.shape != cos.shape or rotary_dim % 2 or not 0 < rotary_dim <= key_dim:
+        raise ValueError(f"cos and sin must be one [N, rotary_dim] shape with an even rotary_dim <= {key_dim}, "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    half = rotary_dim // 2
+    cos_full = torch.ones(num, key_dim, device=cos.device, dtype=torch.float32)
+    sin_full = torch.zeros(num, key_dim, device=cos.device, dtype=torch.float32)
+    cos_full[:, :rotary_dim] = cos
+    sin_full[:, :half] = -sin[:, :half]
+    sin_full[:, half:rotary_dim] = sin[:, half:]
+    return cos_full, sin_full, rotary_dim
 
 
 def _table_of(second, mode: int, device: torch.device, packed_ok: bool = False):
@@ -193,11 +211,13 @@ def scan_chain_triton(
 
 def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
             mode: int, has_source: bool, has_record: bool, units, long_wy: bool = False,
-            t_packed: bool = False) -> None:
-    """One launch of the scan kernel; ``wy`` = ``(k, w, u, g or None, cu_spans, span_chunk, v_new,
-    h_chunks)`` makes live elements WY spans (of at most one chunk, or of any length with
-    ``long_wy``); ``t_packed``: the table's T are stored as bf16 planes (needs ``wy``, a source
-    and dense T)."""
+            t_packed: bool = False, rotation=None) -> None:
+    """One launch of the scan kernel; ``wy`` = ``(k, w or None, u, g or None, cu_spans, span_chunk,
+    v_new, h_chunks)`` makes live elements WY spans (of at most one chunk, or of any length with
+    ``long_wy``; ``w`` None: W = 0, ``v_new`` unused); ``t_packed``: the table's T are stored as
+    bf16 planes (needs ``wy``, a source and dense T); ``rotation`` = ``(cos, sin, rotary_dim)``
+    (:func:`body_rotation_tables`) rotates the bodies' S on load (needs ``wy``, a source and
+    scalar T)."""
     import triton
 
     global _KERNEL
@@ -215,11 +235,17 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
     init = initial_states.to(torch.float32).contiguous() if has_init else final
     if wy is None:
         k = w = u = g = cu_spans = span_chunk = v_new = h_chunks = cu
-        key_heads, use_g = num_heads, False
+        key_heads, use_g, has_w = num_heads, False, True
     else:
         k, w, u, g, cu_spans, span_chunk, v_new, h_chunks = wy
-        key_heads, use_g = k.shape[1], g is not None
+        key_heads, use_g, has_w = k.shape[1], g is not None, w is not None
         g = cu if g is None else g
+        w = u if w is None else w  # never read without W
+        if not has_w and long_wy:
+            raise ValueError("a walk without W (W = 0) takes live spans of at most one chunk")
+    if rotation is not None and not (wy is not None and has_source and mode == MODE_SCALAR):
+        raise ValueError("bodies are rotated on load only by a WY walk of scalar-T bodies from a source")
+    rot_cos, rot_sin, rotary_dim = (cu, cu, 0) if rotation is None else rotation
     if _KERNEL is None:
         _KERNEL = _build_kernel()
     kernel, fixed_block_v = _KERNEL
@@ -235,17 +261,18 @@ def _launch(trans, state, incoming, final, cu_chains, initial_states, table, num
 
     kernel[grid](
         trans, state, init, incoming, final, cu, table, source, record, k, w, u, g, cu_spans, span_chunk, v_new,
-        h_chunks, num_table, trans.data_ptr(), state.data_ptr(),
+        h_chunks, rot_cos, rot_sin, num_table, trans.data_ptr(), state.data_ptr(),
         H=key_heads, HV=num_heads, K=key_dim, V=value_dim, BK=block_k, BS=SEAM_ROWS,
         MODE=mode, HAS_INIT=has_init, INTERPRET=triton_interpret(), HAS_SOURCE=has_source,
         HAS_RECORD=has_record, HAS_WY=wy is not None, USE_G=use_g, LONG_WY=long_wy, BT=CHUNK_TOKENS,
-        T_UNIT=units[0], S_UNIT=units[1], FUSE=fuse, T_PACKED=t_packed, **extra,
+        T_UNIT=units[0], S_UNIT=units[1], FUSE=fuse, T_PACKED=t_packed, HAS_W=has_w,
+        ROTATE=rotation is not None, RD=rotary_dim, **extra,
     )
 
 
 def scan_chain_wy_triton(
     k: torch.Tensor,
-    w: torch.Tensor,
+    w: Optional[torch.Tensor],
     u: torch.Tensor,
     g: Optional[torch.Tensor],
     cu_spans: torch.Tensor,
@@ -258,6 +285,8 @@ def scan_chain_wy_triton(
     long_spans: bool = False,
     record_rows: Optional[torch.Tensor] = None,
     num_records: Optional[int] = None,
+    mode: int = MODE_DENSE,
+    body_rotation: Optional[Tuple[torch.Tensor, torch.Tensor, int]] = None,
 ):
     """The chain scan with live spans given by their WY factors instead of summaries, fused with
     their state pass (CUDA, delta-rule families). Returns ``(v_new [T, HV, V] in u's dtype,
@@ -275,12 +304,19 @@ def scan_chain_wy_triton(
     length are walked chunk by chunk in fla's state-pass precision (:func:`wy_chunks` of the
     kernel module), which is how a cold prefill's segments run. ``k [T, H, K]`` (H divides HV),
     ``w [T, HV, K]``, ``u [T, HV, V]``, ``g [T, HV]`` chunk-local cumulative log2 gate or None
-    (DeltaNet): fla's WY step outputs. Tokens no live span covers keep an unspecified ``v_new``."""
-    num_heads, key_dim, value_dim = w.shape[1], w.shape[2], u.shape[2]
-    device = w.device
+    (DeltaNet): fla's WY step outputs. Tokens no live span covers keep an unspecified ``v_new``.
+
+    A scalar-decay family (simple GLA, lightning) walks with ``w`` None (``W = 0``; one-chunk
+    spans only), ``u = v``, ``mode = MODE_SCALAR`` (the bodies' T a log decay per head) and ``g``
+    the chunk-local cumulative log2 gate: ``v_new`` is then ``u`` itself and ``h`` is in k's
+    dtype. ``body_rotation`` ``(cos, sin, rotary_dim)`` (:func:`body_rotation_tables`, scalar T
+    only) rotates each body's S on load to where it now starts."""
+    num_heads, key_dim, value_dim = u.shape[1], k.shape[2], u.shape[2]
+    device = u.device
     final = torch.empty(cu_chains.numel() - 1, num_heads, key_dim, value_dim, device=device, dtype=torch.float32)
-    v_new = torch.empty_like(u)
-    h_chunks = torch.empty(num_chunks, num_heads, key_dim, value_dim, device=device, dtype=w.dtype)
+    v_new = u if w is None else torch.empty_like(u)
+    h_chunks = torch.empty(num_chunks, num_heads, key_dim, value_dim, device=device,
+                           dtype=k.dtype if w is None else w.dtype)
     has_source = source is not None
     # The table's addresses are read relative to an fp32 base: with no live summaries, ``final``
     # (a fresh, aligned allocation) is that base.
@@ -290,7 +326,7 @@ def scan_chain_wy_triton(
         if second is None:
             raise ValueError("a source table needs second summaries")
         # packed bodies are read as they are: the walk's bf16x3 products would split fp32 T so
-        table, num_table, units, owner, t_packed = _table_of(second, MODE_DENSE, device, packed_ok=True)
+        table, num_table, units, owner, t_packed = _table_of(second, mode, device, packed_ok=True)
         source = source.to(device=device, dtype=torch.int64).contiguous()
     has_record = record_rows is not None
     incoming = final
@@ -303,7 +339,7 @@ def scan_chain_wy_triton(
     wy = (k, w, u, g if g is None else g.to(torch.float32), cu_spans.to(device=device, dtype=torch.int64),
           span_chunk, v_new, h_chunks)
     _launch(trans, state, incoming, final, cu_chains, initial_states, table, num_table, source, record, wy,
-            MODE_DENSE, has_source, has_record, units, long_wy=long_spans, t_packed=t_packed)
+            mode, has_source, has_record, units, long_wy=long_spans, t_packed=t_packed, rotation=body_rotation)
     del owner
     if has_record:
         return v_new, h_chunks, final, incoming

@@ -16,9 +16,11 @@ PTR = {"trans": "*fp32", "state": "*fp32", "init": "*fp32", "incoming": "*fp32",
        "cu_chains": "*i64", "table": "*i64", "source": "*i64", "record": "*i64", "k": "*bf16", "w": "*bf16",
        "u": "*bf16", "g": "*fp32", "cu_spans": "*i64", "span_chunk": "*i64", "v_new": "*bf16", "h_chunks": "*bf16",
        "num_table": "i64", "t_base": "i64", "s_base": "i64", "rows": "*i64", "out": "*fp32", "NW": "i64",
-       "spans": "*i64", "out_base": "i64", "base": "*fp32", "base16": "*bf16", "num_tensors": "i32"}
-# Qwen3.5-35B-A3B's linear layers: 16 key heads, 32 value heads, K = V = 128
-DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, USE_G=True, T_UNIT=64, S_UNIT=64)
+       "spans": "*i64", "out_base": "i64", "base": "*fp32", "base16": "*bf16", "num_tensors": "i32",
+       "rot_cos": "*fp32", "rot_sin": "*fp32"}
+# Qwen3.5-35B-A3B's linear layers: 16 key heads, 32 value heads, K = V = 128; W read, no rotation
+DIMS = dict(H=16, HV=32, K=128, V=128, BK=128, BS=16, USE_G=True, T_UNIT=64, S_UNIT=64, HAS_W=True, ROTATE=False,
+            RD=0)
 
 
 def compile_sm90(fn, constexprs, num_warps=8, num_stages=None):
@@ -46,6 +48,19 @@ def test_chain_kernel_compiles_for_sm90(fuse, long_wy, source, record, t_packed)
     constexprs = dict(DIMS, BV=32, MODE=0, HAS_INIT=False, INTERPRET=False, HAS_SOURCE=source, HAS_RECORD=record,
                       HAS_WY=True, LONG_WY=long_wy, BT=64, FUSE=fuse, T_PACKED=t_packed)
     assert compile_sm90(scan_chain_kernel, constexprs).asm["ptx"]
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_scalar_walk_compiles_for_sm90(rotate):
+    """The walk of a constant-decay family (hypic/ops/linear/_fla_scalar_chain.py) at
+    Ring-mini-linear-2.0's shapes (16 heads, K = V = 128, RoPE on 64 key dims): scalar T, no W,
+    the bodies' S rotated on load or not, in the config its scalar mode is pruned to."""
+    from hypic.ops.linear._triton_scan_kernel import scan_chain_kernel
+
+    constexprs = dict(DIMS, H=16, HV=16, BV=32, MODE=2, HAS_INIT=False, INTERPRET=False, HAS_SOURCE=True,
+                      HAS_RECORD=False, HAS_WY=True, LONG_WY=False, BT=64, FUSE=0, T_PACKED=False, HAS_W=False,
+                      ROTATE=rotate, RD=64 if rotate else 0)
+    assert compile_sm90(scan_chain_kernel, constexprs, num_warps=4, num_stages=2).asm["ptx"]
 
 
 def test_pack_planes_kernel_compiles_for_sm90():
