@@ -98,7 +98,7 @@ def write_json(path: str, model: str, config: dict, results: Sequence[QualityRes
 # Config fields that must agree for rows of several runs to share one table: same requests, same
 # decoding. Modes, seams and cold policies may differ (that is what a split run splits).
 _MERGE_KEYS = ("source", "split", "num_requests", "seed", "dtype", "min_docs", "max_docs", "max_tokens", "bos",
-               "decoding", "store_warming")
+               "decoding", "store_warming", "min_context_tokens", "max_context_tokens", "pool_size")
 
 
 def merge_json_files(paths: Sequence[str]) -> Tuple[str, dict, Tuple[QualityResult, ...]]:

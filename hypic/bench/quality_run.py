@@ -198,7 +198,8 @@ class PromptEncoder:
                 f"model: the tokenizer of {self.model_path} does not cover the synthetic suites' vocabulary "
                 f"({len(bad)} of {len(words)} words are unknown or split into several tokens, e.g. {bad[:5]}). "
                 "The suites need a model trained on hypic.data (word-level tokenizer from "
-                "hypic.data.vocab, such as the embedded 'tiny'); a model that never saw them cannot be "
+                "hypic.data.vocab, such as the embedded 'tiny'; the long tasks need the extended vocabulary "
+                "of hypic.data.long_vocab); a model that never saw them cannot be "
                 "scored on them. Pass --model with a checkpoint trained on hypic.data, or --longbench FILE "
                 "for any checkpoint."
             )

@@ -58,7 +58,7 @@ ORDER_QUESTION = "who follows {s} in order ?"
 
 # Filler sentences (word lists of vocab.FILLER_*). The last one is 4 words long, used to top a
 # document up to its minimum length when a longer filler would overflow the maximum.
-_FILLER_TEMPLATES: Tuple[Tuple[str, ...], ...] = (
+FILLER_TEMPLATES: Tuple[Tuple[str, ...], ...] = (
     ("the", "N", "was", "A", "in", "the", "T", "."),
     ("G", "V", "the", "A", "N", "."),
     ("it", "was", "a", "A", "T", "near", "the", "N", "."),
@@ -66,7 +66,7 @@ _FILLER_TEMPLATES: Tuple[Tuple[str, ...], ...] = (
     ("the", "N", "and", "the", "N", "were", "A", "."),
     ("nobody", "V", "the", "N", "that", "T", "."),
 )
-_SHORT_FILLER: Tuple[str, ...] = ("it", "was", "A", ".")
+SHORT_FILLER: Tuple[str, ...] = ("it", "was", "A", ".")
 _SLOTS: Mapping[str, Tuple[str, ...]] = {
     "N": FILLER_NOUNS, "A": FILLER_ADJECTIVES, "T": FILLER_TIMES, "V": FILLER_VERBS, "G": FILLER_GROUPS,
 }
@@ -166,7 +166,7 @@ def filler_sentence(rng: random.Random, template: Sequence[str]) -> List[str]:
 BASE_DOCUMENT_TOKENS = len(_HEAD_TEMPLATE.format(s="x").split()) + sum(
     len(t.format(s="x", v="y").split()) for t in _FACT_TEMPLATES.values()
 )
-_SHORT_FILLER_TOKENS = len(_SHORT_FILLER)
+_SHORT_FILLER_TOKENS = len(SHORT_FILLER)
 
 
 def check_document_lengths(min_doc_tokens: int, max_doc_tokens: int) -> None:
@@ -206,9 +206,9 @@ def make_document(
     body: List[List[str]] = [fact_sentence(subject, rel, facts[rel]).split() for rel in RELATIONS]
     num_tokens = BASE_DOCUMENT_TOKENS
     while num_tokens < target:
-        template = rng.choice(_FILLER_TEMPLATES)
+        template = rng.choice(FILLER_TEMPLATES)
         if num_tokens + len(template) > max_doc_tokens:
-            template = _SHORT_FILLER
+            template = SHORT_FILLER
             if num_tokens + len(template) > max_doc_tokens:
                 break
         body.append(filler_sentence(rng, template))

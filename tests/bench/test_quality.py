@@ -16,7 +16,7 @@ from hypic.bench.quality_run import (
     Configuration, EncodedRequest, PromptEncoder, RequestRecord, encode_requests, expand_configurations, group_requests,
     parse_modes, parse_seams, run_task,
 )
-from hypic.data import SuiteConfig, generate_suite
+from hypic.data import SuiteConfig, extended_vocabulary, generate_suite
 from hypic.entrypoints.cli import main
 from tests.bench._checkpoints import write_byte_level_checkpoint, write_word_level_checkpoint
 
@@ -344,3 +344,21 @@ def test_order_lookup_is_an_opt_in_task():
     from hypic.data.suites import TASKS
 
     assert "order_lookup" not in TASKS  # the default table: tasks the embedded model was trained on
+
+
+def test_long_tasks_run_with_their_bounds_and_need_the_extended_vocabulary(tmp_path):
+    model = write_word_level_checkpoint(tmp_path / "long", vocab=extended_vocabulary())
+    small = ["--min-docs", "3", "--max-docs", "4", "--min-context-tokens", "150", "--max-context-tokens", "300",
+             "--pool-size", "32", "--device", "cpu", "--no-progress", "--num-requests", "2"]
+    args = parse_args(["--model", str(model), "--tasks", "doc_order,counting", "--modes", "full_recompute,addition",
+                       "--cold-policies", "standalone", *small])
+    run = run_quality(args)
+    assert [(r.task, r.mode) for r in run.results] == [
+        ("doc_order", "full_recompute"), ("doc_order", "addition"), ("counting", "full_recompute"),
+        ("counting", "addition")]
+    bounds = run.config["suite_bounds"]
+    assert set(bounds) == {"doc_order", "counting"}
+    assert all(b["oracle"] == 100.0 and 0 <= b["order_blind_bound"] < 100 for b in bounds.values())
+    assert run.config["min_context_tokens"] == 150
+    with pytest.raises(ValueError, match="extended vocabulary"):
+        run_quality(parse_args(["--model", "tiny", "--tasks", "multi_key", "--modes", "full_recompute", *small]))
