@@ -28,7 +28,7 @@ from hypic.bench.quality_report import (
 )
 from hypic.bench.quality_run import (
     ALL_MODES, Configuration, PromptEncoder, RequestRecord, encode_requests,
-    expand_configurations, parse_cold_policies, parse_modes, parse_seams, run_task, write_records,
+    expand_configurations, parse_cold_policies, parse_modes, parse_seam_specs, run_task, write_records,
 )
 from hypic.bench.common import provenance
 from hypic.data.long_oracle import oracle_score, order_blind_bound
@@ -130,7 +130,7 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
     if args.max_tokens is not None and (not isinstance(args.max_tokens, int) or args.max_tokens < 1):
         raise ValueError(f"max_tokens: must be an int >= 1, got {args.max_tokens!r}")
     modes = parse_modes(args.modes)
-    seams = parse_seams(args.seams)
+    seams = parse_seam_specs(args.seams)
     policies = parse_cold_policies(args.cold_policies)
     configurations = expand_configurations(modes, seams, policies)
     by_task, synthetic = build_requests(args)
@@ -150,7 +150,7 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
         "source": str(args.longbench) if args.longbench else "synthetic",
         "split": None if args.longbench else args.split,
         "tasks": list(encoded), "num_requests": {t: len(es) for t, es in encoded.items()},
-        "modes": list(modes), "seams": list(seams), "cold_policies": list(policies),
+        "modes": list(modes), "seams": [s.label for s in seams], "cold_policies": list(policies),
         "seed": args.seed, "device": str(args.device), "dtype": str(args.dtype),
         "min_docs": args.min_docs, "max_docs": args.max_docs, "batch_size": args.batch_size,
         "max_tokens": max_tokens, "bos": bool(args.bos), "decoding": "greedy, stop at eos",
@@ -197,7 +197,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with --longbench: datasets")
     parser.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma-separated among {', '.join(ALL_MODES)}")
     parser.add_argument("--seams", default=DEFAULT_SEAMS,
-                        help=f"hypic seam widths: int tokens or fractions in (0, 1] (default {DEFAULT_SEAMS})")
+                        help=f"hypic seam widths: int tokens or fractions in (0, 1], each optionally with a floor "
+                             f"and a cap in tokens (0.1:8, 0.1:8:24) (default {DEFAULT_SEAMS})")
     parser.add_argument("--cold-policies", default=",".join(COLD_POLICIES), help="comma-separated among " + ",".join(COLD_POLICIES))
     parser.add_argument("--seed", type=int, default=0, help="suite seed (and engine seed)")
     parser.add_argument("--split", default="held_out", choices=["held_out", "train"], help="suite split")

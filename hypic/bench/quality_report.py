@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
-from hypic.bench.quality_run import ALL_MODES, Configuration, RequestRecord
+from hypic.bench.quality_run import ALL_MODES, Configuration, RequestRecord, seam_label
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class QualityResult:
     live_tokens_mean: float
     same_as_full: Optional[int] = None
     prefix_hit_tokens_mean: float = 0.0
+    seam_min_tokens: int = 0
+    seam_max_tokens: Optional[int] = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +62,7 @@ def summarize(
             cached_tokens_mean=_mean([r.cached_tokens for r in records]),
             live_tokens_mean=_mean([r.live_tokens for r in records]),
             same_as_full=same, prefix_hit_tokens_mean=_mean([r.prefix_hit_tokens for r in records]),
+            seam_min_tokens=config.seam_min_tokens, seam_max_tokens=config.seam_max_tokens,
         ))
     return tuple(results)
 
@@ -70,7 +73,7 @@ def format_table(results: Sequence[QualityResult]) -> str:
     rows = []
     for r in results:
         rows.append((
-            r.task, r.mode, "-" if r.seam is None else str(r.seam), r.cold_policy or "-", str(r.n),
+            r.task, r.mode, seam_label(r.seam, r.seam_min_tokens, r.seam_max_tokens), r.cold_policy or "-", str(r.n),
             f"{r.score:.2f}", "-" if r.gap_to_full is None else f"{r.gap_to_full:+.2f}",
             "-" if r.same_as_full is None else str(r.same_as_full),
             f"{r.cached_tokens_mean:.1f}", f"{r.prefix_hit_tokens_mean:.1f}", f"{r.live_tokens_mean:.1f}",
@@ -138,7 +141,8 @@ def merge_json_files(paths: Sequence[str]) -> Tuple[str, dict, Tuple[QualityResu
         if not cfg.get("complete", True):
             incomplete.append(str(path))
         for row in payload["results"]:
-            cell = (row["task"], row["mode"], row["seam"], row["cold_policy"])
+            cell = (row["task"], row["mode"], row["seam"], row["cold_policy"], row.get("seam_min_tokens", 0),
+                    row.get("seam_max_tokens"))
             if cell in rows:
                 raise ValueError(f"merge: cell {cell} appears in more than one file (again in {path})")
             rows[cell] = row
@@ -148,7 +152,8 @@ def merge_json_files(paths: Sequence[str]) -> Tuple[str, dict, Tuple[QualityResu
     def order(r: dict) -> tuple:  # task as first seen, then mode, cold policy and seam
         seam = -1.0 if r["seam"] is None else float(r["seam"])
         mode = ALL_MODES.index(r["mode"]) if r["mode"] in ALL_MODES else len(ALL_MODES)
-        return tasks.index(r["task"]), mode, r["cold_policy"] or "", seam
+        return (tasks.index(r["task"]), mode, r["cold_policy"] or "", seam, r.get("seam_min_tokens", 0),
+                r.get("seam_max_tokens") or 0)
 
     results = []
     for row in sorted(rows.values(), key=order):
@@ -167,8 +172,9 @@ def _json_default(value):
 
 def plot_results(path: str, results: Sequence[QualityResult], title: str = "") -> None:
     """Score against seam width ``w`` (tokens) for hypic, one panel per task, one line per cold
-    policy; horizontal lines for full_recompute and addition. Fractional seams (a share of each
-    segment, not a token count) have no place on a token axis and are left out."""
+    policy; horizontal lines for full_recompute and addition. Fractional seams and seams with a
+    floor or cap (a share of each segment, not a token count) have no place on a token axis and are
+    left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,7 +186,8 @@ def plot_results(path: str, results: Sequence[QualityResult], title: str = "") -
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         mine = [r for r in results if r.task == task]
-        hypic = [r for r in mine if r.mode == "hypic" and isinstance(r.seam, int)]
+        hypic = [r for r in mine if r.mode == "hypic" and isinstance(r.seam, int) and not r.seam_min_tokens
+                 and r.seam_max_tokens is None]
         widths = sorted({r.seam for r in hypic})
         for policy in dict.fromkeys(r.cold_policy for r in hypic):
             points = sorted((r.seam, r.score) for r in hypic if r.cold_policy == policy)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypic.bench.quality import parse_args, parse_tasks, run_quality
 from hypic.bench.quality_report import format_table, plot_results, summarize
 from hypic.bench.quality_run import (
     Configuration, EncodedRequest, PromptEncoder, RequestRecord, encode_requests, expand_configurations, group_requests,
-    parse_modes, parse_seams, run_task,
+    parse_modes, parse_seam_specs, parse_seams, run_task,
 )
 from hypic.data import SuiteConfig, extended_vocabulary, generate_suite
 from hypic.entrypoints.cli import main
@@ -22,7 +23,7 @@ from tests.bench._checkpoints import write_byte_level_checkpoint, write_word_lev
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "longbench_fixture.jsonl"
 RESULT_KEYS = {"task", "mode", "seam", "cold_policy", "n", "score", "gap_to_full", "cached_tokens_mean",
-               "live_tokens_mean", "same_as_full", "prefix_hit_tokens_mean"}
+               "live_tokens_mean", "same_as_full", "prefix_hit_tokens_mean", "seam_min_tokens", "seam_max_tokens"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -362,3 +363,24 @@ def test_long_tasks_run_with_their_bounds_and_need_the_extended_vocabulary(tmp_p
     assert run.config["min_context_tokens"] == 150
     with pytest.raises(ValueError, match="extended vocabulary"):
         run_quality(parse_args(["--model", "tiny", "--tasks", "multi_key", "--modes", "full_recompute", *small]))
+
+
+def test_seam_floor_and_cap_are_configurations_of_their_own(word_model):
+    specs = parse_seam_specs("8, 0.1:8, 0.1:8:12")
+    assert [s.label for s in specs] == ["8", "0.1:8", "0.1:8:12"]
+    with pytest.raises(ValueError, match="floor and cap"):
+        parse_seam_specs("0.1:x")
+    configs = expand_configurations(("addition", "hypic"), specs, ("standalone",))
+    assert [(c.mode, c.seam, c.seam_min_tokens, c.seam_max_tokens) for c in configs] == [
+        ("addition", 0, 0, None), ("hypic", 8, 0, None), ("hypic", 0.1, 8, None), ("hypic", 0.1, 8, 12)]
+    requests = generate_suite(SuiteConfig(task="single_hop", min_docs=3, max_docs=3, min_doc_tokens=100,
+                                          max_doc_tokens=200, pool_size=8), 1)
+    (encoded,) = encode_requests(PromptEncoder(word_model, 800), requests)
+    documents = [len(s) for s in encoded.segments[:-1]]
+    expected = {8: [8, 8, 8], 0.1: [max(8, math.ceil(0.1 * n)) for n in documents]}
+    for config in configs[1:]:
+        (record,) = run_task(word_model, config, [encoded], max_tokens=1, device="cpu", dtype="float32", seed=0,
+                             batch_size=1)
+        windows = [min(w, config.seam_max_tokens or w) for w in expected[config.seam]]
+        # cold under standalone: the standalone pass over every document, then seams and the query
+        assert record.live_tokens == sum(documents) + sum(windows) + len(encoded.segments[-1]), config
