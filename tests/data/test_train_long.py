@@ -1,0 +1,110 @@
+"""training/train_long.py at the smoke shape on the CPU: a resumed run equals an uninterrupted one bit
+for bit, the checkpoint fits what a device call carries, and the exported model serves in hypic."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+_TRAINING = os.path.join(os.path.dirname(__file__), "..", "..", "training")
+
+
+def _load(name):
+    if name in sys.modules:
+        return sys.modules[name]
+    if _TRAINING not in sys.path:
+        sys.path.insert(0, os.path.abspath(_TRAINING))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_TRAINING, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _restore_hidden_modules():
+    """The trainer hides fla / causal_conv1d from transformers; undo that for the rest of the session."""
+    before = {name: sys.modules.get(name, "absent") for name in ("fla", "causal_conv1d")}
+    yield
+    for name, value in before.items():
+        if value == "absent":
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = value
+
+
+def _tensors(folder):
+    from safetensors.torch import load_file
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out.update({f"{name}:{k}": v for k, v in load_file(os.path.join(folder, name)).items()})
+    return out
+
+
+def test_resumed_run_equals_uninterrupted_run_and_exports_a_served_model(tmp_path):
+    train_long = _load("train_long")
+    common = ["--smoke", "--quiet", "--eval-every", "100", "--save-every", "100"]
+    straight = train_long.main([*common, "--out", str(tmp_path / "a"), "--max-steps", "5"])
+    first = train_long.main([*common, "--out", str(tmp_path / "b"), "--max-steps", "3"])
+    assert not first["resumed"] and first["state"]["stage"] == 1  # passed the first stage at step 2
+    second = train_long.main([*common, "--out", str(tmp_path / "b"), "--max-steps", "5",
+                              "--export", str(tmp_path / "model")])
+    assert second["resumed"] and second["state"]["step"] == straight["state"]["step"] == 5
+    a, b = _tensors(tmp_path / "a"), _tensors(tmp_path / "b")
+    assert a.keys() == b.keys() and any(k.startswith("optimizer") for k in a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    state_a, state_b = (json.load(open(tmp_path / d / "trainer_state.json")) for d in ("a", "b"))
+    assert state_b.pop("calls") == 2 and state_a.pop("calls") == 1 and state_a == state_b
+    assert straight["eval"] == second["eval"]
+
+    from hypic.entrypoints.llm import LLM, SamplingParams
+
+    llm = LLM(str(tmp_path / "model"), device="cpu", seed=0)
+    out = llm.generate("<sep> this passage is about kolton . the code of santon is 57 .<<PIC_SEP>>"
+                       "<sep> question : what are the codes of santon and kalmouth ? answer :",
+                       SamplingParams(temperature=0, max_tokens=2))
+    assert len(out[0].outputs[0].token_ids) == 2
+    config = json.load(open(tmp_path / "model" / "config.json"))
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+
+
+def test_the_recipe_fits_a_device_call():
+    """The full-size checkpoint: every weight file under the 16 MiB a device call returns, all of it
+    (weights, Adafactor state) within what a call carries beside the 18 MB working tree."""
+    recipe, checkpoint, tiny_model = _load("long_recipe"), _load("long_checkpoint"), _load("tiny_model")
+    train_tiny = _load("train_tiny")
+    train_tiny.hide_fla()
+    from hypic.data.long_vocab import extended_vocabulary
+
+    with torch.device("meta"):
+        model = transformers.Qwen3_5ForCausalLM(tiny_model.build_config(recipe.LONG_SHAPE, len(extended_vocabulary())))
+    shapes = {n: p for n, p in model.named_parameters()}
+    params = sum(p.numel() for p in shapes.values())
+    assert 8e6 < params < 9.5e6
+    assert model.config.layer_types.count("full_attention") == 3 and len(model.config.layer_types) == 12
+    sizes = [sum(t.numel() * 4 for t in group.values())
+             for group in checkpoint.shard({n: torch.empty(p.shape, device="meta") for n, p in shapes.items()})]
+    assert max(sizes) <= 16 * 2 ** 20 and len(sizes) <= 4
+    factored = sum(p.shape[0] + p.shape[1] if p.ndim == 2 else p.numel() for p in shapes.values()) * 4
+    assert sum(sizes) + factored < 64 * 2 ** 20 - 19e6
+
+
+def test_batches_are_a_function_of_their_index_for_any_number_of_workers():
+    train_long, recipe = _load("train_long"), _load("long_recipe")
+    stage = recipe.SMOKE_CURRICULUM[1]
+    loaders = [torch.utils.data.DataLoader(train_long.StageBatches(7, 1, stage, 3, 2), batch_size=None,
+                                           num_workers=workers) for workers in (0, 2)]
+    taken = [[next(it)["input_ids"] for _ in range(4)] for it in map(iter, loaders)]
+    assert all(torch.equal(x, y) for x, y in zip(*taken))
+    from hypic.data.long_vocab import extended_vocabulary
+
+    direct = recipe.stage_batch(7, 1, stage, 4, extended_vocabulary(), 2)
+    assert taken[0][1][0, :len(direct[0].input_ids)].tolist() == list(direct[0].input_ids)
