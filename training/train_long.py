@@ -9,7 +9,7 @@ autocast on CUDA, fp32 master weights, an LM loss on every token plus a loss on 
 A run spans device calls of at most ~9 minutes; each call continues exactly where the last stopped::
 
     python3 training/train_long.py --out training/runs/long --max-minutes 8.5      # every call
-    python3 training/train_long.py --out training/runs/long --export hypic/assets/long --max-steps 0
+    python3 training/train_long.py --out training/runs/long --export-only hypic/assets/long   # ship it
 
 ``--out`` holding a checkpoint resumes from it: weights, optimiser state, step, curriculum stage, the
 stage's next batch index and the window that advances stages. Batches are a pure function of (seed,
@@ -125,6 +125,8 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="checkpoint folder: resumed from when it holds one, written")
     p.add_argument("--export", default=None, help="also write the shippable model folder (bf16) here at the end")
+    p.add_argument("--export-only", default=None, metavar="DIR",
+                   help="write the shippable model folder of --out's checkpoint to DIR; no training, no evaluation")
     p.add_argument("--max-minutes", type=float, default=8.5, help="wall-clock budget of this call")
     p.add_argument("--max-steps", type=int, default=None, help="stop at this global step")
     p.add_argument("--total-steps", type=int, default=40000, help="length of the cosine schedule over all calls")
@@ -199,6 +201,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         state = load_checkpoint(model, optimizer, args.out)
         if state.get("recipe") != recipe:
             raise ValueError(f"--out {args.out}: its checkpoint was made by another recipe ({state.get('recipe')})")
+    if args.export_only:
+        if not resumed:
+            raise ValueError(f"--export-only: {args.out} holds no checkpoint")
+        export_model(model, args.export_only, vocab)
+        return {"state": {k: v for k, v in state.items() if k != "window"}, "eval": {}, "resumed": True}
     state["recipe"] = recipe
     state["calls"] += 1
     os.makedirs(args.out, exist_ok=True)

@@ -15,7 +15,10 @@ class QualityResult:
     """One (task, configuration) cell. ``score`` is the mean per-request score (0-100);
     ``gap_to_full`` = full_recompute's score minus this score (points lost; None when
     full_recompute was not run); ``same_as_full``: the requests whose output equals
-    full_recompute's on the same request (None likewise)."""
+    full_recompute's on the same request (None likewise). ``score_ci95`` and ``gap_ci95``: half
+    widths of 95% confidence intervals (normal approximation; the gap's over the per-request
+    differences to full_recompute on the same requests, a paired interval). ``seam_tokens_mean``:
+    the seam windows of a request's documents, the live tokens its reuse costs beyond the query."""
 
     task: str
     mode: str
@@ -30,6 +33,9 @@ class QualityResult:
     prefix_hit_tokens_mean: float = 0.0
     seam_min_tokens: int = 0
     seam_max_tokens: Optional[int] = None
+    seam_tokens_mean: float = 0.0
+    score_ci95: Optional[float] = None
+    gap_ci95: Optional[float] = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -39,23 +45,36 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else float("nan")
 
 
+def ci95(values: Sequence[float]) -> Optional[float]:
+    """Half width of the normal-approximation 95% interval of the mean of ``values``."""
+    if len(values) < 2:
+        return None
+    mean = _mean(values)
+    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return 1.96 * math.sqrt(variance / len(values))
+
+
 def summarize(
     runs: Sequence[Tuple[str, Configuration, Sequence[RequestRecord]]]
 ) -> Tuple[QualityResult, ...]:
     """``runs``: (task, configuration, records) triples in run order -> one result per triple."""
     full: Dict[str, float] = {}
     full_predictions: Dict[str, Dict[str, str]] = {}
+    full_scores: Dict[str, Dict[str, float]] = {}
     for task, config, records in runs:
         if config.mode == "full_recompute" and records:
             full[task] = _mean([r.score for r in records])
             full_predictions[task] = {r.request_id: r.prediction for r in records}
+            full_scores[task] = {r.request_id: r.score for r in records}
     results = []
     for task, config, records in runs:
         score = _mean([r.score for r in records])
         gap = full[task] - score if task in full and records else None
-        same = None
+        same = gap_ci = None
         if task in full_predictions:
             same = sum(full_predictions[task].get(r.request_id) == r.prediction for r in records)
+            paired = [full_scores[task][r.request_id] - r.score for r in records if r.request_id in full_scores[task]]
+            gap_ci = ci95(paired)
         results.append(QualityResult(
             task=task, mode=config.mode, seam=config.seam, cold_policy=config.cold_policy, n=len(records),
             score=score, gap_to_full=gap,
@@ -63,29 +82,36 @@ def summarize(
             live_tokens_mean=_mean([r.live_tokens for r in records]),
             same_as_full=same, prefix_hit_tokens_mean=_mean([r.prefix_hit_tokens for r in records]),
             seam_min_tokens=config.seam_min_tokens, seam_max_tokens=config.seam_max_tokens,
+            seam_tokens_mean=_mean([r.seam_tokens for r in records]), score_ci95=ci95([r.score for r in records]),
+            gap_ci95=gap_ci,
         ))
     return tuple(results)
 
 
 def format_table(results: Sequence[QualityResult]) -> str:
     """A fixed-width text table, one row per (task, configuration)."""
-    header = ("task", "mode", "seam", "cold", "n", "score", "gap", "same", "cached", "prefix", "live")
+    header = ("task", "mode", "seam", "cold", "n", "score", "±95%", "gap", "±95%", "same", "cached", "prefix", "live",
+              "seam tokens")
     rows = []
     for r in results:
         rows.append((
             r.task, r.mode, seam_label(r.seam, r.seam_min_tokens, r.seam_max_tokens), r.cold_policy or "-", str(r.n),
-            f"{r.score:.2f}", "-" if r.gap_to_full is None else f"{r.gap_to_full:+.2f}",
+            f"{r.score:.2f}", "-" if r.score_ci95 is None else f"{r.score_ci95:.2f}",
+            "-" if r.gap_to_full is None else f"{r.gap_to_full:+.2f}",
+            "-" if r.gap_ci95 is None else f"{r.gap_ci95:.2f}",
             "-" if r.same_as_full is None else str(r.same_as_full),
             f"{r.cached_tokens_mean:.1f}", f"{r.prefix_hit_tokens_mean:.1f}", f"{r.live_tokens_mean:.1f}",
+            f"{r.seam_tokens_mean:.1f}",
         ))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
         lines.append("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    lines.append("score: mean per-request score (0-100); gap: full_recompute score - score (points lost); "
-                 "same: outputs equal to full_recompute's; cached / prefix / live: mean prompt tokens reused "
-                 "from segment entries / from prefix-cache checkpoints / computed per request")
+    lines.append("score: mean per-request score (0-100); gap: full_recompute score - score (points lost; ±95%: "
+                 "paired over the same requests); same: outputs equal to full_recompute's; cached / prefix / live: "
+                 "mean prompt tokens reused from segment entries / from prefix-cache checkpoints / computed per "
+                 "request (cold segments' standalone passes included); seam tokens: the documents' seam windows")
     return "\n".join(lines)
 
 
@@ -109,7 +135,8 @@ def merge_json_files(paths: Sequence[str]) -> Tuple[str, dict, Tuple[QualityResu
 
     Every file must name the same model and agree on :data:`_MERGE_KEYS` for the tasks they share;
     a (task, mode, seam, cold policy) cell may appear in one file only. ``gap_to_full`` is recomputed
-    from the merged ``full_recompute`` rows. Files left ``"complete": false`` by a killed run are
+    from the merged ``full_recompute`` rows; ``gap_ci95`` (paired, per request) is kept from its own
+    file, and is None where that file had no ``full_recompute`` row of the task. Files left ``"complete": false`` by a killed run are
     merged with what they hold, and the merged config says which were incomplete.
     """
     if not paths:

@@ -342,6 +342,7 @@ class RequestRecord:
     cached_tokens: int
     live_tokens: int
     prefix_hit_tokens: int
+    seam_tokens: int = 0  # the seam windows of the request's documents (what reusing them all recomputes)
 
 
 def run_task(
@@ -368,6 +369,8 @@ def run_task(
                        seam_min_tokens=configuration.seam_min_tokens, seam_max_tokens=configuration.seam_max_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)
     overrides = configuration.engine_overrides()
+    policy = engine.pic.resolve(**{k: v for k, v in overrides.items() if k in ("mode", "seam", "cold_policy")})
+    seams_live = policy.mode.seam_configurable
     records = []
     for group in group_requests(encoded, configuration.mode, batch_size):
         ids = [engine.add_request({"segments": [list(s) for s in e.segments]}, params, **overrides) for e in group]
@@ -386,6 +389,7 @@ def run_task(
                 score=score_request(e.request, prediction), prompt_tokens=e.prompt_tokens,
                 cached_tokens=int(m.cached_tokens or 0), live_tokens=int(live),
                 prefix_hit_tokens=int(m.prefix_hit_tokens or 0),
+                seam_tokens=sum(policy.live_tokens(len(d)) for d in e.segments[:-1]) if seams_live else 0,
             ))
             if on_request_done is not None:
                 on_request_done()

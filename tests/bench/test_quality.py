@@ -23,7 +23,8 @@ from tests.bench._checkpoints import write_byte_level_checkpoint, write_word_lev
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "longbench_fixture.jsonl"
 RESULT_KEYS = {"task", "mode", "seam", "cold_policy", "n", "score", "gap_to_full", "cached_tokens_mean",
-               "live_tokens_mean", "same_as_full", "prefix_hit_tokens_mean", "seam_min_tokens", "seam_max_tokens"}
+               "live_tokens_mean", "same_as_full", "prefix_hit_tokens_mean", "seam_min_tokens", "seam_max_tokens",
+               "seam_tokens_mean", "score_ci95", "gap_ci95"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,7 +80,7 @@ def test_cli_end_to_end_writes_table_json_and_plot(suite_run):
     assert all(r["cached_tokens_mean"] > 0 for r in hit)
     # The table has a row per result and the gap column.
     lines = printed.splitlines()
-    assert lines[0].split()[:7] == ["task", "mode", "seam", "cold", "n", "score", "gap"]
+    assert lines[0].split()[:9] == ["task", "mode", "seam", "cold", "n", "score", "±95%", "gap", "±95%"]
     assert sum(1 for line in lines if line.startswith(("single_hop", "two_hop", "summary"))) == 15
     png = (out / "q.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
@@ -265,6 +266,10 @@ def test_summarize_means_and_gap_sign(tmp_path):
     # outputs equal to full recompute's, request by request ("r2" of hypic answered otherwise)
     assert by[("a", "hypic", 8)].same_as_full == 1 and by[("a", "full_recompute", None)].same_as_full == 2
     assert by[("b", "hypic", 8)].same_as_full is None
+    # 95% intervals: of the scores (100, 40), and paired of the differences to full recompute (0, 10)
+    assert by[("a", "hypic", 8)].score_ci95 == pytest.approx(1.96 * math.sqrt(1800 / 2))
+    assert by[("a", "hypic", 8)].gap_ci95 == pytest.approx(1.96 * math.sqrt(50 / 2))
+    assert by[("b", "hypic", 8)].score_ci95 is None and by[("b", "hypic", 8)].gap_ci95 is None
     table = format_table(results)
     assert "+50.00" in table and "+5.00" in table
     plot_results(str(tmp_path / "p.png"), results)
@@ -297,10 +302,11 @@ def test_split_runs_merge_into_the_single_run_table(suite_run, word_model, tmp_p
     assert sorted(map(key, merged["results"])) == sorted(map(key, single["results"]))
     by_cell = {key(r): r for r in single["results"]}
     for row in merged["results"]:
-        # a merge cannot compare outputs across files: same_as_full is kept as each file had it
+        # a merge cannot compare outputs across files: same_as_full and the paired gap interval are
+        # kept as each file had them
         want = dict(by_cell[key(row)])
         if row["mode"] != "full_recompute":
-            want["same_as_full"] = None
+            want["same_as_full"] = want["gap_ci95"] = None
         assert row == want
     assert merged["config"]["complete"] is True and merged["config"]["incomplete_files"] == []
     assert "gap" in printed.splitlines()[0]

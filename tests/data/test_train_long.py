@@ -56,6 +56,9 @@ def test_resumed_run_equals_uninterrupted_run_and_exports_a_served_model(tmp_pat
     assert not first["resumed"] and first["state"]["stage"] == 1  # passed the first stage at step 2
     second = train_long.main([*common, "--out", str(tmp_path / "b"), "--max-steps", "5",
                               "--export", str(tmp_path / "model")])
+    train_long.main(["--smoke", "--quiet", "--out", str(tmp_path / "a"), "--export-only", str(tmp_path / "again")])
+    exported, again = _tensors(tmp_path / "model"), _tensors(tmp_path / "again")  # a's weights are b's
+    assert exported.keys() == again.keys() and all(torch.equal(exported[k], again[k]) for k in exported)
     assert second["resumed"] and second["state"]["step"] == straight["state"]["step"] == 5
     a, b = _tensors(tmp_path / "a"), _tensors(tmp_path / "b")
     assert a.keys() == b.keys() and any(k.startswith("optimizer") for k in a)
