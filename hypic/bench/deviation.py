@@ -115,13 +115,14 @@ def donor_order(num_documents: int, request_id: str) -> List[int]:
 
 
 class DeviationRun:
-    """One engine (no prefix cache: a checkpoint would make the second run exact) and the recorder."""
+    """One engine and the recorder. No prefix cache (a checkpoint would make the second run exact) and
+    no CUDA graphs (a replayed graph runs no module hooks)."""
 
     def __init__(self, model: str, device: str, dtype: str, seed: int) -> None:
         from hypic.engine.engine import LLMEngine
 
         self.engine = LLMEngine(model, device=device, dtype=dtype, seed=seed, enable_prefix_caching=False,
-                                segment_cache_bytes=None, max_num_seqs=1)
+                                segment_cache_bytes=None, max_num_seqs=1, enforce_eager=True)
         self.model, self.spec = self.engine.model, self.engine.spec
         self.recorder = ActivationRecorder(self.model, self.spec.layer_types)
         self.attention_layers = self.recorder.attention_layers
