@@ -157,7 +157,7 @@ class LongDocumentPool:
         excluded = set(range(len(self.documents))) - set(eligible)
         picked: List[LongDocument] = []
         subjects: set = set()
-        for index in zipf_sample(rng, len(self.documents), min(len(eligible), 2 * num_docs), exponent, excluded):
+        for index in zipf_sample(rng, len(self.documents), len(eligible), exponent, excluded):
             doc = self.documents[index]
             if doc.subject not in subjects:
                 picked.append(doc)
