@@ -93,6 +93,13 @@ def has_checkpoint(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, STATE_FILE))
 
 
+def checkpoint_recipe(directory: str) -> dict:
+    """The recipe (shape, curriculum, optimiser, seed, vocabulary size) the checkpoint was made by,
+    read before any tensor so that another recipe's checkpoint is refused by name, not by shape."""
+    with open(os.path.join(directory, STATE_FILE), encoding="utf-8") as handle:
+        return json.load(handle).get("recipe")
+
+
 def load_checkpoint(model, optimizer, directory: str) -> dict:
     """Restore weights and optimiser state into ``model`` / ``optimizer`` (built as the saved run
     built them); returns the trainer state."""

@@ -8,13 +8,13 @@ autocast on CUDA, fp32 master weights, an LM loss on every token plus a loss on 
 
 A run spans device calls of at most ~9 minutes; each call continues exactly where the last stopped::
 
-    python3 training/train_long.py --out training/runs/long --max-minutes 8.5      # every call
+    python3 training/train_long.py --out training/runs/long --max-minutes 8      # every call
     python3 training/train_long.py --out training/runs/long --export-only hypic/assets/long   # ship it
 
 ``--out`` holding a checkpoint resumes from it: weights, optimiser state, step, curriculum stage, the
 stage's next batch index and the window that advances stages. Batches are a pure function of (seed,
 stage, batch index), so the resumed run draws what the uninterrupted run would have drawn (on the
-CPU a resumed run equals an uninterrupted one bit for bit; tests/data/test_train_long.py).
+CPU a resumed run equals an uninterrupted one bit for bit; tests/training/test_train_long.py).
 
 The optimiser is Adafactor (torch.optim.Adafactor: factored second moments, no first moment) by
 default: its state is a few hundred KB, so the whole checkpoint (35 MB) travels with a device call;
@@ -43,14 +43,17 @@ from hypic.data.long_suites import LongSuiteConfig, generate_long_suite  # noqa:
 from hypic.data.long_vocab import extended_vocabulary  # noqa: E402
 from hypic.data.training import encode_request  # noqa: E402
 from hypic.data.vocab import PAD_TOKEN, special_token_ids  # noqa: E402
-from long_checkpoint import export_model, has_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from long_checkpoint import (  # noqa: E402
+    checkpoint_recipe, export_model, has_checkpoint, load_checkpoint, save_checkpoint,
+)
 from long_recipe import (  # noqa: E402
     LONG_CURRICULUM, LONG_SHAPE, SMOKE_CURRICULUM, SMOKE_SHAPE, LongStage, check_curriculum, eval_requests,
     stage_batch, stage_batch_size,
 )
 from tiny_model import build_config  # noqa: E402
 from train_tiny import (  # noqa: E402
-    Logger, collate, count_parameters, evaluate, hide_fla, learning_rate, losses, should_advance, task_accuracy,
+    Logger, collate, count_parameters, evaluate, finish_args, hide_fla, learning_rate, should_advance, task_accuracy,
+    train_step,
 )
 
 LOG_FILE = "train_log.jsonl"
@@ -167,13 +170,7 @@ def parse_args(argv: Optional[Sequence[str]] = None):
         args.warmup_steps = min(args.warmup_steps, 2)
         args.total_steps = min(args.total_steps, 20)
         args.threads = 1 if args.threads is None else args.threads
-    if args.workers is None:
-        args.workers = 6 if args.device.startswith("cuda") else 0
-    args.autocast = args.device.startswith("cuda")
-    for name in ("batch_tokens", "max_batch", "eval_every", "save_every", "log_every", "total_steps",
-                 "warmup_steps", "advance_window", "eval_requests"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+    finish_args(args, ("eval_requests",))
     return args
 
 
@@ -198,9 +195,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     state: Dict = {"step": 0, "stage": 0, "stage_step": 0, "stage_batch": 0, "tokens": 0, "calls": 0, "window": []}
     resumed = has_checkpoint(args.out)
     if resumed:
+        saved = checkpoint_recipe(args.out)
+        if saved != recipe:
+            raise ValueError(f"--out {args.out}: its checkpoint was made by another recipe ({saved}; this run's is "
+                             f"{recipe}: --smoke, --optimizer and --seed must be those of the run that made it)")
         state = load_checkpoint(model, optimizer, args.out)
-        if state.get("recipe") != recipe:
-            raise ValueError(f"--out {args.out}: its checkpoint was made by another recipe ({state.get('recipe')})")
     if args.export_only:
         if not resumed:
             raise ValueError(f"--export-only: {args.out} holds no checkpoint")
@@ -230,13 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         t0 = time.time()
         batch = next(batches)
         lr = learning_rate(state["step"], args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss, _, answer_loss, exact = losses(model, batch, args.device, args.answer_weight, args.autocast)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
+        loss, _, answer_loss, exact, grad_norm = train_step(model, optimizer, batch, lr, args)
         tokens = int(batch["valid"].sum())
         state["step"] += 1
         state["stage_step"] += 1

@@ -321,14 +321,32 @@ def parse_args(argv: Optional[Sequence[str]] = None):
         args.total_steps = min(args.total_steps, 10)
     if args.smoke and args.threads is None:
         args.threads = 1  # tiny ops: threading only adds overhead, and CI shares its cores
+    finish_args(args, ("rewarmup_steps",))
+    return args
+
+
+def finish_args(args, positive: Sequence[str] = ()) -> None:
+    """What every trainer's arguments share: data workers (6 on a GPU, none on the CPU), bf16
+    autocast on a GPU, and the counts that must be >= 1 (``positive`` names more)."""
     if args.workers is None:
         args.workers = 6 if args.device.startswith("cuda") else 0
     args.autocast = args.device.startswith("cuda")
     for name in ("batch_tokens", "max_batch", "eval_every", "save_every", "log_every", "total_steps",
-                 "warmup_steps", "advance_window", "rewarmup_steps"):
+                 "warmup_steps", "advance_window", *positive):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
-    return args
+
+
+def train_step(model, optimizer, batch: Dict[str, torch.Tensor], lr: float, args):
+    """One optimiser step at learning rate ``lr``: (loss, lm_loss, answer_loss, exact, grad_norm)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss, lm_loss, answer_loss, exact = losses(model, batch, args.device, args.answer_weight, args.autocast)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    optimizer.step()
+    return loss, lm_loss, answer_loss, exact, grad_norm
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
@@ -401,13 +419,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         lr = learning_rate(state["step"], args)
         if rewarm_from is not None:
             lr *= min(1.0, (state["step"] - rewarm_from + 1) / args.rewarmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss, lm_loss, answer_loss, exact = losses(model, batch, args.device, args.answer_weight, args.autocast)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
+        loss, lm_loss, answer_loss, exact, grad_norm = train_step(model, optimizer, batch, lr, args)
         state["step"] += 1
         state["stage_step"] += 1
         num_tokens = int(batch["valid"].sum())

@@ -3,6 +3,7 @@
     hypic bench quality --model DIR --num-requests 50 --modes full_recompute,addition,hypic \\
         --seams 0,1,2,4,8,16,32 --cold-policies inline,standalone --json out.json --plot out.png
     hypic bench quality --model DIR --longbench hotpotqa.jsonl --modes full_recompute,hypic
+    hypic bench quality --bounds-only --tasks multi_key,counting --num-requests 500 --json bounds.json
 
 Requests come from the synthetic suites of :mod:`hypic.data` (held-out split by default:
 ``single_hop``, ``two_hop``, ``summary``; the long order-sensitive tasks ``multi_key``,
@@ -30,7 +31,7 @@ from hypic.bench.quality_run import (
     ALL_MODES, Configuration, PromptEncoder, RequestRecord, encode_requests,
     expand_configurations, parse_cold_policies, parse_modes, parse_seam_specs, run_task, write_records,
 )
-from hypic.bench.common import provenance
+from hypic.bench.common import provenance, write_report
 from hypic.data.long_oracle import oracle_score, order_blind_bound
 from hypic.data.long_suites import LONG_TASKS, LongSuiteConfig, generate_long_suite
 from hypic.data.suites import SUITE_TASKS, TASKS, SuiteConfig, generate_suite
@@ -174,7 +175,8 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
                 runs.append((task, configuration, records))
                 if args.json:
                     # A long run killed by a time limit keeps every finished cell ("complete": false).
-                    write_json(args.json, str(args.model), {**config, "complete": False}, summarize(_by_task(runs, encoded)))
+                    write_json(args.json, str(args.model), {**config, "complete": False},
+                               summarize(_by_task(runs, encoded)), provenance(args))
     finally:
         bar.close()
     runs = _by_task(runs, encoded)
@@ -225,9 +227,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge", nargs="+", default=None, metavar="FILE.json",
                         help="run nothing: merge the JSON files of earlier runs (disjoint cells, same model, "
                              "requests and decoding) into one table, --json and --plot")
+    parser.add_argument("--bounds-only", action="store_true",
+                        help="run no model: the long tasks' text-oracle score and order-blind bound (the best "
+                             "score of a reader blind to document order), --json")
+
+
+def run_bounds(args: argparse.Namespace) -> dict:
+    """``--bounds-only``: the long tasks' text-oracle score and order-blind bound, no model."""
+    if args.longbench or args.merge:
+        raise ValueError("bounds-only: the bounds are of the synthetic long tasks; --longbench and --merge take none")
+    if not isinstance(args.num_requests, int) or args.num_requests < 1:
+        raise ValueError(f"num_requests: must be an int >= 1, got {args.num_requests!r}")
+    tasks = parse_tasks(args.tasks if args.tasks is not None else ",".join(LONG_TASKS))
+    if any(t not in LONG_TASKS for t in tasks):
+        raise ValueError(f"bounds-only: the bounds are of the long tasks {', '.join(LONG_TASKS)}, got {', '.join(tasks)}")
+    by_task = {task: suite_requests(args, task) for task in tasks}
+    config = {"source": "synthetic", "split": args.split, "seed": args.seed,
+              "num_requests": {t: len(rs) for t, rs in by_task.items()}, "min_docs": args.min_docs,
+              "max_docs": args.max_docs, "min_context_tokens": args.min_context_tokens,
+              "max_context_tokens": args.max_context_tokens, "pool_size": args.pool_size}
+    return {"config": config, "suite_bounds": suite_bounds(by_task), **provenance(args)}
+
+
+def format_bounds(report: dict) -> str:
+    lines = [f"{'task':<18}  {'n':>4}  {'oracle':>6}  {'order-blind bound':>17}"]
+    for task, b in report["suite_bounds"].items():
+        n = report["config"]["num_requests"][task]
+        lines.append(f"{task:<18}  {n:>4}  {b['oracle']:>6.1f}  {b['order_blind_bound']:>17.1f}")
+    lines.append("oracle: score of a solver reading the documents' text in order (100: the documents determine every "
+                 "answer); order-blind bound: the best mean score of a reader blind to the documents' order")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bounds_only:
+        report = run_bounds(args)
+        print(format_bounds(report))
+        if args.json:
+            write_report(args.json, report)
+            print(f"wrote {args.json}")
+        return 0
     if args.merge:
         model, config, results = merge_json_files(args.merge)
         records = None

@@ -32,9 +32,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .language import (
-    FILLER_TEMPLATES, HELD_OUT_MODULUS, SHORT_FILLER, SPLITS, check_split, document_id, filler_sentence,
-)
+from .language import HELD_OUT_MODULUS, SPLITS, check_split, document_id, filler_sentences
 from .long_vocab import COUNTER_OBJECTS, NUMBERS, VARIABLES
 from .vocab import CITIES, SEP_TOKEN
 
@@ -111,16 +109,7 @@ def make_long_document(rng: random.Random, subject: str, events: Sequence[Event]
     if not isinstance(target_tokens, int) or target_tokens < 1:
         raise ValueError(f"target_tokens: must be an int >= 1, got {target_tokens!r}")
     fixed = HEAD_TOKENS + sum(e.num_tokens for e in events)
-    fillers: List[List[str]] = []
-    total = fixed
-    while True:
-        template = rng.choice(FILLER_TEMPLATES)
-        if total + len(template) > target_tokens:
-            template = SHORT_FILLER
-            if total + len(template) > target_tokens:
-                break
-        fillers.append(filler_sentence(rng, template))
-        total += len(template)
+    fillers = filler_sentences(rng, fixed, target_tokens, target_tokens)
     # Slots: fillers go into the gaps between events (and before the first / after the last) at
     # random, which keeps the events' order.
     gaps: List[List[List[str]]] = [[] for _ in range(len(events) + 1)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic.bench.quality import parse_args, parse_tasks, run_quality
+from hypic.bench.quality import parse_args, parse_tasks, run_bounds, run_quality
 from hypic.bench.quality_report import format_table, plot_results, summarize
 from hypic.bench.quality_run import (
     Configuration, EncodedRequest, PromptEncoder, RequestRecord, encode_requests, expand_configurations, group_requests,
@@ -322,7 +322,7 @@ def test_split_runs_merge_into_the_single_run_table(suite_run, word_model, tmp_p
 
 
 def test_partial_json_is_written_after_each_cell(word_model, tmp_path, monkeypatch):
-    """A run killed part-way leaves the finished cells on disk, marked incomplete."""
+    """A run killed part-way leaves the finished cells on disk, marked incomplete, with their provenance."""
     import hypic.bench.quality as quality
 
     calls = []
@@ -341,7 +341,7 @@ def test_partial_json_is_written_after_each_cell(word_model, tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         run_quality(args)
     payload = json.loads((tmp_path / "p.json").read_text())
-    assert payload["config"]["complete"] is False
+    assert payload["config"]["complete"] is False and "commit" in payload and "torch" in payload
     assert [(r["task"], r["mode"]) for r in payload["results"]] == [
         ("single_hop", "full_recompute"), ("summary", "full_recompute")]
 
@@ -390,3 +390,19 @@ def test_seam_floor_and_cap_are_configurations_of_their_own(word_model):
         windows = [min(w, config.seam_max_tokens or w) for w in expected[config.seam]]
         # cold under standalone: the standalone pass over every document, then seams and the query
         assert record.live_tokens == sum(documents) + sum(windows) + len(encoded.segments[-1]), config
+
+
+def test_bounds_only_runs_no_model_and_records_its_command(tmp_path):
+    small = ["--min-docs", "3", "--max-docs", "4", "--min-context-tokens", "150", "--max-context-tokens", "300",
+             "--pool-size", "32", "--num-requests", "3"]
+    out = tmp_path / "bounds.json"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(["bench", "quality", "--bounds-only", "--model", "no-such-model", "--tasks", "doc_order",
+                     *small, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["command"].endswith(f"--json {out}") and "commit" in report
+    bound = report["suite_bounds"]["doc_order"]
+    assert bound["oracle"] == 100.0 and 0 <= bound["order_blind_bound"] < 100
+    assert "order-blind bound" in printed.getvalue()
+    with pytest.raises(ValueError, match="long tasks"):
+        run_bounds(parse_args(["--bounds-only", "--tasks", "single_hop", *small]))

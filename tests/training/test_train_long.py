@@ -1,41 +1,15 @@
 """training/train_long.py at the smoke shape on the CPU: a resumed run equals an uninterrupted one bit
 for bit, the checkpoint fits what a device call carries, and the exported model serves in hypic."""
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-_TRAINING = os.path.join(os.path.dirname(__file__), "..", "..", "training")
-
-
-def _load(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    if _TRAINING not in sys.path:
-        sys.path.insert(0, os.path.abspath(_TRAINING))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(_TRAINING, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def _restore_hidden_modules():
-    """The trainer hides fla / causal_conv1d from transformers; undo that for the rest of the session."""
-    before = {name: sys.modules.get(name, "absent") for name in ("fla", "causal_conv1d")}
-    yield
-    for name, value in before.items():
-        if value == "absent":
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = value
+from tests.training._scripts import load_script  # noqa: E402
 
 
 def _tensors(folder):
@@ -49,7 +23,7 @@ def _tensors(folder):
 
 
 def test_resumed_run_equals_uninterrupted_run_and_exports_a_served_model(tmp_path):
-    train_long = _load("train_long")
+    train_long = load_script("train_long")
     common = ["--smoke", "--quiet", "--eval-every", "100", "--save-every", "100"]
     straight = train_long.main([*common, "--out", str(tmp_path / "a"), "--max-steps", "5"])
     first = train_long.main([*common, "--out", str(tmp_path / "b"), "--max-steps", "3"])
@@ -57,6 +31,11 @@ def test_resumed_run_equals_uninterrupted_run_and_exports_a_served_model(tmp_pat
     second = train_long.main([*common, "--out", str(tmp_path / "b"), "--max-steps", "5",
                               "--export", str(tmp_path / "model")])
     train_long.main(["--smoke", "--quiet", "--out", str(tmp_path / "a"), "--export-only", str(tmp_path / "again")])
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        train_long.main(["--smoke", "--quiet", "--out", str(tmp_path / "none"), "--export-only", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match="another recipe"):  # a smoke checkpoint read as the full recipe
+        train_long.main(["--quiet", "--device", "cpu", "--out", str(tmp_path / "a"), "--export-only", str(tmp_path / "x")])
+    assert not (tmp_path / "none").exists() and not (tmp_path / "x").exists()
     exported, again = _tensors(tmp_path / "model"), _tensors(tmp_path / "again")  # a's weights are b's
     assert exported.keys() == again.keys() and all(torch.equal(exported[k], again[k]) for k in exported)
     assert second["resumed"] and second["state"]["step"] == straight["state"]["step"] == 5
@@ -82,8 +61,8 @@ def test_resumed_run_equals_uninterrupted_run_and_exports_a_served_model(tmp_pat
 def test_the_recipe_fits_a_device_call():
     """The full-size checkpoint: every weight file under the 16 MiB a device call returns, all of it
     (weights, Adafactor state) within what a call carries beside the 18 MB working tree."""
-    recipe, checkpoint, tiny_model = _load("long_recipe"), _load("long_checkpoint"), _load("tiny_model")
-    train_tiny = _load("train_tiny")
+    recipe, checkpoint = load_script("long_recipe"), load_script("long_checkpoint")
+    tiny_model, train_tiny = load_script("tiny_model"), load_script("train_tiny")
     train_tiny.hide_fla()
     from hypic.data.long_vocab import extended_vocabulary
 
@@ -101,7 +80,7 @@ def test_the_recipe_fits_a_device_call():
 
 
 def test_batches_are_a_function_of_their_index_for_any_number_of_workers():
-    train_long, recipe = _load("train_long"), _load("long_recipe")
+    train_long, recipe = load_script("train_long"), load_script("long_recipe")
     stage = recipe.SMOKE_CURRICULUM[1]
     loaders = [torch.utils.data.DataLoader(train_long.StageBatches(7, 1, stage, 3, 2), batch_size=None,
                                            num_workers=workers) for workers in (0, 2)]
