@@ -64,7 +64,8 @@ class StageBatches(torch.utils.data.IterableDataset):
     DataLoader hands them out round-robin, so the order is the index order for any W."""
 
     def __init__(self, seed: int, stage_index: int, stage: LongStage, start: int, batch_size: int):
-        self.seed, self.stage_index, self.stage, self.start, self.batch_size = seed, stage_index, stage, start, batch_size
+        self.seed, self.stage_index, self.stage = seed, stage_index, stage
+        self.start, self.batch_size = start, batch_size
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()

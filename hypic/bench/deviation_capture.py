@@ -49,7 +49,8 @@ class Activations:
         def pick(d):
             return {i: t.index_select(0, index) for i, t in d.items()}
         return Activations(self.positions.index_select(0, index), pick(self.hidden), pick(self.q), pick(self.k),
-                           pick(self.v), pick(self.attn), None if self.final is None else self.final.index_select(0, index))
+                           pick(self.v), pick(self.attn),
+                           None if self.final is None else self.final.index_select(0, index))
 
     @property
     def num_tokens(self) -> int:
@@ -152,7 +153,8 @@ def splice(live: Activations, bodies: Sequence[Optional[Activations]], segment_s
         for layer, tensor in getattr(live, name).items():
             dest = tensor.new_empty((num_tokens,) + tuple(tensor.shape[1:]))
             for source, positions, rows in sources:
-                dest.index_copy_(0, torch.tensor(positions), getattr(source, name)[layer].index_select(0, torch.tensor(rows)))
+                picked = getattr(source, name)[layer].index_select(0, torch.tensor(rows))
+                dest.index_copy_(0, torch.tensor(positions), picked)
             getattr(out, name)[layer] = dest
     out.final = live.final.new_empty((num_tokens, live.final.shape[1]))
     for source, positions, rows in sources:

@@ -195,7 +195,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 | float64")
     parser.add_argument("--num-requests", type=int, default=20, help="requests per task (default 20)")
     parser.add_argument("--tasks", default=None,
-                        help=f"comma-separated suite tasks among {','.join(ALL_SUITE_TASKS)} (default {','.join(TASKS)}); "
+                        help=f"comma-separated suite tasks among {','.join(ALL_SUITE_TASKS)} "
+                             f"(default {','.join(TASKS)}); "
                              "with --longbench: datasets")
     parser.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma-separated among {', '.join(ALL_MODES)}")
     parser.add_argument("--seams", default=DEFAULT_SEAMS,
@@ -240,7 +241,8 @@ def run_bounds(args: argparse.Namespace) -> dict:
         raise ValueError(f"num_requests: must be an int >= 1, got {args.num_requests!r}")
     tasks = parse_tasks(args.tasks if args.tasks is not None else ",".join(LONG_TASKS))
     if any(t not in LONG_TASKS for t in tasks):
-        raise ValueError(f"bounds-only: the bounds are of the long tasks {', '.join(LONG_TASKS)}, got {', '.join(tasks)}")
+        raise ValueError(f"bounds-only: the bounds are of the long tasks {', '.join(LONG_TASKS)}, "
+                         f"got {', '.join(tasks)}")
     by_task = {task: suite_requests(args, task) for task in tasks}
     config = {"source": "synthetic", "split": args.split, "seed": args.seed,
               "num_requests": {t: len(rs) for t, rs in by_task.items()}, "min_docs": args.min_docs,

@@ -136,8 +136,9 @@ def merge_json_files(paths: Sequence[str]) -> Tuple[str, dict, Tuple[QualityResu
     Every file must name the same model and agree on :data:`_MERGE_KEYS` for the tasks they share;
     a (task, mode, seam, cold policy) cell may appear in one file only. ``gap_to_full`` is recomputed
     from the merged ``full_recompute`` rows; ``gap_ci95`` (paired, per request) is kept from its own
-    file, and is None where that file had no ``full_recompute`` row of the task. Files left ``"complete": false`` by a killed run are
-    merged with what they hold, and the merged config says which were incomplete.
+    file, and is None where that file had no ``full_recompute`` row of the task. Files left
+    ``"complete": false`` by a killed run are merged with what they hold, and the merged config says
+    which were incomplete.
     """
     if not paths:
         raise ValueError("merge: give at least one JSON file")

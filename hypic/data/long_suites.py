@@ -81,7 +81,8 @@ class LongSuiteConfig:
             raise ValueError(f"min_context_tokens: must be an int >= 32 * min_docs = {32 * self.min_docs}, "
                              f"got {self.min_context_tokens!r}")
         if not isinstance(self.max_context_tokens, int) or self.max_context_tokens < self.min_context_tokens:
-            raise ValueError(f"max_context_tokens: must be an int >= min_context_tokens, got {self.max_context_tokens!r}")
+            raise ValueError(f"max_context_tokens: must be an int >= min_context_tokens, "
+                             f"got {self.max_context_tokens!r}")
         if not isinstance(self.pool_size, int) or self.pool_size < 4 * self.max_docs:
             raise ValueError(f"pool_size: must be an int >= 4 * max_docs = {4 * self.max_docs}, got {self.pool_size!r}")
         if not isinstance(self.zipf_exponent, (int, float)) or self.zipf_exponent < 0:
@@ -202,7 +203,8 @@ def _doc_order(rng: random.Random, docs: Sequence[LongDocument]) -> Optional[Tup
 def _counting(rng: random.Random, docs: Sequence[LongDocument]) -> Optional[Tuple[str, str]]:
     state, reverse = read_events(d.events for d in docs), read_events(d.events for d in reversed(docs))
     candidates = sorted(o for o in state.counters
-                        if state.silenced.get(o) and state.counters[o] != reverse.counters.get(o) and state.counters[o] < 100)
+                        if state.silenced.get(o) and state.counters[o] != reverse.counters.get(o)
+                        and state.counters[o] < 100)
     if not candidates:
         return None
     o = rng.choice(candidates)
@@ -264,7 +266,8 @@ def fresh_namespace(rng: random.Random, num_docs: int) -> Namespace:
     """Keys, variables and counters for a request of ``num_docs`` new documents: about as many keys
     and variables as documents (so repeats are common at every size), two to four counters."""
     size = max(2, min(len(CODE_KEYS), num_docs))
-    return Namespace(tuple(rng.sample(CODE_KEYS, size)), tuple(rng.sample(VARIABLES, max(3, min(len(VARIABLES), size)))),
+    variables = max(3, min(len(VARIABLES), size))
+    return Namespace(tuple(rng.sample(CODE_KEYS, size)), tuple(rng.sample(VARIABLES, variables)),
                      tuple(rng.sample(COUNTER_OBJECTS, rng.randint(2, 4))))
 
 

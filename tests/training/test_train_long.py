@@ -34,7 +34,8 @@ def test_resumed_run_equals_uninterrupted_run_and_exports_a_served_model(tmp_pat
     with pytest.raises(ValueError, match="holds no checkpoint"):
         train_long.main(["--smoke", "--quiet", "--out", str(tmp_path / "none"), "--export-only", str(tmp_path / "x")])
     with pytest.raises(ValueError, match="another recipe"):  # a smoke checkpoint read as the full recipe
-        train_long.main(["--quiet", "--device", "cpu", "--out", str(tmp_path / "a"), "--export-only", str(tmp_path / "x")])
+        train_long.main(["--quiet", "--device", "cpu", "--out", str(tmp_path / "a"),
+                         "--export-only", str(tmp_path / "x")])
     assert not (tmp_path / "none").exists() and not (tmp_path / "x").exists()
     exported, again = _tensors(tmp_path / "model"), _tensors(tmp_path / "again")  # a's weights are b's
     assert exported.keys() == again.keys() and all(torch.equal(exported[k], again[k]) for k in exported)
