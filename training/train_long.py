@@ -52,8 +52,8 @@ from long_recipe import (  # noqa: E402
 )
 from tiny_model import build_config  # noqa: E402
 from train_tiny import (  # noqa: E402
-    Logger, collate, count_parameters, evaluate, finish_args, hide_fla, learning_rate, should_advance, task_accuracy,
-    train_step,
+    Logger, add_shared_arguments, collate, count_parameters, evaluate, finish_args, learning_rate, prepare_torch,
+    should_advance, task_accuracy, train_step,
 )
 
 LOG_FILE = "train_log.jsonl"
@@ -127,6 +127,7 @@ def build_eval_sets(args, stages, stage_index: int) -> Dict[str, list]:
 
 def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shared_arguments(p)
     p.add_argument("--out", required=True, help="checkpoint folder: resumed from when it holds one, written")
     p.add_argument("--export", default=None, help="also write the shippable model folder (bf16) here at the end")
     p.add_argument("--export-only", default=None, metavar="DIR",
@@ -136,29 +137,11 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     p.add_argument("--total-steps", type=int, default=40000, help="length of the cosine schedule over all calls")
     p.add_argument("--optimizer", choices=["adafactor", "adamw"], default="adafactor")
     p.add_argument("--lr", type=float, default=None, help="peak lr (default 1e-2 Adafactor, 1e-3 AdamW)")
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup-steps", type=int, default=500)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--answer-weight", type=float, default=1.0, help="extra loss weight on answer tokens")
     p.add_argument("--batch-tokens", type=int, default=65536, help="padded tokens per batch (at a stage's longest)")
-    p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--eval-requests", type=int, default=32, help="held-out requests per eval set")
-    p.add_argument("--eval-seed", type=int, default=1000)
-    p.add_argument("--no-eval-full", dest="eval_full", action="store_false",
-                   help="skip the evaluation-shape sets (heldout/*), keep the stage-shape ones (stage/*)")
     p.add_argument("--save-every", type=int, default=500)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--advance-window", type=int, default=1024,
-                   help="training samples in the running answer exact match that advances stages")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:n]")
-    p.add_argument("--workers", type=int, default=None, help="data-loading processes (default: 6 on GPU, 0 on CPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 with --smoke)")
-    p.add_argument("--allow-fla", action="store_true", help="let transformers use fla kernels if installed")
     p.add_argument("--smoke", action="store_true", help="the smoke shape and curriculum, small batches (CPU tests)")
-    p.add_argument("--quiet", action="store_true", help="do not echo log lines to stdout")
     args = p.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -177,13 +160,10 @@ def parse_args(argv: Optional[Sequence[str]] = None):
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     args = parse_args(argv)
-    if not args.allow_fla:
-        hide_fla()
+    start_time = time.time()
+    prepare_torch(args)
     from transformers import Qwen3_5ForCausalLM
 
-    start_time = time.time()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     shape, stages = (SMOKE_SHAPE, SMOKE_CURRICULUM) if args.smoke else (LONG_SHAPE, LONG_CURRICULUM)
     check_curriculum(stages)
     vocab = extended_vocabulary()
