@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs a plan of benchmark commands on a device machine; everything it writes goes under $OUT.
 #
-#   OUT=DIR bash benchmarks/device_run.sh benchmarks/plans/ttft_h200.plan [STEP_TIMEOUT_S]
+#   OUT=DIR bash benchmarks/device_run.sh benchmarks/plans/ttft_h200.plan [STEP_TIMEOUT_S] [STEPS]
+#
+# STEPS (optional): the plan's command lines to run, counted from 1 without blank and comment
+# lines: N, or N-M (a plan longer than one device call runs a part per call).
 #
 # A plan is a text file of shell commands, one a line (blank lines and '#' comments skipped), each
 # free to use $OUT. The runner installs the carried wheels (.whl/*.whl: fla-core and its
@@ -12,8 +15,12 @@
 # seconds. Exit code: the number of failed lines. docs/performance.md lists the plans and what
 # each result file is.
 set -uo pipefail
-PLAN=${1:?usage: OUT=DIR bash benchmarks/device_run.sh PLAN [STEP_TIMEOUT_S]}
+PLAN=${1:?usage: OUT=DIR bash benchmarks/device_run.sh PLAN [STEP_TIMEOUT_S] [STEPS]}
 STEP_TIMEOUT=${2:-600}
+STEPS=${3:-1-1000000}
+[[ "$STEPS" =~ ^[0-9]+(-[0-9]+)?$ ]] || { echo "STEPS must be N or N-M, got $STEPS" >&2; exit 2; }
+FIRST=${STEPS%-*}
+LAST=${STEPS#*-}
 : "${OUT:?set OUT to the folder the results go to}"
 PLAN=$(realpath "$PLAN")
 cd "$(dirname "$0")/.." || exit 1
@@ -32,10 +39,13 @@ LOG=$OUT/logs/run.txt
   nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
 } > "$LOG"
 n=0
+ran=0
 failed=0
 while IFS= read -r line || [[ -n "$line" ]]; do
   [[ -z "${line//[[:space:]]/}" || "$line" =~ ^[[:space:]]*# ]] && continue
   n=$((n + 1))
+  (( n < FIRST || n > LAST )) && continue
+  ran=$((ran + 1))
   start=$(date +%s)
   echo "[$n] $line"
   timeout "$STEP_TIMEOUT" bash -c "$line" > "$OUT/logs/step$n.txt" 2>&1
@@ -46,5 +56,5 @@ while IFS= read -r line || [[ -n "$line" ]]; do
   tail -n 15 "$OUT/logs/step$n.txt"
   echo "[$n] rc=$rc after ${seconds} s"
 done < "$PLAN"
-echo "$n steps, $failed failed" | tee -a "$LOG"
+echo "$ran steps, $failed failed" | tee -a "$LOG"
 exit "$failed"

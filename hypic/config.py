@@ -3,7 +3,7 @@
 :class:`EngineConfig` is composed of
 
 * :class:`ModelConfig` (model, dtype, device, seed, load_format, max_model_len),
-* :class:`~hypic.pic.modes.PICConfig` (mode, seam, cold policy),
+* :class:`~hypic.pic.modes.PICConfig` (mode, seam and its floor and cap, cold policy),
 * :class:`~hypic.engine.scheduler.SchedulerConfig` (max_num_batched_tokens, max_num_seqs),
 * :class:`CacheConfig` (the segment store's device, host and disk tiers; the prefix cache),
 * :class:`~hypic.runner.segment_parallel.SegmentParallelConfig` (segment workers),
@@ -262,6 +262,10 @@ ENGINE_OPTIONS: Tuple[EngineOption, ...] = (
                  choices=tuple(MODES) + tuple(MODE_ALIASES)),
     EngineOption("seam", "pic", "seam", "seam window: tokens (int) or a fraction of each segment in (0, 1]",
                  parse_seam),
+    EngineOption("seam_min_tokens", "pic", "seam_min_tokens",
+                 "floor of the seam window in tokens (with a fractional seam: at least this many tokens)", int),
+    EngineOption("seam_max_tokens", "pic", "seam_max_tokens",
+                 "cap of the seam window in tokens (none: no cap)", parse_optional_int),
     EngineOption("pic_segment_min_tokens", "pic", "segment_min_tokens",
                  "segments shorter than this are not cached but computed live with their neighbours", int),
     EngineOption("cold_policy", "pic", "cold_policy",

@@ -268,21 +268,46 @@ class Logger:
 
 
 # ----------------------------------------------------------------------------- main
+def add_shared_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every trainer takes with the same meaning and default."""
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=500)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--answer-weight", type=float, default=1.0, help="extra loss weight on answer tokens")
+    p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--eval-seed", type=int, default=1000)
+    p.add_argument("--no-eval-full", dest="eval_full", action="store_false",
+                   help="skip the evaluation-shape sets (heldout/*), keep the stage-shape ones (stage/*)")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--advance-window", type=int, default=1024,
+                   help="training samples in the running answer exact match that advances stages")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:n]")
+    p.add_argument("--workers", type=int, default=None, help="data-loading processes (default: 6 on GPU, 0 on CPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 with --smoke)")
+    p.add_argument("--allow-fla", action="store_true", help="let transformers use fla kernels if installed")
+    p.add_argument("--quiet", action="store_true", help="do not echo log lines to stdout")
+
+
+def prepare_torch(args) -> None:
+    """Before transformers is imported: fla / causal_conv1d hidden (unless --allow-fla), the threads."""
+    if not args.allow_fla:
+        hide_fla()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+
 def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shared_arguments(p)
     p.add_argument("--out", required=True, help="checkpoint folder to write (may equal --resume)")
     p.add_argument("--resume", default=None, help="checkpoint folder to continue from")
     p.add_argument("--max-minutes", type=float, default=8.5, help="wall-clock budget of this call")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many global steps")
     p.add_argument("--total-steps", type=int, default=30000, help="length of the cosine schedule")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup-steps", type=int, default=500)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--answer-weight", type=float, default=1.0, help="extra loss weight on answer tokens")
     p.add_argument("--batch-tokens", type=int, default=65536, help="padded tokens per batch")
-    p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default="bfloat16",
                    help="dtype of stored weights and moments (bf16 keeps every file under 16 MiB)")
     p.add_argument("--no-optimizer-state", action="store_true",
@@ -291,23 +316,11 @@ def parse_args(argv: Optional[Sequence[str]] = None):
                    help="lr ramp after resuming without optimizer moments")
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--eval-requests", type=int, default=128, help="held-out requests per eval set")
-    p.add_argument("--eval-seed", type=int, default=1000)
-    p.add_argument("--no-eval-full", dest="eval_full", action="store_false",
-                   help="skip the evaluation-shape sets (heldout/*), keep the stage-shape ones (stage/*)")
     p.add_argument("--save-every", type=int, default=1000)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stage", default=None, help="force a curriculum stage by name")
-    p.add_argument("--advance-window", type=int, default=1024,
-                   help="training samples in the running answer exact match that advances stages")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:n]")
-    p.add_argument("--workers", type=int, default=None, help="data-loading processes (default: 6 on GPU, 0 on CPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 with --smoke)")
     p.add_argument("--hidden-size", type=int, default=None)
     p.add_argument("--num-layers", type=int, default=None)
-    p.add_argument("--allow-fla", action="store_true", help="let transformers use fla kernels if installed")
     p.add_argument("--smoke", action="store_true", help="tiny model, tiny batches, 3 steps, CPU")
-    p.add_argument("--quiet", action="store_true", help="do not echo log lines to stdout")
     args = p.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -321,25 +334,40 @@ def parse_args(argv: Optional[Sequence[str]] = None):
         args.total_steps = min(args.total_steps, 10)
     if args.smoke and args.threads is None:
         args.threads = 1  # tiny ops: threading only adds overhead, and CI shares its cores
+    finish_args(args, ("rewarmup_steps",))
+    return args
+
+
+def finish_args(args, positive: Sequence[str] = ()) -> None:
+    """What every trainer's arguments share: data workers (6 on a GPU, none on the CPU), bf16
+    autocast on a GPU, and the counts that must be >= 1 (``positive`` names more)."""
     if args.workers is None:
         args.workers = 6 if args.device.startswith("cuda") else 0
     args.autocast = args.device.startswith("cuda")
     for name in ("batch_tokens", "max_batch", "eval_every", "save_every", "log_every", "total_steps",
-                 "warmup_steps", "advance_window", "rewarmup_steps"):
+                 "warmup_steps", "advance_window", *positive):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
-    return args
+
+
+def train_step(model, optimizer, batch: Dict[str, torch.Tensor], lr: float, args):
+    """One optimiser step at learning rate ``lr``: (loss, lm_loss, answer_loss, exact, grad_norm)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss, lm_loss, answer_loss, exact = losses(model, batch, args.device, args.answer_weight, args.autocast)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    optimizer.step()
+    return loss, lm_loss, answer_loss, exact, grad_norm
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     args = parse_args(argv)
-    if not args.allow_fla:
-        hide_fla()
+    start_time = time.time()
+    prepare_torch(args)
     from transformers import Qwen3_5ForCausalLM
 
-    start_time = time.time()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     vocab = vocabulary()
     os.makedirs(args.out, exist_ok=True)
@@ -401,13 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         lr = learning_rate(state["step"], args)
         if rewarm_from is not None:
             lr *= min(1.0, (state["step"] - rewarm_from + 1) / args.rewarmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss, lm_loss, answer_loss, exact = losses(model, batch, args.device, args.answer_weight, args.autocast)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
+        loss, lm_loss, answer_loss, exact, grad_norm = train_step(model, optimizer, batch, lr, args)
         state["step"] += 1
         state["stage_step"] += 1
         num_tokens = int(batch["valid"].sum())

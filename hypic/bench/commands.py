@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, NamedTuple, Optional
 
-from hypic.bench import (kernels, op_count, prefix_spacing, profile, quality, segment_parallel, serve,
+from hypic.bench import (deviation, kernels, op_count, prefix_spacing, profile, quality, segment_parallel, serve,
                          small_segments, ttft)
 
 
@@ -19,6 +19,7 @@ class BenchCommand(NamedTuple):
 BENCH_COMMANDS: Dict[str, BenchCommand] = {
     "ttft": BenchCommand(ttft.HELP, ttft.add_arguments, ttft.run),
     "quality": BenchCommand(quality.HELP, quality.add_arguments, quality.run),
+    "deviation": BenchCommand(deviation.HELP, deviation.add_arguments, deviation.run),
     "kernels": BenchCommand(kernels.HELP, kernels.add_arguments, kernels.run),
     "profile": BenchCommand(profile.HELP, profile.add_arguments, profile.run),
     "op-count": BenchCommand(op_count.HELP, op_count.add_arguments, op_count.run),

@@ -3,9 +3,13 @@
     hypic bench quality --model DIR --num-requests 50 --modes full_recompute,addition,hypic \\
         --seams 0,1,2,4,8,16,32 --cold-policies inline,standalone --json out.json --plot out.png
     hypic bench quality --model DIR --longbench hotpotqa.jsonl --modes full_recompute,hypic
+    hypic bench quality --bounds-only --tasks multi_key,counting --num-requests 500 --json bounds.json
 
 Requests come from the synthetic suites of :mod:`hypic.data` (held-out split by default:
-``single_hop``, ``two_hop``, ``summary``) or from a LongBench-format jsonl file. Every
+``single_hop``, ``two_hop``, ``summary``; the long order-sensitive tasks ``multi_key``,
+``variable_tracking``, ``doc_order``, ``counting`` of :mod:`hypic.data.long_suites` with
+``--tasks``, each reported with the best score a reader blind to document order can reach) or from
+a LongBench-format jsonl file. Every
 configuration runs on the SAME requests, each tokenised segment by segment exactly once, so the
 modes differ only in what they reuse. Decoding is greedy, up to the task's longest reference answer
 plus one token, stopping at the tokenizer's end-of-sequence tokens; each prediction is scored with
@@ -25,9 +29,11 @@ from hypic.bench.quality_report import (
 )
 from hypic.bench.quality_run import (
     ALL_MODES, Configuration, PromptEncoder, RequestRecord, encode_requests,
-    expand_configurations, parse_cold_policies, parse_modes, parse_seams, run_task, write_records,
+    expand_configurations, parse_cold_policies, parse_modes, parse_seam_specs, run_task, write_records,
 )
-from hypic.bench.common import provenance
+from hypic.bench.common import provenance, write_report
+from hypic.data.long_oracle import oracle_score, order_blind_bound
+from hypic.data.long_suites import LONG_TASKS, LongSuiteConfig, generate_long_suite
 from hypic.data.suites import SUITE_TASKS, TASKS, SuiteConfig, generate_suite
 from hypic.pic.modes import COLD_POLICIES
 
@@ -44,14 +50,46 @@ class QualityRun:
     records: Tuple[Tuple[str, Configuration, Tuple[RequestRecord, ...]], ...]  # (task, config, per request)
 
 
+ALL_SUITE_TASKS: Tuple[str, ...] = SUITE_TASKS + LONG_TASKS
+
+
 def parse_tasks(text: Optional[str]) -> Tuple[str, ...]:
     names = [t.strip() for t in str(text or "").split(",") if t.strip()]
     if not names:
-        raise ValueError(f"tasks: none given; valid tasks: {', '.join(SUITE_TASKS)}")
+        raise ValueError(f"tasks: none given; valid tasks: {', '.join(ALL_SUITE_TASKS)}")
     for name in names:
-        if name not in SUITE_TASKS:
-            raise ValueError(f"tasks: unknown task {name!r}; valid tasks: {', '.join(SUITE_TASKS)}")
+        if name not in ALL_SUITE_TASKS:
+            raise ValueError(f"tasks: unknown task {name!r}; valid tasks: {', '.join(ALL_SUITE_TASKS)}")
     return tuple(dict.fromkeys(names))
+
+
+def suite_requests(args: argparse.Namespace, task: str) -> list:
+    """``args.num_requests`` requests of one synthetic task, the suite's shape overridden by the
+    document-count and (long tasks) context-size options that were given."""
+    sizes = {}
+    if args.min_docs is not None:
+        sizes["min_docs"] = args.min_docs
+    if task in LONG_TASKS:
+        if args.max_docs is not None:
+            sizes["max_docs"] = args.max_docs
+            sizes.setdefault("min_docs", min(LongSuiteConfig.min_docs, args.max_docs))
+        for name in ("min_context_tokens", "max_context_tokens", "pool_size"):
+            if getattr(args, name) is not None:
+                sizes[name] = getattr(args, name)
+        return generate_long_suite(LongSuiteConfig(task=task, split=args.split, seed=args.seed, **sizes),
+                                   args.num_requests)
+    if args.max_docs is not None:
+        sizes["max_docs"] = args.max_docs
+        sizes.setdefault("min_docs", min(SuiteConfig.min_docs, args.max_docs))
+    return generate_suite(SuiteConfig(task=task, split=args.split, seed=args.seed, **sizes), args.num_requests)
+
+
+def suite_bounds(by_task: dict) -> dict:
+    """Per long task: the text oracle's score (100: the documents determine every answer) and the
+    best mean score a reader blind to document order can reach (:func:`order_blind_bound`), 0-100."""
+    return {task: {"oracle": oracle_score(rs),
+                   "order_blind_bound": 100.0 * sum(order_blind_bound(r) for r in rs) / len(rs)}
+            for task, rs in by_task.items() if task in LONG_TASKS and rs}
 
 
 def build_requests(args: argparse.Namespace) -> Tuple[dict, bool]:
@@ -78,17 +116,7 @@ def build_requests(args: argparse.Namespace) -> Tuple[dict, bool]:
             raise ValueError(f"longbench: {path} holds no requests")
         return by_task, False
     tasks = parse_tasks(args.tasks if args.tasks is not None else ",".join(TASKS))
-    sizes = {}
-    if args.min_docs is not None:
-        sizes["min_docs"] = args.min_docs
-    if args.max_docs is not None:
-        sizes["max_docs"] = args.max_docs
-        sizes.setdefault("min_docs", min(SuiteConfig.min_docs, args.max_docs))
-    by_task = {}
-    for task in tasks:
-        config = SuiteConfig(task=task, split=args.split, seed=args.seed, **sizes)
-        by_task[task] = generate_suite(config, args.num_requests)
-    return by_task, True
+    return {task: suite_requests(args, task) for task in tasks}, True
 
 
 def run_quality(args: argparse.Namespace) -> QualityRun:
@@ -103,7 +131,7 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
     if args.max_tokens is not None and (not isinstance(args.max_tokens, int) or args.max_tokens < 1):
         raise ValueError(f"max_tokens: must be an int >= 1, got {args.max_tokens!r}")
     modes = parse_modes(args.modes)
-    seams = parse_seams(args.seams)
+    seams = parse_seam_specs(args.seams)
     policies = parse_cold_policies(args.cold_policies)
     configurations = expand_configurations(modes, seams, policies)
     by_task, synthetic = build_requests(args)
@@ -123,12 +151,15 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
         "source": str(args.longbench) if args.longbench else "synthetic",
         "split": None if args.longbench else args.split,
         "tasks": list(encoded), "num_requests": {t: len(es) for t, es in encoded.items()},
-        "modes": list(modes), "seams": list(seams), "cold_policies": list(policies),
+        "modes": list(modes), "seams": [s.label for s in seams], "cold_policies": list(policies),
         "seed": args.seed, "device": str(args.device), "dtype": str(args.dtype),
         "min_docs": args.min_docs, "max_docs": args.max_docs, "batch_size": args.batch_size,
         "max_tokens": max_tokens, "bos": bool(args.bos), "decoding": "greedy, stop at eos",
         "store_warming": "fresh engine and store per (configuration, task); requests in suite order",
     }
+    if synthetic and any(t in LONG_TASKS for t in by_task):
+        config.update(min_context_tokens=args.min_context_tokens, max_context_tokens=args.max_context_tokens,
+                      pool_size=args.pool_size, suite_bounds=suite_bounds(by_task))
     total = len(configurations) * sum(len(es) for es in encoded.values())
     from tqdm.auto import tqdm
 
@@ -144,7 +175,8 @@ def run_quality(args: argparse.Namespace) -> QualityRun:
                 runs.append((task, configuration, records))
                 if args.json:
                     # A long run killed by a time limit keeps every finished cell ("complete": false).
-                    write_json(args.json, str(args.model), {**config, "complete": False}, summarize(_by_task(runs, encoded)))
+                    write_json(args.json, str(args.model), {**config, "complete": False},
+                               summarize(_by_task(runs, encoded)), provenance(args))
     finally:
         bar.close()
     runs = _by_task(runs, encoded)
@@ -163,17 +195,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 | float64")
     parser.add_argument("--num-requests", type=int, default=20, help="requests per task (default 20)")
     parser.add_argument("--tasks", default=None,
-                        help=f"comma-separated suite tasks among {','.join(SUITE_TASKS)} (default {','.join(TASKS)}); "
+                        help=f"comma-separated suite tasks among {','.join(ALL_SUITE_TASKS)} "
+                             f"(default {','.join(TASKS)}); "
                              "with --longbench: datasets")
     parser.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma-separated among {', '.join(ALL_MODES)}")
     parser.add_argument("--seams", default=DEFAULT_SEAMS,
-                        help=f"hypic seam widths: int tokens or fractions in (0, 1] (default {DEFAULT_SEAMS})")
+                        help=f"hypic seam widths: int tokens or fractions in (0, 1], each optionally with a floor "
+                             f"and a cap in tokens (0.1:8, 0.1:8:24) (default {DEFAULT_SEAMS})")
     parser.add_argument("--cold-policies", default=",".join(COLD_POLICIES), help="comma-separated among " + ",".join(COLD_POLICIES))
     parser.add_argument("--seed", type=int, default=0, help="suite seed (and engine seed)")
     parser.add_argument("--split", default="held_out", choices=["held_out", "train"], help="suite split")
     parser.add_argument("--min-docs", type=int, default=None, help="suite override: fewest documents per request")
     parser.add_argument("--max-docs", type=int, default=None,
                         help="suite override: most documents per request (LongBench: merge into at most this many)")
+    parser.add_argument("--min-context-tokens", type=int, default=None,
+                        help="long tasks: fewest document tokens per request (default 4096)")
+    parser.add_argument("--max-context-tokens", type=int, default=None,
+                        help="long tasks: most document tokens per request (default 8192)")
+    parser.add_argument("--pool-size", type=int, default=None,
+                        help="long tasks: documents in the suite's pool (default 1024)")
     parser.add_argument("--longbench", default=None, metavar="FILE.jsonl", help="run a LongBench-format file instead")
     parser.add_argument("--batch-size", type=int, default=8,
                         help="most requests per engine run; 1 = strictly sequential (same hits and misses)")
@@ -188,9 +228,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge", nargs="+", default=None, metavar="FILE.json",
                         help="run nothing: merge the JSON files of earlier runs (disjoint cells, same model, "
                              "requests and decoding) into one table, --json and --plot")
+    parser.add_argument("--bounds-only", action="store_true",
+                        help="run no model: the long tasks' text-oracle score and order-blind bound (the best "
+                             "score of a reader blind to document order), --json")
+
+
+def run_bounds(args: argparse.Namespace) -> dict:
+    """``--bounds-only``: the long tasks' text-oracle score and order-blind bound, no model."""
+    if args.longbench or args.merge:
+        raise ValueError("bounds-only: the bounds are of the synthetic long tasks; --longbench and --merge take none")
+    if not isinstance(args.num_requests, int) or args.num_requests < 1:
+        raise ValueError(f"num_requests: must be an int >= 1, got {args.num_requests!r}")
+    tasks = parse_tasks(args.tasks if args.tasks is not None else ",".join(LONG_TASKS))
+    if any(t not in LONG_TASKS for t in tasks):
+        raise ValueError(f"bounds-only: the bounds are of the long tasks {', '.join(LONG_TASKS)}, "
+                         f"got {', '.join(tasks)}")
+    by_task = {task: suite_requests(args, task) for task in tasks}
+    config = {"source": "synthetic", "split": args.split, "seed": args.seed,
+              "num_requests": {t: len(rs) for t, rs in by_task.items()}, "min_docs": args.min_docs,
+              "max_docs": args.max_docs, "min_context_tokens": args.min_context_tokens,
+              "max_context_tokens": args.max_context_tokens, "pool_size": args.pool_size}
+    return {"config": config, "suite_bounds": suite_bounds(by_task), **provenance(args)}
+
+
+def format_bounds(report: dict) -> str:
+    lines = [f"{'task':<18}  {'n':>4}  {'oracle':>6}  {'order-blind bound':>17}"]
+    for task, b in report["suite_bounds"].items():
+        n = report["config"]["num_requests"][task]
+        lines.append(f"{task:<18}  {n:>4}  {b['oracle']:>6.1f}  {b['order_blind_bound']:>17.1f}")
+    lines.append("oracle: score of a solver reading the documents' text in order (100: the documents determine every "
+                 "answer); order-blind bound: the best mean score of a reader blind to the documents' order")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bounds_only:
+        report = run_bounds(args)
+        print(format_bounds(report))
+        if args.json:
+            write_report(args.json, report)
+            print(f"wrote {args.json}")
+        return 0
     if args.merge:
         model, config, results = merge_json_files(args.merge)
         records = None

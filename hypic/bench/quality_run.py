@@ -21,24 +21,58 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple, Union
 
 from hypic.data.request import Request
 from hypic.data.scoring import score_request
-from hypic.pic.modes import COLD_POLICIES, MODES, get_mode, validate_cold_policy, validate_seam
+from hypic.pic.modes import (
+    COLD_POLICIES, MODES, get_mode, validate_cold_policy, validate_seam, validate_seam_bounds,
+)
 
 SeamSetting = Union[int, float]
 ALL_MODES: Tuple[str, ...] = tuple(MODES)
 
 
 @dataclass(frozen=True)
+class SeamSpec:
+    """A seam window to measure: ``seam`` (tokens or a fraction) with a floor and a cap in tokens
+    (:func:`hypic.pic.modes.seam_tokens`); written ``8``, ``0.1:8`` or ``0.1:8:24``."""
+
+    seam: SeamSetting
+    min_tokens: int = 0
+    max_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        validate_seam(self.seam)
+        validate_seam_bounds(self.min_tokens, self.max_tokens)
+
+    @property
+    def label(self) -> str:
+        return seam_label(self.seam, self.min_tokens, self.max_tokens)
+
+
+def seam_label(seam: Optional[SeamSetting], min_tokens: int = 0, max_tokens: Optional[int] = None) -> str:
+    if seam is None:
+        return "-"
+    if max_tokens is not None:
+        return f"{seam}:{min_tokens}:{max_tokens}"
+    return f"{seam}:{min_tokens}" if min_tokens else str(seam)
+
+
+@dataclass(frozen=True)
 class Configuration:
     """One benchmark column. ``seam`` is None for modes without a segment store (full_recompute,
     prefix_cache), the mode's own fixed seam (0) for addition / transition / transition_rope, and
-    the requested ``w`` for hypic. ``cold_policy`` is None where it has no effect (no store)."""
+    the requested ``w`` for hypic, with its floor and cap in tokens (``seam_min_tokens``,
+    ``seam_max_tokens``; hypic only). ``cold_policy`` is None where it has no effect (no store)."""
 
     mode: str
     seam: Optional[SeamSetting]
     cold_policy: Optional[str]
+    seam_min_tokens: int = 0
+    seam_max_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         spec = get_mode(self.mode)
+        if (self.seam_min_tokens or self.seam_max_tokens is not None) and not spec.seam_configurable:
+            raise ValueError(f"mode {self.mode!r} takes no seam floor or cap")
+        validate_seam_bounds(self.seam_min_tokens, self.seam_max_tokens)
         if spec.name != self.mode:
             raise ValueError(f"mode: use the canonical name {spec.name!r}, got {self.mode!r}")
         if spec.uses_segment_store:
@@ -57,7 +91,7 @@ class Configuration:
     def label(self) -> str:
         parts = [self.mode]
         if get_mode(self.mode).seam_configurable:
-            parts.append(f"w={self.seam}")
+            parts.append(f"w={seam_label(self.seam, self.seam_min_tokens, self.seam_max_tokens)}")
         if self.cold_policy is not None:
             parts.append(self.cold_policy)
         return " ".join(parts)
@@ -96,6 +130,27 @@ def parse_seams(text: str) -> Tuple[SeamSetting, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def parse_seam_specs(text: str) -> Tuple[SeamSpec, ...]:
+    """``"8,0.1:8,0.1:8:24"`` -> seam specs: a seam (as :func:`parse_seams` reads it), optionally
+    ``:floor`` and ``:cap`` in tokens."""
+    specs = []
+    for item in (t.strip() for t in str(text).split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) > 3:
+            raise ValueError(f"seams: {item!r} has more than seam:floor:cap")
+        (seam,) = parse_seams(parts[0])
+        try:
+            bounds = [int(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"seams: the floor and cap of {item!r} must be int token counts") from None
+        specs.append(SeamSpec(seam, *bounds))
+    if not specs:
+        raise ValueError("seams: no seam given (e.g. 0,1,2,4,8,16,32 or 0.1:8)")
+    return tuple(dict.fromkeys(specs))
+
+
 def parse_cold_policies(text: str) -> Tuple[str, ...]:
     names = [t.strip() for t in str(text).split(",") if t.strip()]
     if not names:
@@ -104,22 +159,23 @@ def parse_cold_policies(text: str) -> Tuple[str, ...]:
 
 
 def expand_configurations(
-    modes: Sequence[str], seams: Sequence[SeamSetting], cold_policies: Sequence[str]
+    modes: Sequence[str], seams: Sequence[Union[SeamSetting, SeamSpec]], cold_policies: Sequence[str]
 ) -> Tuple[Configuration, ...]:
     """Every (mode, seam, policy) column: store-free modes once, fixed-seam modes once per policy,
     hypic once per (seam, policy)."""
+    specs = [s if isinstance(s, SeamSpec) else SeamSpec(s) for s in seams]
     configs = []
     for mode in modes:
         spec = get_mode(mode)
         if not spec.uses_segment_store:
             configs.append(Configuration(spec.name, None, None))
             continue
-        mode_seams = (spec.fixed_seam,) if spec.fixed_seam is not None else tuple(seams)
+        mode_seams = (SeamSpec(spec.fixed_seam),) if spec.fixed_seam is not None else tuple(specs)
         if not mode_seams:
             raise ValueError(f"seams: mode {spec.name!r} needs at least one seam")
         for seam in mode_seams:
             for policy in cold_policies:
-                configs.append(Configuration(spec.name, seam, policy))
+                configs.append(Configuration(spec.name, seam.seam, policy, seam.min_tokens, seam.max_tokens))
     return tuple(configs)
 
 
@@ -198,7 +254,8 @@ class PromptEncoder:
                 f"model: the tokenizer of {self.model_path} does not cover the synthetic suites' vocabulary "
                 f"({len(bad)} of {len(words)} words are unknown or split into several tokens, e.g. {bad[:5]}). "
                 "The suites need a model trained on hypic.data (word-level tokenizer from "
-                "hypic.data.vocab, such as the embedded 'tiny'); a model that never saw them cannot be "
+                "hypic.data.vocab, such as the embedded 'tiny'; the long tasks need the extended vocabulary "
+                "of hypic.data.long_vocab); a model that never saw them cannot be "
                 "scored on them. Pass --model with a checkpoint trained on hypic.data, or --longbench FILE "
                 "for any checkpoint."
             )
@@ -285,6 +342,7 @@ class RequestRecord:
     cached_tokens: int
     live_tokens: int
     prefix_hit_tokens: int
+    seam_tokens: int = 0  # the seam windows of the request's documents (what reusing them all recomputes)
 
 
 def run_task(
@@ -307,9 +365,12 @@ def run_task(
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens: must be an int >= 1, got {max_tokens!r}")
     engine = LLMEngine(model_path, dtype=dtype, device=device, seed=seed,
-                       max_num_seqs=max(batch_size, 1), segment_cache_bytes=None)
+                       max_num_seqs=max(batch_size, 1), segment_cache_bytes=None,
+                       seam_min_tokens=configuration.seam_min_tokens, seam_max_tokens=configuration.seam_max_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed)
     overrides = configuration.engine_overrides()
+    policy = engine.pic.resolve(**{k: v for k, v in overrides.items() if k in ("mode", "seam", "cold_policy")})
+    seams_live = policy.mode.seam_configurable
     records = []
     for group in group_requests(encoded, configuration.mode, batch_size):
         ids = [engine.add_request({"segments": [list(s) for s in e.segments]}, params, **overrides) for e in group]
@@ -328,6 +389,7 @@ def run_task(
                 score=score_request(e.request, prediction), prompt_tokens=e.prompt_tokens,
                 cached_tokens=int(m.cached_tokens or 0), live_tokens=int(live),
                 prefix_hit_tokens=int(m.prefix_hit_tokens or 0),
+                seam_tokens=sum(policy.live_tokens(len(d)) for d in e.segments[:-1]) if seams_live else 0,
             ))
             if on_request_done is not None:
                 on_request_done()
@@ -338,5 +400,6 @@ def write_records(path: str, records: Iterable[Tuple[Configuration, RequestRecor
     """Per-request outcomes as jsonl (one object per request and configuration)."""
     with open(path, "w", encoding="utf-8") as handle:
         for config, r in records:
-            row = {"mode": config.mode, "seam": config.seam, "cold_policy": config.cold_policy, **r.__dict__}
+            row = {"mode": config.mode, "seam": config.seam, "cold_policy": config.cold_policy,
+                   "seam_min_tokens": config.seam_min_tokens, "seam_max_tokens": config.seam_max_tokens, **r.__dict__}
             handle.write(json.dumps(row) + "\n")

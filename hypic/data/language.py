@@ -163,6 +163,22 @@ def filler_sentence(rng: random.Random, template: Sequence[str]) -> List[str]:
     return [rng.choice(_SLOTS[w]) if w in _SLOTS else w for w in template]
 
 
+def filler_sentences(rng: random.Random, num_tokens: int, target_tokens: int, max_tokens: int) -> List[List[str]]:
+    """Whole filler sentences (word lists) that take a text of ``num_tokens`` tokens to at least
+    ``target_tokens`` without passing ``max_tokens``: a random template while it fits, the short
+    filler where only that fits, and no more once neither does."""
+    sentences: List[List[str]] = []
+    while num_tokens < target_tokens:
+        template = rng.choice(_FILLER_TEMPLATES)
+        if num_tokens + len(template) > max_tokens:
+            template = _SHORT_FILLER
+            if num_tokens + len(template) > max_tokens:
+                break
+        sentences.append(filler_sentence(rng, template))
+        num_tokens += len(template)
+    return sentences
+
+
 BASE_DOCUMENT_TOKENS = len(_HEAD_TEMPLATE.format(s="x").split()) + sum(
     len(t.format(s="x", v="y").split()) for t in _FACT_TEMPLATES.values()
 )
@@ -204,15 +220,7 @@ def make_document(
         raise ValueError(f"facts: must give exactly the relations {RELATIONS}, got {sorted(facts)}")
     target = rng.randint(max(min_doc_tokens, BASE_DOCUMENT_TOKENS), max_doc_tokens)
     body: List[List[str]] = [fact_sentence(subject, rel, facts[rel]).split() for rel in RELATIONS]
-    num_tokens = BASE_DOCUMENT_TOKENS
-    while num_tokens < target:
-        template = rng.choice(_FILLER_TEMPLATES)
-        if num_tokens + len(template) > max_doc_tokens:
-            template = _SHORT_FILLER
-            if num_tokens + len(template) > max_doc_tokens:
-                break
-        body.append(filler_sentence(rng, template))
-        num_tokens += len(template)
+    body += filler_sentences(rng, BASE_DOCUMENT_TOKENS, target, max_doc_tokens)
     rng.shuffle(body)
     words = _HEAD_TEMPLATE.format(s=subject).split()
     for sentence in body:

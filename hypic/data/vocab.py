@@ -135,8 +135,10 @@ def _check_lists_disjoint() -> None:
 _check_lists_disjoint()
 
 
-def build_tokenizer():
-    """A ``tokenizers.Tokenizer``: WordLevel over :func:`vocabulary`, whitespace-split pre-tokenizer.
+def build_tokenizer(vocab: Dict[str, int] | None = None):
+    """A ``tokenizers.Tokenizer``: WordLevel over ``vocab`` (default :func:`vocabulary`; the long
+    suites' model passes :func:`hypic.data.long_vocab.extended_vocabulary`), whitespace-split
+    pre-tokenizer.
 
     Words are separated by single spaces in every generated text (punctuation is its own word), so
     tokenizing segments one by one and concatenating gives the same ids as tokenizing the joined text.
@@ -144,7 +146,7 @@ def build_tokenizer():
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token=UNK_TOKEN))
+    tokenizer = Tokenizer(models.WordLevel(vocab=dict(vocab or vocabulary()), unk_token=UNK_TOKEN))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     # Word-level decode: join tokens with single spaces.
     tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)
@@ -152,13 +154,14 @@ def build_tokenizer():
     return tokenizer
 
 
-def save_tokenizer(directory: str) -> None:
+def save_tokenizer(directory: str, vocab: Dict[str, int] | None = None) -> None:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` (loadable by transformers'
-    ``PreTrainedTokenizerFast`` / ``AutoTokenizer``) into ``directory``."""
+    ``PreTrainedTokenizerFast`` / ``AutoTokenizer``) of ``vocab`` (default :func:`vocabulary`)
+    into ``directory``."""
     if not isinstance(directory, str) or not directory:
         raise ValueError("directory: must be a non-empty path string")
     os.makedirs(directory, exist_ok=True)
-    build_tokenizer().save(os.path.join(directory, "tokenizer.json"))
+    build_tokenizer(vocab).save(os.path.join(directory, "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS_TOKEN,

@@ -26,11 +26,11 @@ class LLM:
 
     Keywords: every field of :class:`~hypic.config.EngineConfig` by its flat name
     (:data:`hypic.config.ENGINE_OPTIONS`: model, dtype, device, seed, load_format, max_model_len,
-    pic_mode, seam, pic_segment_min_tokens, cold_policy, max_num_batched_tokens, max_num_seqs,
-    segment_cache_bytes, host_cache_bytes, enable_prefix_caching, prefix_block_tokens,
-    segment_cache_dir, disk_cache_bytes, segment_workers, segment_devices, segment_assignment,
-    segment_group_tokens, segment_start_timeout_s, segment_reply_timeout_s, enforce_eager,
-    moe_backend), or an ``EngineConfig`` as the only argument. ``pic_mode`` None: segment
+    pic_mode, seam, seam_min_tokens, seam_max_tokens, pic_segment_min_tokens, cold_policy,
+    max_num_batched_tokens, max_num_seqs, segment_cache_bytes, host_cache_bytes, enable_prefix_caching,
+    prefix_block_tokens, segment_cache_dir, disk_cache_bytes, segment_workers, segment_devices,
+    segment_assignment, segment_group_tokens, segment_start_timeout_s, segment_reply_timeout_s,
+    enforce_eager, moe_backend), or an ``EngineConfig`` as the only argument. ``pic_mode`` None: segment
     caching, in mode hypic, only for prompts that carry segments (``<<PIC_SEP>>`` text or
     ``{"segments": [...]}``); a mode name applies to every prompt.
     """

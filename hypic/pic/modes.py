@@ -17,8 +17,11 @@
 default) serves prompts that carry segments in ``hypic`` mode and every other prompt plainly.
 
 Seam window ``w``: an ``int >= 0`` is a token count; a ``float`` in (0, 1] is a fraction of the
-segment, ``w_eff = ceil(w * L)`` (with a 1e-9 tolerance so 0.3 * 10 is 3, not 4). Either way
-``w_eff`` is clipped to ``L``: a window covering the whole segment makes it entirely live.
+segment, ``w_eff = ceil(w * L)`` (with a 1e-9 tolerance so 0.3 * 10 is 3, not 4). A floor and a
+cap in tokens (``seam_min_tokens``, ``seam_max_tokens``; 0 and none by default) bound it:
+``w_eff = min(max(w_eff, floor), cap)``: a fraction with a floor recomputes at least the floor on
+short segments and a share of long ones. Either way ``w_eff`` is clipped to ``L``: a window
+covering the whole segment makes it entirely live. Modes with a fixed seam (0) ignore both.
 
 Minimum segment length (``segment_min_tokens``): a segment shorter than it is never looked up or
 stored; it runs live with its neighbours (a seam window that covers a segment has the same
@@ -45,6 +48,8 @@ COLD_STANDALONE = "standalone"
 COLD_CANONICAL = "canonical"
 COLD_POLICIES = (COLD_INLINE, COLD_STANDALONE, COLD_CANONICAL)
 DEFAULT_SEAM = 8
+DEFAULT_SEAM_MIN_TOKENS = 0
+DEFAULT_SEAM_MAX_TOKENS: Optional[int] = None
 DEFAULT_MODE = "hypic"
 # Segments shorter than this are not cached but computed live with their neighbours: the shortest
 # length whose caching pays for itself by its first reuse (a cold request and one reordered warm
@@ -109,14 +114,26 @@ def validate_seam(seam: SeamSetting) -> SeamSetting:
     raise ValueError(f"seam: expected int >= 0 or float in (0, 1], got {type(seam).__name__}")
 
 
-def seam_tokens(seam: SeamSetting, num_tokens: int) -> int:
-    """Effective seam window ``w_eff`` of a segment of ``num_tokens`` tokens (0 <= w_eff <= L)."""
+def seam_tokens(seam: SeamSetting, num_tokens: int, min_tokens: int = 0, max_tokens: Optional[int] = None) -> int:
+    """Effective seam window ``w_eff`` of a segment of ``num_tokens`` tokens (0 <= w_eff <= L):
+    ``seam`` as tokens or a fraction, raised to ``min_tokens`` and lowered to ``max_tokens``."""
     seam = validate_seam(seam)
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
         raise ValueError(f"num_tokens: expected int >= 0, got {num_tokens!r}")
-    if isinstance(seam, int):
-        return min(seam, num_tokens)
-    return min(num_tokens, math.ceil(seam * num_tokens - 1e-9))
+    w = seam if isinstance(seam, int) else math.ceil(seam * num_tokens - 1e-9)
+    w = max(w, min_tokens)
+    if max_tokens is not None:
+        w = min(w, max_tokens)
+    return min(w, num_tokens)
+
+
+def validate_seam_bounds(min_tokens: int, max_tokens: Optional[int]) -> None:
+    """The seam floor (int >= 0) and cap (None or an int >= the floor), in tokens."""
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise ValueError(f"seam_min_tokens must be an int >= 0, got {min_tokens!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < min_tokens):
+        raise ValueError(f"seam_max_tokens must be None or an int >= seam_min_tokens={min_tokens}, got {max_tokens!r}")
 
 
 def validate_cold_policy(policy: str) -> str:
@@ -133,22 +150,25 @@ def validate_segment_min_tokens(value: int) -> int:
 
 @dataclass(frozen=True)
 class RequestPolicy:
-    """A request's resolved mode, seam, cold policy and minimum cached segment length."""
+    """A request's resolved mode, seam (with its floor and cap in tokens), cold policy and minimum
+    cached segment length."""
 
     mode: ModeSpec
     seam: SeamSetting
     cold_policy: str
     segment_min_tokens: int = 0
+    seam_min_tokens: int = 0
+    seam_max_tokens: Optional[int] = None
 
     def seam_tokens(self, num_tokens: int) -> int:
-        return seam_tokens(self.seam, num_tokens)
+        return seam_tokens(self.seam, num_tokens, self.seam_min_tokens, self.seam_max_tokens)
 
     def live_tokens(self, num_tokens: int) -> int:
         """Tokens of a segment of ``num_tokens`` computed live when its body is reused: its seam
         window, or all of them when it is shorter than ``segment_min_tokens`` (never cached)."""
         if num_tokens < self.segment_min_tokens:
             return num_tokens
-        return seam_tokens(self.seam, num_tokens)
+        return self.seam_tokens(num_tokens)
 
 
 @dataclass(frozen=True)
@@ -162,6 +182,8 @@ class PICConfig:
     # standalone: entries never carry the context of the request that wrote them (docs/decisions.md)
     cold_policy: str = COLD_STANDALONE
     segment_min_tokens: int = DEFAULT_SEGMENT_MIN_TOKENS
+    seam_min_tokens: int = DEFAULT_SEAM_MIN_TOKENS
+    seam_max_tokens: Optional[int] = DEFAULT_SEAM_MAX_TOKENS
 
     def __post_init__(self):
         if self.mode is not None:
@@ -169,6 +191,7 @@ class PICConfig:
         validate_seam(self.seam)
         validate_cold_policy(self.cold_policy)
         validate_segment_min_tokens(self.segment_min_tokens)
+        validate_seam_bounds(self.seam_min_tokens, self.seam_max_tokens)
 
     @property
     def every_prompt(self) -> bool:
@@ -192,7 +215,7 @@ class PICConfig:
                 raise ValueError(
                     f"seam: mode {spec.name!r} has a fixed seam of {spec.fixed_seam}, got {seam!r}"
                 )
-            resolved: SeamSetting = spec.fixed_seam
-        else:
-            resolved = self.seam if seam is None else seam
-        return RequestPolicy(spec, resolved, policy, self.segment_min_tokens)
+            return RequestPolicy(spec, spec.fixed_seam, policy, self.segment_min_tokens)
+        resolved = self.seam if seam is None else seam
+        return RequestPolicy(spec, resolved, policy, self.segment_min_tokens, self.seam_min_tokens,
+                             self.seam_max_tokens)

@@ -1,5 +1,6 @@
 """Tiny random Qwen3.5 checkpoints on disk for the quality-bench tests: one with the suites'
-word-level tokenizer (hypic.data.vocab), one with a byte-level BPE tokenizer (reads any text)."""
+word-level tokenizer (hypic.data.vocab, or the long suites' extended vocabulary), one with a
+byte-level BPE tokenizer (reads any text)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,12 @@ def _save_weights(folder: Path, config: dict, seed: int) -> None:
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def write_word_level_checkpoint(folder: Path, seed: int = 0) -> Path:
+def write_word_level_checkpoint(folder: Path, seed: int = 0, vocab: dict | None = None) -> Path:
+    """``vocab``: the word-level vocabulary (default the short suites' :func:`vocabulary`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_tokenizer(str(folder))
-    vocab_size = (len(vocabulary()) + 7) // 8 * 8
+    vocab = vocab or vocabulary()
+    save_tokenizer(str(folder), vocab)
+    vocab_size = (len(vocab) + 7) // 8 * 8
     _save_weights(folder, _config(vocab_size, special_token_ids()[EOS_TOKEN]), seed)
     return folder
 

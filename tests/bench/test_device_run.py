@@ -22,3 +22,18 @@ def test_plan_lines_run_in_order_and_a_failure_does_not_stop_the_rest(tmp_path):
     log = (out / "logs" / "run.txt").read_text()
     assert "step 1 rc=0" in log and "step 2 rc=1" in log and "step 3 rc=0" in log and "3 steps, 1 failed" in log
     assert sorted(p.name for p in (out / "logs").glob("step*.txt")) == ["step1.txt", "step2.txt", "step3.txt"]
+
+
+def test_a_range_of_steps_runs_only_those_lines(tmp_path):
+    plan = tmp_path / "parts.plan"
+    plan.write_text("# comment\necho one > $OUT/1.txt\n\necho two > $OUT/2.txt\necho three > $OUT/3.txt\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out))
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60", "2-3"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in out.glob("*.txt")) == ["2.txt", "3.txt"]
+    assert "2 steps, 0 failed" in (out / "logs" / "run.txt").read_text()
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60", "x"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2

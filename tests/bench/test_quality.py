@@ -5,24 +5,26 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from hypic.bench.quality import parse_args, parse_tasks, run_quality
+from hypic.bench.quality import parse_args, parse_tasks, run_bounds, run_quality
 from hypic.bench.quality_report import format_table, plot_results, summarize
 from hypic.bench.quality_run import (
     Configuration, EncodedRequest, PromptEncoder, RequestRecord, encode_requests, expand_configurations, group_requests,
-    parse_modes, parse_seams, run_task,
+    parse_modes, parse_seam_specs, parse_seams, run_task,
 )
-from hypic.data import SuiteConfig, generate_suite
+from hypic.data import SuiteConfig, extended_vocabulary, generate_suite
 from hypic.entrypoints.cli import main
 from tests.bench._checkpoints import write_byte_level_checkpoint, write_word_level_checkpoint
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "longbench_fixture.jsonl"
 RESULT_KEYS = {"task", "mode", "seam", "cold_policy", "n", "score", "gap_to_full", "cached_tokens_mean",
-               "live_tokens_mean", "same_as_full", "prefix_hit_tokens_mean"}
+               "live_tokens_mean", "same_as_full", "prefix_hit_tokens_mean", "seam_min_tokens", "seam_max_tokens",
+               "seam_tokens_mean", "score_ci95", "gap_ci95"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -78,7 +80,7 @@ def test_cli_end_to_end_writes_table_json_and_plot(suite_run):
     assert all(r["cached_tokens_mean"] > 0 for r in hit)
     # The table has a row per result and the gap column.
     lines = printed.splitlines()
-    assert lines[0].split()[:7] == ["task", "mode", "seam", "cold", "n", "score", "gap"]
+    assert lines[0].split()[:9] == ["task", "mode", "seam", "cold", "n", "score", "±95%", "gap", "±95%"]
     assert sum(1 for line in lines if line.startswith(("single_hop", "two_hop", "summary"))) == 15
     png = (out / "q.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
@@ -264,6 +266,10 @@ def test_summarize_means_and_gap_sign(tmp_path):
     # outputs equal to full recompute's, request by request ("r2" of hypic answered otherwise)
     assert by[("a", "hypic", 8)].same_as_full == 1 and by[("a", "full_recompute", None)].same_as_full == 2
     assert by[("b", "hypic", 8)].same_as_full is None
+    # 95% intervals: of the scores (100, 40), and paired of the differences to full recompute (0, 10)
+    assert by[("a", "hypic", 8)].score_ci95 == pytest.approx(1.96 * math.sqrt(1800 / 2))
+    assert by[("a", "hypic", 8)].gap_ci95 == pytest.approx(1.96 * math.sqrt(50 / 2))
+    assert by[("b", "hypic", 8)].score_ci95 is None and by[("b", "hypic", 8)].gap_ci95 is None
     table = format_table(results)
     assert "+50.00" in table and "+5.00" in table
     plot_results(str(tmp_path / "p.png"), results)
@@ -296,10 +302,11 @@ def test_split_runs_merge_into_the_single_run_table(suite_run, word_model, tmp_p
     assert sorted(map(key, merged["results"])) == sorted(map(key, single["results"]))
     by_cell = {key(r): r for r in single["results"]}
     for row in merged["results"]:
-        # a merge cannot compare outputs across files: same_as_full is kept as each file had it
+        # a merge cannot compare outputs across files: same_as_full and the paired gap interval are
+        # kept as each file had them
         want = dict(by_cell[key(row)])
         if row["mode"] != "full_recompute":
-            want["same_as_full"] = None
+            want["same_as_full"] = want["gap_ci95"] = None
         assert row == want
     assert merged["config"]["complete"] is True and merged["config"]["incomplete_files"] == []
     assert "gap" in printed.splitlines()[0]
@@ -315,7 +322,7 @@ def test_split_runs_merge_into_the_single_run_table(suite_run, word_model, tmp_p
 
 
 def test_partial_json_is_written_after_each_cell(word_model, tmp_path, monkeypatch):
-    """A run killed part-way leaves the finished cells on disk, marked incomplete."""
+    """A run killed part-way leaves the finished cells on disk, marked incomplete, with their provenance."""
     import hypic.bench.quality as quality
 
     calls = []
@@ -334,7 +341,7 @@ def test_partial_json_is_written_after_each_cell(word_model, tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         run_quality(args)
     payload = json.loads((tmp_path / "p.json").read_text())
-    assert payload["config"]["complete"] is False
+    assert payload["config"]["complete"] is False and "commit" in payload and "torch" in payload
     assert [(r["task"], r["mode"]) for r in payload["results"]] == [
         ("single_hop", "full_recompute"), ("summary", "full_recompute")]
 
@@ -344,3 +351,58 @@ def test_order_lookup_is_an_opt_in_task():
     from hypic.data.suites import TASKS
 
     assert "order_lookup" not in TASKS  # the default table: tasks the embedded model was trained on
+
+
+def test_long_tasks_run_with_their_bounds_and_need_the_extended_vocabulary(tmp_path):
+    model = write_word_level_checkpoint(tmp_path / "long", vocab=extended_vocabulary())
+    small = ["--min-docs", "3", "--max-docs", "4", "--min-context-tokens", "150", "--max-context-tokens", "300",
+             "--pool-size", "32", "--device", "cpu", "--no-progress", "--num-requests", "2"]
+    args = parse_args(["--model", str(model), "--tasks", "doc_order,counting", "--modes", "full_recompute,addition",
+                       "--cold-policies", "standalone", *small])
+    run = run_quality(args)
+    assert [(r.task, r.mode) for r in run.results] == [
+        ("doc_order", "full_recompute"), ("doc_order", "addition"), ("counting", "full_recompute"),
+        ("counting", "addition")]
+    bounds = run.config["suite_bounds"]
+    assert set(bounds) == {"doc_order", "counting"}
+    assert all(b["oracle"] == 100.0 and 0 <= b["order_blind_bound"] < 100 for b in bounds.values())
+    assert run.config["min_context_tokens"] == 150
+    with pytest.raises(ValueError, match="extended vocabulary"):
+        run_quality(parse_args(["--model", "tiny", "--tasks", "multi_key", "--modes", "full_recompute", *small]))
+
+
+def test_seam_floor_and_cap_are_configurations_of_their_own(word_model):
+    specs = parse_seam_specs("8, 0.1:8, 0.1:8:12")
+    assert [s.label for s in specs] == ["8", "0.1:8", "0.1:8:12"]
+    with pytest.raises(ValueError, match="floor and cap"):
+        parse_seam_specs("0.1:x")
+    configs = expand_configurations(("addition", "hypic"), specs, ("standalone",))
+    assert [(c.mode, c.seam, c.seam_min_tokens, c.seam_max_tokens) for c in configs] == [
+        ("addition", 0, 0, None), ("hypic", 8, 0, None), ("hypic", 0.1, 8, None), ("hypic", 0.1, 8, 12)]
+    requests = generate_suite(SuiteConfig(task="single_hop", min_docs=3, max_docs=3, min_doc_tokens=100,
+                                          max_doc_tokens=200, pool_size=8), 1)
+    (encoded,) = encode_requests(PromptEncoder(word_model, 800), requests)
+    documents = [len(s) for s in encoded.segments[:-1]]
+    expected = {8: [8, 8, 8], 0.1: [max(8, math.ceil(0.1 * n)) for n in documents]}
+    for config in configs[1:]:
+        (record,) = run_task(word_model, config, [encoded], max_tokens=1, device="cpu", dtype="float32", seed=0,
+                             batch_size=1)
+        windows = [min(w, config.seam_max_tokens or w) for w in expected[config.seam]]
+        # cold under standalone: the standalone pass over every document, then seams and the query
+        assert record.live_tokens == sum(documents) + sum(windows) + len(encoded.segments[-1]), config
+
+
+def test_bounds_only_runs_no_model_and_records_its_command(tmp_path):
+    small = ["--min-docs", "3", "--max-docs", "4", "--min-context-tokens", "150", "--max-context-tokens", "300",
+             "--pool-size", "32", "--num-requests", "3"]
+    out = tmp_path / "bounds.json"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(["bench", "quality", "--bounds-only", "--model", "no-such-model", "--tasks", "doc_order",
+                     *small, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["command"].endswith(f"--json {out}") and "commit" in report
+    bound = report["suite_bounds"]["doc_order"]
+    assert bound["oracle"] == 100.0 and 0 <= bound["order_blind_bound"] < 100
+    assert "order-blind bound" in printed.getvalue()
+    with pytest.raises(ValueError, match="long tasks"):
+        run_bounds(parse_args(["--bounds-only", "--tasks", "single_hop", *small]))

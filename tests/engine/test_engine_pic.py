@@ -205,3 +205,22 @@ def test_each_segment_is_keyed_once_per_request(monkeypatch):
     (out,) = _run(engine, [prompt])
     # one pass over the three segments, each a remembered key (no key made alone)
     assert passes == [3] and keyed == [] and out.metrics.cached_tokens > 0
+
+
+def test_addition_reads_documents_as_a_set_but_hypic_reads_their_order():
+    """What makes the long suites' order-blind bound (hypic.data.long_oracle) a bound on `addition`:
+    with context-free entries its answer distribution does not change when the documents before
+    the last one are reordered (linear states are summed, cached keys stay where they were made),
+    while `hypic`'s does."""
+    engine = LLMEngine("tiny", seed=0, device="cpu")
+    docs = _docs(n=3)
+    question = PIC_SEP + _question("lives", 0)
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+
+    def top(order, mode):
+        (out,) = drain(engine, [engine.add_request(PIC_SEP.join(order) + question, params, mode=mode,
+                                                   cold_policy="standalone")])
+        return {t: round(p.logprob, 4) for t, p in out.outputs[0].logprobs[0].items()}
+
+    assert top([docs[0], docs[1], docs[2]], "addition") == top([docs[1], docs[0], docs[2]], "addition")
+    assert top([docs[0], docs[1], docs[2]], "hypic") != top([docs[1], docs[0], docs[2]], "hypic")

@@ -107,7 +107,7 @@ def test_llm_takes_every_engine_option():
                   segment_devices=("cpu",), segment_assignment="round_robin", segment_group_tokens=512,
                   segment_start_timeout_s=30.0, segment_reply_timeout_s=5.0, enforce_eager=True,
                   moe_backend="torch", enable_prefix_caching=True, prefix_block_tokens=16, segment_cache_dir=None,
-                  disk_cache_bytes=1 << 30, pic_segment_min_tokens=12)
+                  disk_cache_bytes=1 << 30, pic_segment_min_tokens=12, seam_min_tokens=2, seam_max_tokens=6)
     assert set(kwargs) == {o.name for o in ENGINE_OPTIONS}
     llm = LLM(**kwargs)
     engine = llm.llm_engine

@@ -57,3 +57,24 @@ def test_resolve_per_request_overrides():
         cfg.resolve(cold_policy="lukewarm")
     with pytest.raises(ValueError, match="seam"):
         PICConfig(seam=-2)
+
+
+@pytest.mark.parametrize(
+    "seam, floor, cap, length, expected",
+    [(0.1, 8, None, 40, 8), (0.1, 8, None, 200, 20), (0.1, 8, None, 5, 5), (0.1, 8, 16, 400, 16),
+     (32, 0, 12, 100, 12), (4, 8, None, 100, 8), (0, 0, None, 50, 0)],
+)
+def test_seam_floor_and_cap(seam, floor, cap, length, expected):
+    assert seam_tokens(seam, length, floor, cap) == expected
+
+
+def test_seam_floor_applies_to_hypic_only_and_is_validated():
+    config = PICConfig(seam=0.05, seam_min_tokens=8, seam_max_tokens=24)
+    hypic = config.resolve()
+    assert (hypic.live_tokens(40), hypic.live_tokens(300), hypic.live_tokens(1000)) == (8, 15, 24)
+    assert config.resolve(mode="addition").live_tokens(300) == 0
+    assert config.resolve(seam=4).live_tokens(300) == 8  # a per-request seam keeps the engine's floor
+    with pytest.raises(ValueError, match="seam_min_tokens"):
+        PICConfig(seam_min_tokens=-1)
+    with pytest.raises(ValueError, match="seam_max_tokens"):
+        PICConfig(seam_min_tokens=8, seam_max_tokens=4)

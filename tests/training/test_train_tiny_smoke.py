@@ -1,42 +1,18 @@
 """Smoke test of training/train_tiny.py: a tiny model, 3 CPU steps, save, resume, reload."""
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "training", "train_tiny.py")
-
-
-def _load_script():
-    if "train_tiny" in sys.modules:
-        return sys.modules["train_tiny"]
-    spec = importlib.util.spec_from_file_location("train_tiny", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def _restore_hidden_modules():
-    """train_tiny hides fla / causal_conv1d from transformers; undo that for the rest of the session."""
-    before = {name: sys.modules.get(name, "absent") for name in ("fla", "causal_conv1d")}
-    yield
-    for name, value in before.items():
-        if value == "absent":
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = value
+from tests.training._scripts import load_script  # noqa: E402
 
 
 def test_smoke_train_save_resume_reload(tmp_path):
-    train_tiny = _load_script()
+    train_tiny = load_script("train_tiny")
     out = str(tmp_path / "ckpt")
     first = train_tiny.main(["--smoke", "--out", out, "--quiet"])
     assert first["state"]["step"] == 3
@@ -73,7 +49,7 @@ def test_smoke_train_save_resume_reload(tmp_path):
 
 
 def test_learning_rate_schedule():
-    train_tiny = _load_script()
+    train_tiny = load_script("train_tiny")
     args = train_tiny.parse_args(["--out", "x", "--lr", "1e-3", "--warmup-steps", "10", "--total-steps", "110",
                                   "--min-lr-ratio", "0.1", "--device", "cpu"])
     assert train_tiny.learning_rate(0, args) == pytest.approx(1e-4)
@@ -84,7 +60,7 @@ def test_learning_rate_schedule():
 
 
 def test_collate_right_pads_and_masks():
-    train_tiny = _load_script()
+    train_tiny = load_script("train_tiny")
     from hypic.data.training import TrainingSample
 
     batch = train_tiny.collate([TrainingSample((5, 6, 7), (False, False, True), "copy"),
@@ -95,7 +71,7 @@ def test_collate_right_pads_and_masks():
 
 
 def test_should_advance_needs_every_task():
-    train_tiny = _load_script()
+    train_tiny = load_script("train_tiny")
     from hypic.data.training import CurriculumStage
 
     stage = CurriculumStage("s", (("copy", 0.5), ("recall", 0.5)), 1, 2, 36, 36, 0.9, 10, 100)
@@ -110,7 +86,7 @@ def test_should_advance_needs_every_task():
 
 
 def test_take_batch_respects_budget_and_keeps_leftover():
-    train_tiny = _load_script()
+    train_tiny = load_script("train_tiny")
     from hypic.data.training import CURRICULUM, TrainingStream
 
     stream = TrainingStream(CURRICULUM[1], seed=3)
