@@ -1,7 +1,7 @@
 """FLOP and byte counts of one planned prefill, and the time floor they imply on a device.
 
-``floor_s = max(flops / peak_flops, bytes / peak_bytes_per_s)`` (H200: 790e12 bf16 FLOP/s and
-4.3e12 B/s measured). Both counts are lower bounds of the work of the *live* part of a request:
+``floor_s = max(flops / peak_flops, bytes / peak_bytes_per_s)`` with the device's peaks
+(:func:`device_peaks`: H200 790e12 bf16 FLOP/s and 4.3e12 B/s measured). Both counts are lower bounds of the work of the *live* part of a request:
 
 FLOPs (:func:`hypic.bench.flops.flop_model`): dense projections and the linear layers' recurrence
 per live token, attention per (live query, visible key) pair, the LM head for the one row whose logits are
@@ -40,6 +40,20 @@ from hypic.pic.plan import RequestPlan
 
 H200_PEAK_FLOPS = 790e12
 H200_PEAK_BYTES_PER_S = 4.3e12
+# The H100 (SXM) is the same GH100 chip at the same clocks as the H200, so the same bf16 rate; its
+# HBM3 is the datasheet's 3.35 TB/s (not measured here: the H200's measured 4.3 is 90% of its 4.8).
+H100_PEAK_BYTES_PER_S = 3.35e12
+_DEVICE_PEAKS = (("H200", H200_PEAK_FLOPS, H200_PEAK_BYTES_PER_S), ("H100", H200_PEAK_FLOPS, H100_PEAK_BYTES_PER_S))
+
+
+def device_peaks(device_name: str) -> Tuple[float, float]:
+    """``(bf16 FLOP/s, bytes/s)`` that floors on ``device_name`` (``torch.cuda.get_device_name``)
+    are taken against; the H200's for any other device (a CPU run's floors are then the H200's,
+    as its report's ``peak_*`` fields say)."""
+    for key, flops, bytes_per_s in _DEVICE_PEAKS:
+        if key in device_name:
+            return flops, bytes_per_s
+    return H200_PEAK_FLOPS, H200_PEAK_BYTES_PER_S
 
 
 @dataclass(frozen=True)

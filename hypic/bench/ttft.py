@@ -75,7 +75,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from hypic.bench.common import add_model_arguments, device_name, load_bench_model, provenance, synchronize
-from hypic.bench.floor import H200_PEAK_BYTES_PER_S, H200_PEAK_FLOPS, WorkModel
+from hypic.bench.floor import WorkModel, device_peaks
 from hypic.bench.rag_trace import RagTrace, RagTraceConfig
 from hypic.bench.ttft_mode import ModeBench, Sample
 from hypic.bench.ttft_report import (format_table, mean, merge_reports, parse_bytes, percentile, write_json,
@@ -443,7 +443,7 @@ class TtftBench:
         cfg = asdict(self.config)
         return {"device": device, "model": self.model_name, "dtype": str(self.dtype).replace("torch.", ""),
                 "torch": torch.__version__, "config": cfg, **self.provenance,
-                "peak_flops": H200_PEAK_FLOPS, "peak_bytes_per_s": H200_PEAK_BYTES_PER_S,
+                "peak_flops": device_peaks(device)[0], "peak_bytes_per_s": device_peaks(device)[1],
                 "results": self.results, "skipped": self.skipped}
 
 

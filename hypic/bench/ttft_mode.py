@@ -9,8 +9,8 @@ from typing import Optional, Union
 
 import torch
 
-from hypic.bench.common import synchronize
-from hypic.bench.floor import H200_PEAK_BYTES_PER_S, H200_PEAK_FLOPS, WorkModel
+from hypic.bench.common import device_name, synchronize
+from hypic.bench.floor import WorkModel, device_peaks
 from hypic.pic.keys import Keyer, KeyNamespace
 from hypic.pic.modes import PICConfig
 from hypic.pic.plan import RequestPlan, plan_request
@@ -61,6 +61,7 @@ class ModeBench:
         self.mode, self.cold_policy = mode, cold_policy
         self.device = torch.device(device)
         self.work = work
+        self.peaks = device_peaks(device_name(self.device))
         self.policy = PICConfig(mode=mode, seam=seam, cold_policy=cold_policy,
                                 segment_min_tokens=segment_min_tokens).resolve()
         spec_mode = self.policy.mode
@@ -99,7 +100,7 @@ class ModeBench:
                 ttft_s=t2 - t0, plan_s=t1 - t0, prompt_tokens=plan.prompt_tokens,
                 live_tokens=plan.live_tokens, standalone_tokens=plan.standalone_tokens,
                 reused_tokens=plan.cached_tokens + plan.prefix_hit_tokens,
-                flops=work.flops, bytes=work.bytes, floor_s=work.floor_s(H200_PEAK_FLOPS, H200_PEAK_BYTES_PER_S),
+                flops=work.flops, bytes=work.bytes, floor_s=work.floor_s(*self.peaks),
             )
         return sample
 

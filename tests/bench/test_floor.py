@@ -110,3 +110,11 @@ def test_count_prefix_cache_reads_kv_of_all_and_state_of_last_checkpoint():
         assert plan.live_tokens == 3
         expected = wm.weight_bytes(3) + 3 * wm.kv_bytes_per_token + kv + state
         assert work.bytes == pytest.approx(expected)
+
+
+def test_device_peaks_follow_the_gpu_name():
+    from hypic.bench.floor import H100_PEAK_BYTES_PER_S, H200_PEAK_BYTES_PER_S, H200_PEAK_FLOPS, device_peaks
+
+    assert device_peaks("NVIDIA H200") == (H200_PEAK_FLOPS, H200_PEAK_BYTES_PER_S)
+    assert device_peaks("NVIDIA H100 80GB HBM3") == (H200_PEAK_FLOPS, H100_PEAK_BYTES_PER_S)
+    assert device_peaks("cpu (x86_64, 2 threads)") == (H200_PEAK_FLOPS, H200_PEAK_BYTES_PER_S)
