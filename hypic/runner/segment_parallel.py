@@ -107,13 +107,22 @@ class SegmentParallelConfig:
         _positive_number("reply_timeout_s", self.reply_timeout_s)
 
     def rank_devices(self, engine_device: torch.device) -> Tuple[torch.device, ...]:
-        if self.devices is not None:
-            return tuple(torch.device(d) for d in self.devices)
         engine_device = torch.device(engine_device)
+        if self.devices is not None:
+            devices = tuple(torch.device(d) for d in self.devices)
+            if _normal(devices[0]) != _normal(engine_device):
+                # rank 0 is the engine: its entries and the workers' land on the engine's device
+                raise ValueError(f"segment_devices[0] is rank 0, the engine itself: expected the engine's device "
+                                 f"{engine_device}, got {devices[0]}")
+            return devices
         if engine_device.type == "cuda":
             first = engine_device.index or 0
             return tuple(torch.device("cuda", first + r) for r in range(self.num_workers))
         return (engine_device,) * self.num_workers
+
+
+def _normal(device: torch.device) -> torch.device:
+    return torch.device(device.type, device.index or 0) if device.type == "cuda" else torch.device(device.type)
 
 
 @dataclasses.dataclass

@@ -117,6 +117,10 @@ def test_config_is_validated():
     cfg = SegmentParallelConfig(num_workers=3)
     assert cfg.rank_devices(torch.device("cuda", 1)) == tuple(torch.device("cuda", i) for i in (1, 2, 3))
     assert cfg.rank_devices(torch.device("cpu")) == (torch.device("cpu"),) * 3
+    listed = SegmentParallelConfig(num_workers=2, devices=("cuda", "cuda:1"))
+    assert listed.rank_devices(torch.device("cuda", 0)) == (torch.device("cuda"), torch.device("cuda", 1))
+    with pytest.raises(ValueError, match="rank 0, the engine itself"):
+        listed.rank_devices(torch.device("cpu"))
     with pytest.raises(ValueError, match="segment_parallel"):  # an unknown option names the valid ones
         LLMEngine("tiny", segment_parallel=2)
     with pytest.raises(ValueError, match="num_workers"):
