@@ -440,10 +440,11 @@ class TtftBench:
 
     def report(self) -> Dict:
         device = device_name(self.device)
+        peak_flops, peak_bytes_per_s = device_peaks(device)
         cfg = asdict(self.config)
         return {"device": device, "model": self.model_name, "dtype": str(self.dtype).replace("torch.", ""),
                 "torch": torch.__version__, "config": cfg, **self.provenance,
-                "peak_flops": device_peaks(device)[0], "peak_bytes_per_s": device_peaks(device)[1],
+                "peak_flops": peak_flops, "peak_bytes_per_s": peak_bytes_per_s,
                 "results": self.results, "skipped": self.skipped}
 
 

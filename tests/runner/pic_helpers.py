@@ -58,6 +58,21 @@ def tiny_model(seed: int = 0, dtype=torch.float32, layer_types: Optional[Sequenc
     return spec, model
 
 
+ATOL = 1e-4  # float32 logits of PIC prefills that must equal full recompute
+
+
+def concat(segments, query) -> List[int]:
+    """The plain token stream of a segmented prompt."""
+    out: List[int] = []
+    for s in segments:
+        out.extend(s)
+    return out + list(query)
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
 def random_segment(n: int, seed: int) -> List[int]:
     return torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
