@@ -14,7 +14,7 @@ from hypic.ops.linear.summary import ScalarSummary
 from hypic.pic.modes import COLD_POLICIES, MODES, PICConfig
 from tests.models._lightning import build_minimax, save_ring_checkpoint
 from tests.runner.pic_helpers import PicHarness, full_logits, random_segment
-from tests.runner.test_pic_runner import _EngineOpCounter
+from tests.runner.test_pic_runner_work import _EngineOpCounter
 from tests.runner.test_pic_runner_interpreted import SYNC_OPS
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
