@@ -13,7 +13,8 @@
 # in $OUT/logs/stepN.txt; a failing line does not stop the ones after it. $OUT/logs/run.txt records
 # the plan, the commit (where the checkout has its .git), the GPUs and each line's exit code and
 # seconds. Exit code: the number of failed lines. docs/performance.md lists the plans and what
-# each result file is.
+# each result file is. A device call returns at most 8 files from $OUT: when the plan left more,
+# they are packed into $OUT/out.tgz at the end (`tar xzf out.tgz` where they come back).
 set -uo pipefail
 PLAN=${1:?usage: OUT=DIR bash benchmarks/device_run.sh PLAN [STEP_TIMEOUT_S] [STEPS]}
 STEP_TIMEOUT=${2:-600}
@@ -57,4 +58,9 @@ while IFS= read -r line || [[ -n "$line" ]]; do
   echo "[$n] rc=$rc after ${seconds} s"
 done < "$PLAN"
 echo "$ran steps, $failed failed" | tee -a "$LOG"
+if (( $(find "$OUT" -type f | wc -l) > 8 )); then
+  pack=$(mktemp -d)
+  tar czf "$pack/out.tgz" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$pack/out.tgz" "$OUT/out.tgz"
+  rm -rf "$pack"
+fi
 exit "$failed"

@@ -37,3 +37,25 @@ def test_a_range_of_steps_runs_only_those_lines(tmp_path):
     bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60", "x"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
+
+
+def test_more_than_eight_files_come_back_as_one_archive(tmp_path):
+    # a device call returns at most 8 files from $OUT: 7 here and the 2 logs make 9
+    plan = tmp_path / "many.plan"
+    plan.write_text("mkdir -p $OUT/sub && for i in 1 2 3 4 5 6 7; do echo $i > $OUT/sub/$i.txt; done\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out))
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [p.name for p in out.iterdir()] == ["out.tgz"]
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "xzf", str(out / "out.tgz"), "-C", str(unpacked)], check=True)
+    assert (unpacked / "sub" / "7.txt").read_text() == "7\n"
+    assert "1 steps, 0 failed" in (unpacked / "logs" / "run.txt").read_text()
+    plan.write_text("echo 1 > $OUT/one.txt\n")
+    few = tmp_path / "few"
+    subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60"],
+                   env=dict(os.environ, OUT=str(few)), capture_output=True, text=True, timeout=60)
+    assert (few / "one.txt").is_file() and not (few / "out.tgz").exists()

@@ -38,8 +38,10 @@ class Harness:
 
     def run(self, segments, query, mode="hypic", cold_policy="inline"):
         policy = PICConfig(mode=mode, seam=4, cold_policy=cold_policy).resolve()
+        # prefix_cache mode resumes from checkpoints of the prefix cache's spine: 16 tokens apart here
+        block = 16 if policy.mode.uses_prefix_checkpoints else None
         plan = plan_request(SegmentedPrompt(tuple(map(tuple, segments)), tuple(query)), policy, store=self.store,
-                            keyer=self.keyer)
+                            keyer=self.keyer, prefix_block_tokens=block)
         with plan:
             return plan, self.runner.prefill([plan])[0]
 
