@@ -15,6 +15,14 @@ from tests.runner.pic_helpers import DEEP_LAYER_TYPES, random_segment, tiny_mode
 
 pytestmark = pytest.mark.cuda
 
+# Bound on graph replays against the eager run, relative to the state's scale. Graphs replay the
+# row-wise phases' compiled glue (norms, the GDN gates) where the eager run takes the eager ops:
+# fp32 results a few ulps apart, which the gates' decays sum over the sequence. Measured: on an
+# H200, layer 0's conv inputs 1.5e-7 apart (relative to their scale), its recurrent state 6.9e-5,
+# layer 2's 2.9e-4; on an H100, 3.9e-4 (kept layout graphs) and 3.4e-4 (a written entry's summary).
+# A graph replaying stale or wrong rows would be off by O(1).
+GRAPH_STATE_RTOL = 1e-3
+
 
 class Harness:
     def __init__(self, model, spec, device):
@@ -60,13 +68,8 @@ def test_cached_request_on_cuda_matches_cpu_with_and_without_graphs():
             if hasattr(layer_a, name):
                 x, y = getattr(layer_a, name).float(), getattr(layer_b, name).float()
                 diffs.append((i, name, float((x - y).abs().max()), float(y.abs().max())))
-    # Graphs replay the row-wise phases' compiled glue (norms, the GDN gates) where the eager run
-    # takes the eager ops: fp32 results a few ulps apart, which the gates' decays sum over the
-    # sequence. Measured on the H200: layer 0's conv inputs 1.5e-7 apart
-    # (relative to their scale), its recurrent state 6.9e-5, layer 2's 2.9e-4; a graph replaying
-    # stale or wrong rows would be off by O(1).
     print("graphs vs eager, worst relative state diff:", max(d / scale for _, _, d, scale in diffs))
-    assert all(d <= 1e-3 * scale + 1e-6 for _, _, d, scale in diffs), diffs
+    assert all(d <= GRAPH_STATE_RTOL * scale + 1e-6 for _, _, d, scale in diffs), diffs
     a, b, ref = with_graphs.logits.float().cpu(), eager.logits.float().cpu(), want.logits.float()
     assert (a - b).abs().max() <= 1e-3 * ref.abs().max()
     assert (a - ref).norm() / ref.norm() < 1e-2
@@ -117,7 +120,7 @@ def test_requests_of_one_layout_signature_replay_the_kept_graphs_on_cuda():
             for name in ("recurrent_state", "conv_state"):
                 if hasattr(layer_a, name):
                     x, y = getattr(layer_a, name).float(), getattr(layer_b, name).float()
-                    assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, name
+                    assert (x - y).abs().max() <= GRAPH_STATE_RTOL * y.abs().max() + 1e-6, name
 
 
 def test_cached_request_with_missed_segments_replays_graphs_of_its_own_on_cuda():
@@ -154,14 +157,14 @@ def test_cached_request_with_missed_segments_replays_graphs_of_its_own_on_cuda()
             for layer, lin in ha.entry.linear.items():
                 for x, y in zip(lin.summary.parts() + (lin.conv_tail,),
                                 hb.entry.linear[layer].summary.parts() + (hb.entry.linear[layer].conv_tail,)):
-                    assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, layer
+                    assert (x - y).abs().max() <= GRAPH_STATE_RTOL * y.abs().max() + 1e-6, layer
     a, b = outs[0].logits.float().cpu(), outs[1].logits.float().cpu()
     assert (a - b).abs().max() <= 1e-3 * b.abs().max()
     for layer_a, layer_b in zip(outs[0].cache.layers, outs[1].cache.layers):
         for name in ("recurrent_state", "conv_state"):
             if hasattr(layer_a, name):
                 x, y = getattr(layer_a, name).float(), getattr(layer_b, name).float()
-                assert (x - y).abs().max() <= 1e-4 * y.abs().max() + 1e-6, name
+                assert (x - y).abs().max() <= GRAPH_STATE_RTOL * y.abs().max() + 1e-6, name
 
 
 def _plan(h, segments, query, mode="hypic", block=None):
@@ -197,7 +200,8 @@ def test_prefix_checkpoints_and_cold_writes_in_one_forward_on_cuda():
         for layer, cache in want.linear.items():
             w = cache.summary.state if hasattr(cache, "summary") else cache.state
             g = got.linear[layer].summary.state if hasattr(cache, "summary") else got.linear[layer].state
-            assert (g.float().cpu() - w).abs().max() <= 1e-3 * (w.abs().max() + 1e-3), (key.kind, layer)
+            # fla's chunk kernels run fp32 dots in TF32: 1.02e-3 of the scale measured on an H100
+            assert (g.float().cpu() - w).abs().max() <= 2e-3 * (w.abs().max() + 1e-3), (key.kind, layer)
     for got, want in ((g_cold, c_cold), (g_again, c_again)):
         assert (got - want).norm() / want.norm() < 1e-2 and got.argmax() == want.argmax()
 
