@@ -1,6 +1,7 @@
 """benchmarks/device_run.sh: runs every line of a plan under $OUT, logs each, counts failures."""
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -59,3 +60,22 @@ def test_more_than_eight_files_come_back_as_one_archive(tmp_path):
     subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60"],
                    env=dict(os.environ, OUT=str(few)), capture_output=True, text=True, timeout=60)
     assert (few / "one.txt").is_file() and not (few / "out.tgz").exists()
+
+
+def test_the_call_budget_cuts_a_step_and_skips_what_no_longer_fits(tmp_path):
+    # budget 37 s: the first step's limit is cut from 60 to 37 - 15 = 22 s (less the runner's start);
+    # after its 3 s the second step would have under 19 s, under 20: skipped, and counted in the exit code
+    plan = tmp_path / "slow.plan"
+    plan.write_text("sleep 3\necho late > $OUT/late.txt\n")
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60", "1-2", "37"],
+                            env=dict(os.environ, OUT=str(out)), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    log = (out / "logs" / "run.txt").read_text()
+    limit = int(re.search(r"step 1 rc=0 \d+s \(limit (\d+)s\)", log).group(1))
+    assert 10 <= limit <= 22, log  # 22 less what the runner's own start took
+    assert "step 2 skipped" in log and "1 steps, 0 failed, 1 skipped" in log, log
+    assert not (out / "late.txt").exists()
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(plan), "60", "1", "soon"],
+                         env=dict(os.environ, OUT=str(out)), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "CALL_BUDGET_S" in bad.stderr
