@@ -145,7 +145,10 @@ def test_fla_path_against_reference(lengths):
     s = fla_paths.gated_delta_summarize(bf["k"], bf["v"], bf["g"], bf["beta"], cu_seqlens=cu.to(dev),
                                         cu_seqlens_cpu=cu)
     ref = gated_delta.gated_delta_summarize(*(bf[n].cpu().double() for n in ("k", "v", "g", "beta")), cu_seqlens=cu)
-    assert rel(s.transition.cpu(), ref.transition) < 2e-2 and rel(s.state.cpu(), ref.state) < 2e-2
+    # per span, so that a failure names the span (and with it the tile and stream it ran in)
+    per_span = [(n_, rel(s.transition[i].cpu(), ref.transition[i]), rel(s.state[i].cpu(), ref.state[i]))
+                for i, n_ in enumerate(lengths) if n_ > 0]
+    assert rel(s.transition.cpu(), ref.transition) < 2e-2 and rel(s.state.cpu(), ref.state) < 2e-2, per_span
 
     def initial_states_from(summary):
         return summary.state.roll(1, dims=0) * 0.5 + 0.1
