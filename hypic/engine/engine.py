@@ -27,7 +27,7 @@ from hypic.engine.context import PlainContext, SequenceCache
 from hypic.engine.outputs import RequestOutput
 from hypic.engine.pic_stages import own_cached_tokens, plan_stages, run_stage
 from hypic.engine.request import PicState, Request
-from hypic.engine.sampling import SamplingParams, sample, token_logprobs
+from hypic.engine.sampling import SamplingParams, needs_processing, process_logits, sample, token_logprobs
 from hypic.engine.scheduler import ScheduledBatch, Scheduler
 from hypic.engine.tokenizer import Tokenizer
 from hypic.engine.fingerprint import model_fingerprint, store_fingerprint
@@ -219,6 +219,9 @@ class LLMEngine:
             sampling_params = SamplingParams()
         if request_id is None:
             request_id = str(next(self._request_counter))
+        if sampling_params.logit_bias is not None and sampling_params.logit_bias[-1][0] >= self.spec.vocab_size:
+            raise ValueError(f"request {request_id}: logit_bias names token {sampling_params.logit_bias[-1][0]}, "
+                             f"outside the vocabulary [0, {self.spec.vocab_size})")
         if isinstance(prompt, dict) and "cache_salt" in prompt:
             if cache_salt is not None and cache_salt != prompt["cache_salt"]:
                 raise ValueError(f"request {request_id}: two different cache_salt values (the prompt's and the call's)")
@@ -415,7 +418,12 @@ class LLMEngine:
             return [], None
         logits = torch.stack([rows[i] for i in sampling])
         requests = [batch.requests[i] for i in sampling]
-        tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
+        params = [r.sampling_params for r in requests]
+        sample_logits = logits  # log-probabilities stay the raw distribution's (vLLM's default)
+        if any(needs_processing(p) for p in params):
+            sample_logits = process_logits(logits, params, [r.prompt_token_ids for r in requests],
+                                           [r.output_token_ids for r in requests], self.eos_token_ids)
+        tokens = sample(sample_logits, params, [r.generator for r in requests])
         asked = [j for j, r in enumerate(requests) if r.sampling_params.logprobs is not None]
         if not asked:
             return tokens.tolist(), None

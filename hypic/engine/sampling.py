@@ -1,4 +1,6 @@
-"""The batched token sampler (greedy, temperature, top-k, top-p, per-request generators).
+"""The batched token sampler (greedy, temperature, min-p, top-k, top-p, per-request generators)
+and the logits processing before it (logit bias, min_tokens, presence / frequency / repetition
+penalties).
 
 Each row of a batch is sampled with its own ``torch.Generator`` so a seeded request draws the
 same tokens whichever requests share its batch. Masks (top-k, top-p) are vectorised over the
@@ -8,12 +10,14 @@ batch; only the random draw loops over rows, because generators cannot be batche
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from hypic.engine.sampling_params import SamplingParams
 
-__all__ = ["Logprob", "SamplingParams", "apply_top_k", "apply_top_p", "sample", "token_logprobs"]
+__all__ = ["Logprob", "SamplingParams", "apply_min_p", "apply_top_k", "apply_top_p", "needs_processing",
+           "process_logits", "sample", "token_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,91 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[
             row.setdefault(int(t), Logprob(float(v), r + 1))
         out.append(row)
     return out
+
+
+def needs_processing(params: SamplingParams) -> bool:
+    """Whether :func:`process_logits` changes this request's logits."""
+    return params.logit_bias is not None or params.min_tokens > 0 or params.has_penalties
+
+
+def process_logits(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    prompt_token_ids: Sequence[Sequence[int]],
+    output_token_ids: Sequence[Sequence[int]],
+    eos_token_ids: Sequence[int] = (),
+) -> torch.Tensor:
+    """The logits each row samples from, in vLLM's order: logit bias, then min_tokens (the row's
+    end-of-sequence ids, unless ``ignore_eos``, and its ``stop_token_ids`` set to -inf while it
+    has fewer than ``min_tokens`` output tokens), then the penalties: repetition over the tokens
+    of the prompt and the output (a positive logit divided by it, a negative one multiplied),
+    frequency (times the token's count in the output) and presence (once per token in the
+    output) subtracted. logits [N, V] (any float dtype) -> a new fp32 tensor; rows whose params
+    ask for none of this are returned unchanged."""
+    if logits.dim() != 2 or not len(params) == len(prompt_token_ids) == len(output_token_ids) == logits.shape[0]:
+        raise ValueError(f"logits [N, V] with N params, prompts and outputs expected, got {tuple(logits.shape)}, "
+                         f"{len(params)}, {len(prompt_token_ids)}, {len(output_token_ids)}")
+    logits = logits.float().clone()
+    vocab_size, device = logits.shape[1], logits.device
+    rows, ids, values = [], [], []
+    for i, p in enumerate(params):
+        for token, bias in p.logit_bias or ():
+            if token >= vocab_size:
+                raise ValueError(f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size})")
+            rows.append(i), ids.append(token), values.append(bias)
+    if rows:
+        logits.index_put_((torch.tensor(rows, device=device), torch.tensor(ids, device=device)),
+                          torch.tensor(values, device=device), accumulate=True)
+    rows, ids = [], []
+    for i, p in enumerate(params):
+        if len(output_token_ids[i]) < p.min_tokens:
+            banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
+            for token in sorted(t for t in banned if t < vocab_size):
+                rows.append(i), ids.append(token)
+    if rows:
+        logits[torch.tensor(rows, device=device), torch.tensor(ids, device=device)] = float("-inf")
+    penalised = [i for i, p in enumerate(params) if p.has_penalties]
+    if penalised:
+        index = torch.tensor(penalised, device=device)
+        logits.index_copy_(0, index, _penalise(logits.index_select(0, index), [params[i] for i in penalised],
+                                               [prompt_token_ids[i] for i in penalised],
+                                               [output_token_ids[i] for i in penalised]))
+    return logits
+
+
+def _penalise(logits: torch.Tensor, params, prompts, outputs) -> torch.Tensor:
+    num_rows, vocab_size = logits.shape
+    device = logits.device
+    counts = torch.zeros(num_rows, vocab_size, device=device)
+    rows, ids = _flat(outputs, device)
+    counts.index_put_((rows, ids), torch.ones(ids.shape[0], device=device), accumulate=True)
+    generated = counts > 0
+    repetition = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = generated.clone()
+        rows, ids = _flat(prompts, device)
+        seen[rows, ids] = True
+        penalised = torch.where(logits > 0, logits / repetition, logits * repetition)
+        logits = torch.where(seen, penalised, logits)
+    frequency = torch.tensor([p.frequency_penalty for p in params], device=device).unsqueeze(1)
+    presence = torch.tensor([p.presence_penalty for p in params], device=device).unsqueeze(1)
+    return logits - frequency * counts - presence * generated.float()
+
+
+def _flat(token_lists, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token id) of every token of every row, as two index tensors."""
+    rows = [i for i, tokens in enumerate(token_lists) for _ in tokens]
+    ids = [t for tokens in token_lists for t in tokens]
+    return (torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(ids, dtype=torch.long, device=device))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop the tokens of row i whose probability is below ``min_p[i]`` times the row's largest
+    (min_p = 0: keep all). logits [N, V] float; min_p float tensor [N]."""
+    _check_rows(logits, min_p, "min_p")
+    probs = logits.softmax(dim=1)
+    threshold = probs.max(dim=1, keepdim=True).values * min_p.to(probs.dtype).unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -98,7 +187,7 @@ def sample(
 ) -> torch.Tensor:
     """Sample one token per row. logits [N, V] (any float dtype; maths in fp32) -> LongTensor [N].
 
-    Greedy rows take the argmax. Other rows: divide by temperature, mask with top-k then top-p,
+    Greedy rows take the argmax. Other rows: divide by temperature, mask with min-p, top-k, top-p,
     and draw with the row's generator (``None``: the global torch RNG) using the exponential
     race ``argmax(p / E)``, E ~ Exp(1), which samples from p exactly.
     """
@@ -119,6 +208,9 @@ def sample(
     rows = torch.tensor(random_rows, device=device, dtype=torch.long)
     temperature = torch.tensor([params[i].temperature for i in random_rows], device=device)
     scaled = logits.index_select(0, rows) / temperature.unsqueeze(1)
+    if any(params[i].min_p > 0.0 for i in random_rows):
+        min_p = torch.tensor([params[i].min_p for i in random_rows], device=device)
+        scaled = apply_min_p(scaled, min_p)
     if any(params[i].top_k > 0 for i in random_rows):
         top_k = torch.tensor([params[i].top_k for i in random_rows], device=device)
         scaled = apply_top_k(scaled, top_k)

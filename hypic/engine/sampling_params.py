@@ -29,8 +29,17 @@ class SamplingParams:
     skip_special_tokens: drop special tokens when detokenising the output.
     logprobs: None (none), or the number k in [0, 20] of most likely tokens whose log-probabilities
     are returned for every generated token, beside the sampled token's own (vLLM's meaning). They
-    are the model's raw distribution (log-softmax of the logits, before temperature, top-k and
-    top-p), as vLLM returns by default.
+    are the model's raw distribution (log-softmax of the logits, before penalties, bias,
+    temperature, top-k and top-p), as vLLM returns by default.
+    min_p: drop tokens whose probability (after temperature) is below min_p times the most likely
+    token's; 0 disables.
+    presence_penalty / frequency_penalty: in [-2, 2]; subtract the penalty once for every token
+    already generated (presence) or once per time it was generated (frequency). repetition_penalty:
+    > 0, 1 disables; the logit of every token in the prompt or the output is divided by it when
+    positive and multiplied by it when negative. logit_bias: ``{token_id: bias}``, bias in
+    [-100, 100], added to the logits. min_tokens: no end-of-sequence, ``stop_token_ids`` or stop
+    string ends the request before this many tokens (<= max_tokens). Penalties, bias and
+    min_tokens also apply to greedy requests (the argmax is taken after them), as vLLM does.
     """
 
     temperature: float = 1.0
@@ -44,6 +53,12 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         # Accept the vLLM spellings (a single string, lists) but store immutable tuples.
@@ -80,12 +95,50 @@ class SamplingParams:
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name, low, high in (("min_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0),
+                                ("frequency_penalty", -2.0, 2.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+        rp = self.repetition_penalty
+        if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0.0 < rp < float("inf"):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {rp!r}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.n != 1:
             raise ValueError(f"n must be 1 (several completions per prompt are not supported), got {self.n!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether the sampled token depends on the request's tokens so far (penalties)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def _logit_bias(bias) -> tuple[tuple[int, float], ...] | None:
+    """``{token_id: bias}`` (or pairs) as sorted ``(token_id, bias)`` pairs, hashable like the
+    rest of the frozen params; None when empty."""
+    if bias is None:
+        return None
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        pairs = [(t, b) for t, b in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to biases, got {bias!r}") from None
+    for t, b in pairs:
+        if not _is_int(t) or t < 0:
+            raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {t!r}")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100.0 <= b <= 100.0:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}")
+    if len({t for t, _ in pairs}) != len(pairs):
+        raise ValueError("logit_bias names a token id twice")
+    return tuple(sorted((t, float(b)) for t, b in pairs)) or None
 
 
 def _is_int(x) -> bool:

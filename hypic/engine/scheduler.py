@@ -328,6 +328,11 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token_id: int, now: float) -> None:
         params = request.sampling_params
+        if request.num_output_tokens < params.min_tokens:
+            # nothing but the length ends it yet (its end-of-sequence and stop ids were masked)
+            self._update_text(request)
+            self._check_length(request, now)
+            return
         # A token that ends the request by id is not part of the output text.
         if not params.ignore_eos and token_id in self.eos_token_ids:
             request.finish(FINISH_STOP, None, now)
@@ -340,7 +345,10 @@ class Scheduler:
         num_new_chars = self._update_text(request)
         if params.stop and num_new_chars and self._check_stop_strings(request, num_new_chars, now):
             return
-        limit = params.max_tokens
+        self._check_length(request, now)
+
+    def _check_length(self, request: Request, now: float) -> None:
+        limit = request.sampling_params.max_tokens
         if (limit is not None and request.num_output_tokens >= limit) or request.num_tokens >= self.max_model_len:
             request.finish(FINISH_LENGTH, None, now)
             self._update_text(request, flush=True)

@@ -194,3 +194,41 @@ def test_construction_errors():
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     with pytest.raises(ValueError, match="max_model_len"):
         LLMEngine("tiny", device="cpu", max_model_len=10**9)
+
+
+def test_min_tokens_holds_back_eos_and_stop_ids(engine):
+    reference = generate_alone(engine, PROMPTS[2], SamplingParams(max_tokens=6, **GREEDY)).outputs[0]
+    saved = engine.scheduler.eos_token_ids
+    # pretend the first greedy token ends the sequence: without min_tokens the request stops at once
+    engine.scheduler.eos_token_ids = frozenset({reference.token_ids[0]})
+    engine.eos_token_ids = tuple(engine.scheduler.eos_token_ids)
+    try:
+        stopped = generate_alone(engine, PROMPTS[2], SamplingParams(temperature=0, max_tokens=6)).outputs[0]
+        held = generate_alone(engine, PROMPTS[2], SamplingParams(temperature=0, max_tokens=6, min_tokens=3)).outputs[0]
+    finally:
+        engine.scheduler.eos_token_ids = saved
+        engine.eos_token_ids = tuple(saved)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == reference.token_ids[:1]
+    assert len(held.token_ids) >= 3 and reference.token_ids[0] not in held.token_ids[:3]
+    # a stop id in the greedy text is not honoured before min_tokens either
+    stop_id = reference.token_ids[1]
+    early = generate_alone(engine, PROMPTS[2], SamplingParams(max_tokens=6, stop_token_ids=[stop_id], min_tokens=4,
+                                                              **GREEDY)).outputs[0]
+    assert len(early.token_ids) >= 4 and stop_id not in early.token_ids[:4]
+
+
+def test_logit_bias_and_penalties_steer_greedy_decoding(engine):
+    plain = generate_alone(engine, PROMPTS[0], SamplingParams(max_tokens=8, **GREEDY)).outputs[0]
+    forced_id = engine.tokenizer.encode("santon")[0]
+    forced = generate_alone(engine, PROMPTS[0], SamplingParams(max_tokens=4, logit_bias={forced_id: 100.0},
+                                                               **GREEDY)).outputs[0]
+    assert forced.token_ids == [forced_id] * 4
+    # repeated tokens of the plain greedy text are penalised away
+    assert len(set(plain.token_ids)) < len(plain.token_ids)
+    penalised = generate_alone(engine, PROMPTS[0], SamplingParams(max_tokens=8, presence_penalty=2.0,
+                                                                  frequency_penalty=2.0, repetition_penalty=10.0,
+                                                                  **GREEDY)).outputs[0]
+    assert penalised.token_ids != plain.token_ids
+    assert len(set(penalised.token_ids)) > len(set(plain.token_ids))
+    with pytest.raises(ValueError, match="logit_bias"):
+        engine.add_request(PROMPTS[0], SamplingParams(logit_bias={10**6: 1.0}))

@@ -5,7 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hypic.engine.sampling import SamplingParams, apply_top_k, apply_top_p, sample
+from hypic.engine.sampling import (
+    SamplingParams, apply_min_p, apply_top_k, apply_top_p, needs_processing, process_logits, sample,
+)
 
 
 def _gen(seed):
@@ -36,6 +38,17 @@ def test_defaults_match_vllm_and_normalise_stop():
         ({"seed": -3}, "seed"),
         ({"n": 2}, "n"),
         ({"ignore_eos": 1}, "ignore_eos"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": {3: 101.0}}, "logit_bias"),
+        ({"logit_bias": [(3, 1.0), (3, 2.0)]}, "logit_bias"),
+        ({"logit_bias": "x"}, "logit_bias"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 20, "max_tokens": 4}, "min_tokens"),
     ],
 )
 def test_validation_errors_name_the_field(kwargs, field):
@@ -182,3 +195,56 @@ def test_token_logprobs_are_the_raw_log_softmax_with_ranks():
 def test_logprobs_count_is_validated(bad):
     with pytest.raises(ValueError, match="logprobs must be None or an int in \\[0, 20\\]"):
         SamplingParams(logprobs=bad)
+
+
+def test_logit_bias_is_stored_as_sorted_pairs():
+    p = SamplingParams(logit_bias={7: -1, 2: 0.5})
+    assert p.logit_bias == ((2, 0.5), (7, -1.0)) and hash(p) == hash(SamplingParams(logit_bias=[(2, 0.5), (7, -1)]))
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    assert not needs_processing(SamplingParams()) and needs_processing(SamplingParams(min_tokens=1))
+
+
+def test_process_logits_applies_bias_min_tokens_and_penalties_in_vllms_order():
+    logits = torch.tensor([[1.0, -1.0, 2.0, 0.5], [0.0, 0.0, 0.0, 0.0], [0.3, 0.2, 0.1, 0.0]])
+    params = [SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+              SamplingParams(logit_bias={3: 5.0}, min_tokens=2, stop_token_ids=[0]),
+              SamplingParams()]
+    out = process_logits(logits, params, [[0], [1], [2]], [[1, 1, 2], [0], [2, 2]], eos_token_ids=(2,))
+    # row 0: token 0 in the prompt (1 / 2); token 1 twice in the output (-1 * 2 - 2 * 0.5 - 0.25);
+    # token 2 once (2 / 2 - 0.5 - 0.25); token 3 untouched
+    assert torch.equal(out[0], torch.tensor([0.5, -3.25, 0.25, 0.5]))
+    # row 1: one output token of the two min_tokens asks for: its eos (2) and stop id (0) masked
+    assert torch.equal(out[1], torch.tensor([float("-inf"), 0.0, float("-inf"), 5.0]))
+    assert torch.equal(out[2], logits[2]) and torch.equal(logits[1], torch.zeros(4))  # input untouched
+    done = process_logits(logits[1:2], params[1:2], [[1]], [[0, 3]], eos_token_ids=(2,))
+    assert torch.equal(done[0], torch.tensor([0.0, 0.0, 0.0, 5.0]))  # min_tokens reached: nothing masked
+    ignored = SamplingParams(min_tokens=2, ignore_eos=True)
+    assert torch.equal(process_logits(logits[1:2], [ignored], [[1]], [[]], eos_token_ids=(2,))[0], torch.zeros(4))
+    with pytest.raises(ValueError, match="vocabulary"):
+        process_logits(logits[:1], [SamplingParams(logit_bias={9: 1.0})], [[0]], [[]])
+    with pytest.raises(ValueError, match="N params"):
+        process_logits(logits, params[:2], [[0]] * 3, [[]] * 3)
+
+
+def test_repetition_penalty_matches_the_definition_on_random_rows():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=gen)
+    prompts = [[1, 2, 3], [4], [5, 5, 6]]
+    outputs = [[7, 7], [], [1]]
+    params = [SamplingParams(repetition_penalty=r) for r in (1.5, 0.7, 3.0)]
+    out = process_logits(logits, params, prompts, outputs)
+    for i, p in enumerate(params):
+        want = logits[i].clone()
+        for t in set(prompts[i]) | set(outputs[i]):
+            want[t] = want[t] / p.repetition_penalty if want[t] > 0 else want[t] * p.repetition_penalty
+        assert torch.allclose(out[i], want)
+
+
+def test_min_p_keeps_tokens_within_the_ratio_of_the_most_likely():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]]))
+    kept = apply_min_p(logits, torch.tensor([0.5, 0.9])) > float("-inf")
+    assert kept.tolist() == [[True, True, False, False], [True, True, True, True]]
+    assert torch.equal(apply_min_p(logits, torch.zeros(2)), logits)
+    gen = [torch.Generator().manual_seed(s) for s in range(200)]
+    drawn = {int(sample(logits[:1], [SamplingParams(min_p=0.5)], [g])[0]) for g in gen}
+    assert drawn == {0, 1}

@@ -49,6 +49,18 @@ def test_generate_sampling_options(capsys):
     assert len(text(first).split()) >= 3  # words of the suite vocabulary, not <unk>s dropped on decode
 
 
+def test_generate_penalty_options(capsys):
+    base = ["generate", "--prompt", "the mentor of kolton is", "--max-tokens", "8", "--ignore-eos", "--device", "cpu"]
+    assert cli.main(base) == 0
+    plain = capsys.readouterr().out.split("\n")[1]
+    assert cli.main(base + ["--presence-penalty", "2", "--frequency-penalty", "2", "--repetition-penalty", "10",
+                            "--min-tokens", "8", "--min-p", "0.1"]) == 0
+    penalised = capsys.readouterr().out.split("\n")[1]
+    assert penalised != plain and len(set(penalised.split())) > len(set(plain.split()))
+    assert cli.main(base + ["--presence-penalty", "5"]) == 2
+    assert "presence_penalty" in capsys.readouterr().err
+
+
 def test_generate_chat(capsys, tmp_path):
     # The trained tiny model has no chat template: a message, exit status 2.
     assert cli.main(["generate", "--prompt", "a", "--chat", "--max-tokens", "2", "--device", "cpu"]) == 2

@@ -4,15 +4,17 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI shapes, ``stream`` as SSE
 ``data: {...}`` chunks ending in ``data: [DONE]``, ``stream_options.include_usage``, ``n``,
 ``stop``, ``seed``, ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, vLLM's
-``top_k`` / ``ignore_eos`` / ``stop_token_ids`` / ``return_token_ids`` (completions: each choice and
+``logprobs`` / ``top_logprobs``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, vLLM's
+``repetition_penalty`` / ``min_p`` / ``min_tokens`` (:class:`~hypic.engine.sampling_params.SamplingParams`
+has their meaning), ``top_k`` / ``ignore_eos`` / ``stop_token_ids`` / ``return_token_ids`` (completions: each choice and
 each streamed chunk carries its token ids, so a client without the tokenizer counts and times
 tokens), and ``cache_salt``: a tenant's segments never hit under another salt; a stream sends one
 chunk per engine step that produced tokens, with empty text while a stop string may still match),
-``POST /generate`` (SGLang: ``text`` or ``input_ids``, ``sampling_params``, ``stream``; ``meta_info``
+``POST /generate`` (SGLang: ``text`` or ``input_ids``, ``sampling_params`` with SGLang's names,
+``min_new_tokens`` and the penalties included, ``stream``; ``meta_info``
 with prompt, completion and cached tokens), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``POST /flush_cache`` (drops the segment-store entries no
-request holds). Log-probabilities, penalties, logit bias, echo and tools
-are refused with a 400.
+request holds). ``echo``, ``suffix``, ``best_of`` other than ``n`` and tools are refused with a 400.
 
 Segmented prompts (position-independent caching), three ways; the last piece (the question) is
 never cached:

@@ -233,7 +233,7 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         try:
             req.sampling_params(max_tokens)  # validated once here: a 400 before anything is queued
         except (ValueError, TypeError) as e:
-            raise APIError(400, str(e)) from None
+            raise APIError(400, str(e), e.param if isinstance(e, UnsupportedField) else None) from None
         return lambda j: req.sampling_params(max_tokens, j)
 
     async def run(raw: Request, streams: list[RequestStream], choices: list[_Choice], stream: bool,

@@ -3,9 +3,11 @@
 Field names and defaults follow OpenAI's API and vLLM's extensions (``top_k``, ``ignore_eos``,
 ``stop_token_ids``, ``skip_special_tokens``, ``cache_salt``, ``return_token_ids``); hypic adds
 ``segments`` (a list of segment texts or token-id lists, the last one the query) and the per-request PIC settings
-``pic_mode`` / ``seam`` / ``cold_policy``. Fields OpenAI defines that the engine cannot honour
-(penalties, logit bias, echo, tools, ...) are accepted only at their neutral
-value; anything else is refused with :class:`UnsupportedField` (a 400 naming the field).
+``pic_mode`` / ``seam`` / ``cold_policy``. The penalties (``presence_penalty``,
+``frequency_penalty``, vLLM's ``repetition_penalty``), ``logit_bias`` (token-id strings as keys),
+``min_p`` and ``min_tokens`` have vLLM's meaning (:class:`SamplingParams`). Fields OpenAI defines
+that the engine cannot honour (echo, tools, ...) are accepted only at their neutral value; anything
+else is refused with :class:`UnsupportedField` (a 400 naming the field).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float | None = 0.0
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_p: float | None = None
     min_tokens: int = 0
     user: str | None = None
     cache_salt: str | None = None
@@ -65,16 +68,6 @@ class _SamplingFields(BaseModel):
     cold_policy: str | None = None
 
     def check_supported(self) -> None:
-        neutral = {
-            "presence_penalty": (None, 0, 0.0),
-            "frequency_penalty": (None, 0, 0.0),
-            "repetition_penalty": (None, 1, 1.0),
-            "logit_bias": (None, {}),
-            "min_tokens": (0,),
-        }
-        for name, allowed in neutral.items():
-            if getattr(self, name) not in allowed:
-                raise UnsupportedField(name, f"{name} is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise UnsupportedField("stream_options", "stream_options is only allowed with stream=true")
 
@@ -98,6 +91,12 @@ class _SamplingFields(BaseModel):
             seed=seed,
             skip_special_tokens=self.skip_special_tokens,
             logprobs=self.num_logprobs,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=_token_bias(self.logit_bias),
+            min_tokens=self.min_tokens,
         )
 
     @property
@@ -114,6 +113,16 @@ class _SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+def _token_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids written as strings) with int keys."""
+    if not bias:
+        return None
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError:
+        raise UnsupportedField("logit_bias", f"logit_bias keys must be token ids, got {sorted(bias)[:3]}") from None
 
 
 class CompletionRequest(_SamplingFields):
@@ -207,14 +216,18 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-GENERATE_SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-                                    "ignore_eos", "skip_special_tokens", "seed", "n"})
+GENERATE_SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
+                                    "stop_token_ids", "ignore_eos", "skip_special_tokens", "seed", "n",
+                                    "presence_penalty", "frequency_penalty", "repetition_penalty",
+                                    "min_new_tokens"})
 
 
 class GenerateRequest(BaseModel):
     """SGLang's ``POST /generate``: ``text`` or ``input_ids`` (or hypic's ``segments``) and
     ``sampling_params`` with SGLang's names (``max_new_tokens``, ``temperature``, ``top_p``,
-    ``top_k``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``seed``)."""
+    ``top_k``, ``min_p``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``,
+    ``seed``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``,
+    ``min_new_tokens``)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -245,7 +258,9 @@ class GenerateRequest(BaseModel):
             temperature=sp.get("temperature", 1.0), top_p=sp.get("top_p", 1.0), top_k=sp.get("top_k", 0) or 0,
             max_tokens=max_tokens, stop=sp.get("stop"), stop_token_ids=sp.get("stop_token_ids"),
             ignore_eos=sp.get("ignore_eos", False), skip_special_tokens=sp.get("skip_special_tokens", True),
-            seed=sp.get("seed"),
+            seed=sp.get("seed"), min_p=sp.get("min_p", 0.0), presence_penalty=sp.get("presence_penalty", 0.0),
+            frequency_penalty=sp.get("frequency_penalty", 0.0), repetition_penalty=sp.get("repetition_penalty", 1.0),
+            min_tokens=sp.get("min_new_tokens", 0),
         )
 
 

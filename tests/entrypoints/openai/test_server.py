@@ -199,7 +199,10 @@ def test_cache_salt_keeps_tenants_apart_and_flush_cache(client):
 @pytest.mark.parametrize("body, status, param", [
     ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": "a", "echo": True}, 400, "echo"),
-    ({"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": "a", "presence_penalty": 2.5}, 400, None),
+    ({"prompt": "a", "logit_bias": {"x": 1.0}}, 400, "logit_bias"),
+    ({"prompt": "a", "logit_bias": {"99999": 1.0}}, 400, None),
+    ({"prompt": "a", "max_tokens": 2, "min_tokens": 3}, 400, None),
     ({"prompt": "a", "model": "nope"}, 404, "model"),
     ({"prompt": ""}, 400, None),
     ({"prompt": []}, 400, "prompt"),
@@ -253,8 +256,30 @@ def test_sglang_generate(client, reference):
                        ).json()["text"] == expected.text
     events = sse_events(client.post("/generate", json={**request, "stream": True}).text)
     assert events[-1]["text"] == expected.text  # cumulative, as SGLang streams
-    bad = client.post("/generate", json={"text": "a", "sampling_params": {"frequency_penalty": 1}})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "sampling_params.frequency_penalty"
+    bad = client.post("/generate", json={"text": "a", "sampling_params": {"regex": "a+"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "sampling_params.regex"
+    penalised = {"max_new_tokens": 6, "temperature": 0, "presence_penalty": 2.0, "frequency_penalty": 1.0,
+                 "repetition_penalty": 5.0, "min_new_tokens": 6}
+    body = client.post("/generate", json={"text": PROMPTS[0], "sampling_params": penalised}).json()
+    want = greedy(reference, PROMPTS[0], max_tokens=6, presence_penalty=2.0, frequency_penalty=1.0,
+                  repetition_penalty=5.0, min_tokens=6)
+    assert body["output_ids"] == want.token_ids
+
+
+def test_penalties_logit_bias_and_min_tokens_match_the_offline_engine(client, reference):
+    plain = greedy(reference, PROMPTS[0], max_tokens=8)
+    favoured = reference.get_tokenizer().encode("santon")[0]
+    knobs = dict(presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=2.0, min_tokens=5)
+    want = greedy(reference, PROMPTS[0], max_tokens=8, logit_bias={favoured: 4.0}, **knobs)
+    assert want.token_ids != plain.token_ids  # the settings change the greedy text
+    body = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0,
+                                                "logit_bias": {str(favoured): 4.0}, **knobs}).json()
+    assert body["choices"][0]["text"] == want.text
+    sampled = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 1.0,
+                                                   "min_p": 0.2, "seed": 3}).json()
+    offline = reference.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_tokens=8, min_p=0.2, seed=3),
+                                 use_tqdm=False)[0].outputs[0]
+    assert sampled["choices"][0]["text"] == offline.text
 
 
 def test_metrics_parse_and_count_tokens(client):
