@@ -219,6 +219,9 @@ class LLMEngine:
             sampling_params = SamplingParams()
         if request_id is None:
             request_id = str(next(self._request_counter))
+        if sampling_params.n != 1:
+            raise ValueError(f"request {request_id}: LLMEngine runs one completion per request, got n="
+                             f"{sampling_params.n} (LLM.generate and the server fan n out into n requests)")
         if sampling_params.logit_bias is not None and sampling_params.logit_bias[-1][0] >= self.spec.vocab_size:
             raise ValueError(f"request {request_id}: logit_bias names token {sampling_params.logit_bias[-1][0]}, "
                              f"outside the vocabulary [0, {self.spec.vocab_size})")

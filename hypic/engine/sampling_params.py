@@ -10,6 +10,8 @@ _GREEDY_EPS = 1e-5
 # Most top log-probabilities a request may ask for per token (vLLM's default max_logprobs; the
 # OpenAI chat API's top_logprobs limit).
 MAX_LOGPROBS = 20
+# Most completions per prompt (the server's limit as well).
+MAX_N = 128
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,10 @@ class SamplingParams:
     is cut before the stop string. stop_token_ids: token ids that end generation.
     ignore_eos: keep generating past the model's end-of-sequence tokens.
     seed: seeds this request's own generator (reproducible regardless of batch neighbours).
-    n: number of completions; only 1 is supported.
+    n: completions per prompt. ``LLM.generate`` (and the server's ``n``) run them as n requests
+    of one completion each, seeded seed, seed + 1, ... when seeded; each prefills the prompt
+    (their prefix-cache checkpoints are written by whichever finishes its prefill first).
+    LLMEngine.add_request takes n = 1 only.
     skip_special_tokens: drop special tokens when detokenising the output.
     logprobs: None (none), or the number k in [0, 20] of most likely tokens whose log-probabilities
     are returned for every generated token, beside the sampled token's own (vLLM's meaning). They
@@ -108,8 +113,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (several completions per prompt are not supported), got {self.n!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an int in [1, {MAX_N}], got {self.n!r}")
 
     @property
     def greedy(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -87,22 +88,27 @@ class LLM:
     def _generate(self, prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy,
                   cache_salt) -> list[RequestOutput]:
         engine = self.llm_engine
+        groups: list[tuple[str, list[str]]] = []  # per prompt: its id and its completions' requests
         request_ids: list[str] = []
         try:
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
-                request_id = f"gen-{self._request_counter}"
+                parent_id = f"gen-{self._request_counter}"
                 self._request_counter += 1
-                try:
-                    engine.add_request(prompt, params, request_id=request_id, mode=pic_mode, seam=seam,
-                                       cold_policy=cold_policy, cache_salt=cache_salt)
-                except ValueError as e:
-                    raise ValueError(f"prompt {i}: {e}") from e
-                request_ids.append(request_id)
+                children = [parent_id] if params.n == 1 else [f"{parent_id}-{k}" for k in range(params.n)]
+                for k, request_id in enumerate(children):
+                    try:
+                        engine.add_request(prompt, _completion_params(params, k), request_id=request_id,
+                                           mode=pic_mode, seam=seam, cold_policy=cold_policy, cache_salt=cache_salt)
+                    except ValueError as e:
+                        raise ValueError(f"prompt {i}: {e}") from e
+                    request_ids.append(request_id)
+                groups.append((parent_id, children))
         except ValueError:
             for request_id in request_ids:  # leave the engine as we found it
                 engine.abort_request(request_id)
             raise
-        return self._run_engine(request_ids, use_tqdm)
+        finished = dict(zip(request_ids, self._run_engine(request_ids, use_tqdm)))
+        return [_merge(parent_id, [finished[c] for c in children]) for parent_id, children in groups]
 
     def chat(
         self,
@@ -147,6 +153,25 @@ class LLM:
             for request_id in pending:  # interrupted: do not leave orphans in the engine
                 engine.abort_request(request_id)
         return [finished[r] for r in request_ids]
+
+
+def _completion_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The settings of completion ``index`` of ``params.n``: one completion, seeded seed + index."""
+    if params.n == 1:
+        return params
+    return dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + index)
+
+
+def _merge(request_id: str, outputs: list[RequestOutput]) -> RequestOutput:
+    """One prompt's RequestOutput from its completions' (vLLM's shape: ``outputs[k].index == k``);
+    timings are the first completion's, generated tokens the sum."""
+    if len(outputs) == 1:
+        return outputs[0]
+    first = outputs[0]
+    completions = [dataclasses.replace(o.outputs[0], index=k) for k, o in enumerate(outputs)]
+    metrics = dataclasses.replace(first.metrics, generation_tokens=sum(o.metrics.generation_tokens for o in outputs))
+    return RequestOutput(request_id=request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
+                         outputs=completions, finished=all(o.finished for o in outputs), metrics=metrics)
 
 
 def chat_prompt(tokenizer, conversation: list[dict[str, Any]], add_generation_prompt: bool = True):

@@ -182,3 +182,23 @@ def test_logprobs_follow_every_generated_token(llm):
         assert fresh.keys() == entry.keys()
         for t in entry:
             assert entry[t].logprob == pytest.approx(fresh[t].logprob, abs=1e-4)
+
+
+def test_n_completions_per_prompt_are_seeded_one_after_another(llm):
+    prompts = ["the mentor of kolton is", "a"]
+    sampled = SamplingParams(temperature=1.0, max_tokens=6, seed=11, n=3, ignore_eos=True)
+    outs = llm.generate(prompts, sampled, use_tqdm=False)
+    assert [len(o.outputs) for o in outs] == [3, 3]
+    for prompt, out in zip(prompts, outs):
+        assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished
+        assert out.prompt == prompt and out.metrics.generation_tokens == 18
+        for k, completion in enumerate(out.outputs):
+            alone = llm.generate(prompt, SamplingParams(temperature=1.0, max_tokens=6, seed=11 + k, ignore_eos=True),
+                                 use_tqdm=False)[0].outputs[0]
+            assert completion.token_ids == alone.token_ids
+    assert len({tuple(c.token_ids) for c in outs[0].outputs}) > 1  # three draws, not one copied
+    greedy = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=4, n=2), use_tqdm=False)[0]
+    assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids
+    with pytest.raises(ValueError, match="one completion per request"):
+        llm.llm_engine.add_request(prompts[0], SamplingParams(n=2))
+    assert not llm.llm_engine.has_unfinished_requests()
