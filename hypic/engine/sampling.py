@@ -85,7 +85,9 @@ def process_logits(
         for token, bias in p.logit_bias or ():
             if token >= vocab_size:
                 raise ValueError(f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size})")
-            rows.append(i), ids.append(token), values.append(bias)
+            rows.append(i)
+            ids.append(token)
+            values.append(bias)
     if rows:
         logits.index_put_((torch.tensor(rows, device=device), torch.tensor(ids, device=device)),
                           torch.tensor(values, device=device), accumulate=True)
@@ -93,8 +95,9 @@ def process_logits(
     for i, p in enumerate(params):
         if len(output_token_ids[i]) < p.min_tokens:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
-            for token in sorted(t for t in banned if t < vocab_size):
-                rows.append(i), ids.append(token)
+            in_vocab = sorted(t for t in banned if t < vocab_size)
+            rows.extend([i] * len(in_vocab))
+            ids.extend(in_vocab)
     if rows:
         logits[torch.tensor(rows, device=device), torch.tensor(ids, device=device)] = float("-inf")
     penalised = [i for i, p in enumerate(params) if p.has_penalties]
