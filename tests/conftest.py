@@ -6,9 +6,11 @@ in with ``pytestmark = pytest.mark.usefixtures("single_thread_torch")``; the set
 after each test.
 
 ``@pytest.mark.cuda`` marks a test that needs a CUDA device: it is skipped where none is present,
-and ``python3 -m pytest -m cuda tests`` runs exactly those tests on a GPU machine.
+and ``python3 -m pytest -m cuda tests`` runs exactly those tests on a GPU machine (which needs
+fla-core: without it the run stops at collection with that message).
 """
 
+import importlib.util
 import threading
 
 import pytest
@@ -16,12 +18,17 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if item.get_closest_marker("cuda") is not None:
+    cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in cuda_items:
             item.add_marker(skip)
+        return
+    # On a GPU the engine's linear-attention ops run through fla-core: without it every such test
+    # would fail with the same ModuleNotFoundError, so the run stops once, saying so.
+    if cuda_items and importlib.util.find_spec("fla") is None:
+        raise pytest.UsageError("the CUDA tests need fla-core, which is not importable: pip install '.[gpu]' "
+                                "(or put its wheel's contents on PYTHONPATH)")
 
 
 @pytest.fixture
