@@ -1,5 +1,7 @@
 """hypic.LLM: the vLLM-shaped offline API on the embedded tiny model (prompts in its suite vocabulary)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -202,3 +204,25 @@ def test_n_completions_per_prompt_are_seeded_one_after_another(llm):
     with pytest.raises(ValueError, match="one completion per request"):
         llm.llm_engine.add_request(prompts[0], SamplingParams(n=2))
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_n_completions_of_a_plain_prompt_resume_from_the_first_ones_checkpoints(llm):
+    body = " ".join(["this passage is about divur . divur lives in santon . divur owns a snake ."] * 20)
+    question = " <sep> question : where does divur live ? answer :"
+    prompt_a, prompt_b = "<sep> " + body + question, "the " + body + question  # same length, nothing shared
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    alone = llm.generate(prompt_a, greedy, use_tqdm=False)[0].outputs[0]
+    stats = llm.segment_cache_stats
+    before = stats().prefix_hits
+    llm.generate(prompt_a, greedy, use_tqdm=False)
+    per_request = stats().prefix_hits - before  # checkpoints one repeat of the prompt resumes from
+    assert per_request > 0
+    before = stats().prefix_hits
+    out = llm.generate(prompt_a, dataclasses.replace(greedy, n=3), use_tqdm=False)[0]
+    assert stats().prefix_hits - before == 3 * per_request  # all three completions resume
+    assert all(c.token_ids == alone.token_ids for c in out.outputs)
+    before = stats().prefix_hits
+    fresh = llm.generate(prompt_b, dataclasses.replace(greedy, n=3), use_tqdm=False)[0]
+    # completion 0 prefills; 1 and 2 join after it and resume from its checkpoints
+    assert stats().prefix_hits - before == 2 * per_request
+    assert fresh.outputs[0].token_ids == fresh.outputs[1].token_ids == fresh.outputs[2].token_ids
