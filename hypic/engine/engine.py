@@ -243,6 +243,8 @@ class LLMEngine:
                     if policy.mode.uses_segment_store else None)
             pic = PicState(segmented, policy, self._expected_live_tokens(segmented, policy, keys),
                            tenant_salt=cache_salt, segment_keys=keys)
+            if sampling_params.prompt_logprobs is not None:
+                pic = None  # every token's logits are read: the segments' tokens prefilled in full
             request = Request(request_id, list(segmented.token_ids), sampling_params, prompt=prompt_text, pic=pic,
                               cache_salt=cache_salt)
         else:
@@ -446,10 +448,25 @@ class LLMEngine:
         input_ids: list[int] = []
         logits_rows: list[int] = []
         sampled: list[int] = []
-        for i in indices:
+        # (request, target token ids) of the rows that score prompt tokens (prompt_logprobs),
+        # in logits_rows order before the sampled rows
+        scored: list[tuple[Request, list[int]]] = []
+        ends: dict[int, int] = {}
+        for i, r in zip(indices, requests):
+            base = len(input_ids)
             input_ids.extend(batch.token_ids(i))
+            ends[i] = len(input_ids)
+            if batch.is_prefill and r.prompt_logprobs is not None:
+                # the row at position p scores prompt token p + 1
+                start = batch.start_positions[i]
+                end = min(start + batch.num_scheduled_tokens[i], r.num_prompt_tokens - 1)
+                if end > start:
+                    logits_rows.extend(range(base, base + end - start))
+                    scored.append((r, r.prompt_token_ids[start + 1:end + 1]))
+        num_scored = len(logits_rows)
+        for i in indices:
             if batch.samples[i]:
-                logits_rows.append(len(input_ids) - 1)
+                logits_rows.append(ends[i] - 1)
                 sampled.append(i)
         for i, r in zip(indices, requests):
             if batch.start_positions[i] != r.cache.num_tokens:
@@ -465,7 +482,17 @@ class LLMEngine:
         )
         ctx.graphs = self.pic_runner.graphs  # one set of captured blocks for both paths
         logits = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device), ctx.positions, ctx)
-        return dict(zip(sampled, logits))
+        if scored:
+            self._score_prompt(logits[:num_scored], scored)
+        return dict(zip(sampled, logits[num_scored:]))
+
+    def _score_prompt(self, logits: torch.Tensor, scored) -> None:
+        """Append each scored request's prompt-token log-probabilities (``logits`` rows in order)."""
+        targets = torch.tensor([t for _, ids in scored for t in ids], device=logits.device)
+        num_top = [r.sampling_params.prompt_logprobs for r, ids in scored for _ in ids]
+        rows = iter(token_logprobs(logits, targets, num_top))
+        for request, ids in scored:
+            request.prompt_logprobs.extend(self.scheduler.decoded(next(rows)) for _ in ids)
 
     def _run_pic(self, batch: ScheduledBatch, indices: list[int]) -> dict[int, torch.Tensor]:
         """One PIC-runner forward over the batch's requests ``indices``: segmented prompts

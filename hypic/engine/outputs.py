@@ -36,6 +36,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then ``{token_id: Logprob}``
+    # per prompt token (filled as the prefill's chunks run); None when not requested
+    prompt_logprobs: list[dict | None] | None = None
 
     @classmethod
     def from_request(cls, request: Request) -> "RequestOutput":
@@ -54,4 +57,5 @@ class RequestOutput:
             outputs=[completion],
             finished=request.is_finished,
             metrics=dataclasses.replace(request.metrics),
+            prompt_logprobs=None if request.prompt_logprobs is None else list(request.prompt_logprobs),
         )

@@ -182,6 +182,9 @@ class Request:
         # per output token {token_id: Logprob} (the sampled token and the top ones) when
         # sampling_params.logprobs is set; None otherwise
         self.output_logprobs: list[dict] | None = [] if sampling_params.logprobs is not None else None
+        # vLLM's shape: None for the first prompt token (nothing before it), then one dict a token
+        self.prompt_logprobs: list[dict | None] | None = (
+            [None] if sampling_params.prompt_logprobs is not None else None)
         self.output_text = ""
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None

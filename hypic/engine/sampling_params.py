@@ -36,6 +36,11 @@ class SamplingParams:
     are returned for every generated token, beside the sampled token's own (vLLM's meaning). They
     are the model's raw distribution (log-softmax of the logits, before penalties, bias,
     temperature, top-k and top-p), as vLLM returns by default.
+    prompt_logprobs: None, or the number k in [0, 20]: the log-probability of every prompt token
+    after the first (and of the k most likely tokens at its position) under the raw distribution,
+    in ``RequestOutput.prompt_logprobs`` (its first entry None). Such a request is prefilled in
+    full: it neither resumes from the prefix cache nor reuses segments (a cached token has no
+    logits to read), as vLLM does.
     min_p: drop tokens whose probability (after temperature) is below min_p times the most likely
     token's; 0 disables.
     presence_penalty / frequency_penalty: in [-2, 2]; subtract the penalty once for every token
@@ -58,6 +63,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -100,6 +106,10 @@ class SamplingParams:
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], "
+                             f"got {self.prompt_logprobs!r}")
         for name, low, high in (("min_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0),
                                 ("frequency_penalty", -2.0, 2.0)):
             value = getattr(self, name)

@@ -208,7 +208,8 @@ class Scheduler:
                 holding += 1
                 if request.atomic_prefill and self.stage_pic is not None and request.pic_stages is None:
                     self.stage_pic(request)
-                if self.lookup_prefix is not None and not request.atomic_prefill:
+                if (self.lookup_prefix is not None and not request.atomic_prefill
+                        and request.prompt_logprobs is None):  # every prompt token needs its logits
                     cached = self.lookup_prefix(request)
                     if not 0 <= cached < request.num_prompt_tokens:
                         raise ValueError(f"request {request.request_id}: a prefix of {cached} cached tokens for a "
@@ -311,7 +312,7 @@ class Scheduler:
             token_id = int(token_id)
             request.output_token_ids.append(token_id)
             if request.output_logprobs is not None:
-                request.output_logprobs.append(self._decoded(logprobs or {}))
+                request.output_logprobs.append(self.decoded(logprobs or {}))
             request.metrics.generation_tokens += 1
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
@@ -320,7 +321,7 @@ class Scheduler:
         self.running = [r for r in self.running if not r.is_finished]
         return updated
 
-    def _decoded(self, logprobs: dict) -> dict:
+    def decoded(self, logprobs: dict) -> dict:
         """``logprobs`` with each token's own text filled in (special tokens included)."""
         if self.detokenize is None:
             return logprobs

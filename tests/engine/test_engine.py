@@ -232,3 +232,33 @@ def test_logit_bias_and_penalties_steer_greedy_decoding(engine):
     assert len(set(penalised.token_ids)) > len(set(plain.token_ids))
     with pytest.raises(ValueError, match="logit_bias"):
         engine.add_request(PROMPTS[0], SamplingParams(logit_bias={10**6: 1.0}))
+
+
+def test_prompt_logprobs_equal_a_full_transformers_forward(engine):
+    # the fixture's 8-token budget prefills the 20-token prompt in three chunks
+    import transformers
+
+    from hypic.assets import TINY_MODEL_DIR
+
+    prompt = PROMPTS[3]
+    out = generate_alone(engine, prompt, SamplingParams(max_tokens=2, prompt_logprobs=3, **GREEDY))
+    ids = out.prompt_token_ids
+    assert len(out.prompt_logprobs) == len(ids) and out.prompt_logprobs[0] is None
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(TINY_MODEL_DIR), dtype=torch.float32)
+    with torch.no_grad():
+        want = torch.log_softmax(reference(torch.tensor([ids])).logits[0].float(), dim=-1)
+    for p in range(1, len(ids)):
+        entry = out.prompt_logprobs[p]
+        chosen = entry[ids[p]]
+        assert abs(chosen.logprob - float(want[p - 1, ids[p]])) < 1e-4, p
+        assert chosen.rank == 1 + int((want[p - 1] > want[p - 1, ids[p]]).sum())
+        top = sorted((lp.rank, t) for t, lp in entry.items() if lp.rank <= 3)
+        assert [t for _, t in top] == want[p - 1].topk(3).indices.tolist()
+        assert chosen.decoded_token == engine.tokenizer.decode([ids[p]])
+    # the same prompt again, with the prefix cache holding it: still scored in full
+    again = generate_alone(engine, prompt, SamplingParams(max_tokens=2, prompt_logprobs=0, **GREEDY))
+    assert [e and e[t].logprob for e, t in zip(again.prompt_logprobs, ids)] == \
+        [e and e[t].logprob for e, t in zip(out.prompt_logprobs, ids)]
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hypic.engine.async_engine import AsyncLLMEngine, EngineClosedError, QueueFullError, RequestStream
 from hypic.engine.outputs import RequestOutput
 from hypic.entrypoints.llm import chat_prompt
-from hypic.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
+from hypic.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs, echoed_completion_logprobs
 from hypic.entrypoints.openai.metrics import ServerMetrics
 from hypic.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -291,6 +291,26 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         now = int(time.time())
         head = {"id": rid, "object": "text_completion", "created": now, "model": served_model_name}
 
+        def echoed(c: _Choice) -> str:
+            """The prompt's text when ``echo`` (its tokens decoded when it was given as ids or
+            segments), else ''."""
+            if not req.echo:
+                return ""
+            prompt = c.output.prompt
+            if prompt is not None and PIC_SEP not in prompt:
+                return prompt
+            return engine.tokenizer.decode(c.output.prompt_token_ids) if engine.tokenizer is not None else ""
+
+        def choice_logprobs(c: _Choice):
+            if not req.echo or req.num_logprobs is None:
+                return c.logprobs(False, req.num_logprobs, streamed=False)
+            out = c.output
+            ids = out.prompt_token_ids
+            first = engine.tokenizer.decode([ids[0]]) if engine.tokenizer is not None else f"token_id:{ids[0]}"
+            completion = out.outputs[0]
+            return echoed_completion_logprobs(out.prompt_logprobs, ids, first, completion.logprobs,
+                                              completion.token_ids, req.num_logprobs)
+
         def chunk(c: _Choice, piece, output, new_ids):
             if output is None:
                 return None
@@ -304,8 +324,8 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
             return body
 
         def final():
-            body = dict(head, choices=[{"index": c.index, "text": c.output.outputs[0].text,
-                                        "logprobs": c.logprobs(False, req.num_logprobs, streamed=False),
+            body = dict(head, choices=[{"index": c.index, "text": echoed(c) + c.output.outputs[0].text,
+                                        "logprobs": choice_logprobs(c),
                                         "finish_reason": _finish(c.output), "stop_reason": _stop(c.output)}
                                        for c in choices], usage=_usage(choices))
             if req.return_token_ids:

@@ -1,7 +1,8 @@
 """OpenAI's log-probability objects built from the engine's per-token ``{token_id: Logprob}``.
 
 Completions use the legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs`` as
-``{token: logprob}`` maps, ``text_offset``); chat completions the ``content`` list of
+``{token: logprob}`` maps, ``text_offset``; with ``echo``, the prompt's tokens first, scored by
+``SamplingParams.prompt_logprobs``); chat completions the ``content`` list of
 ``{token, logprob, bytes, top_logprobs}``. Both list the sampled token of every generated
 position, in order, with its ``k`` most likely alternatives (``SamplingParams.logprobs``).
 """
@@ -39,6 +40,21 @@ def completion_logprobs(entries: Sequence[dict[int, Logprob]], token_ids: Sequen
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def echoed_completion_logprobs(prompt_entries: Sequence[dict[int, Logprob] | None], prompt_ids: Sequence[int],
+                               first_text: str, entries: Sequence[dict[int, Logprob]], token_ids: Sequence[int],
+                               num_top: int) -> dict:
+    """The ``logprobs`` object of an ``echo`` choice: the prompt's tokens (the first one, which
+    nothing scores, with null log-probabilities; its text ``first_text``), then the completion's,
+    the text offsets running on over both."""
+    body = completion_logprobs(prompt_entries[1:], prompt_ids[1:], num_top, len(first_text))
+    tail = completion_logprobs(entries, token_ids, num_top,
+                               body["text_offset"][-1] + len(body["tokens"][-1]) if body["tokens"] else len(first_text))
+    return {"tokens": [first_text] + body["tokens"] + tail["tokens"],
+            "token_logprobs": [None] + body["token_logprobs"] + tail["token_logprobs"],
+            "top_logprobs": [None] + body["top_logprobs"] + tail["top_logprobs"],
+            "text_offset": [0] + body["text_offset"] + tail["text_offset"]}
 
 
 def chat_logprobs(entries: Sequence[dict[int, Logprob]], token_ids: Sequence[int], num_top: int) -> dict:

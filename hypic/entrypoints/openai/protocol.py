@@ -6,12 +6,13 @@ Field names and defaults follow OpenAI's API and vLLM's extensions (``top_k``, `
 ``pic_mode`` / ``seam`` / ``cold_policy``. The penalties (``presence_penalty``,
 ``frequency_penalty``, vLLM's ``repetition_penalty``), ``logit_bias`` (token-id strings as keys),
 ``min_p`` and ``min_tokens`` have vLLM's meaning (:class:`SamplingParams`). Fields OpenAI defines
-that the engine cannot honour (echo, tools, ...) are accepted only at their neutral value; anything
-else is refused with :class:`UnsupportedField` (a 400 naming the field).
+that the engine cannot honour (tools, ``suffix``, ``echo`` with ``stream``, ...) are accepted only at
+their neutral value; anything else is refused with :class:`UnsupportedField` (a 400 naming the field).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -140,8 +141,8 @@ class CompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise UnsupportedField("echo", "echo is not supported by this server")
+        if self.echo and self.stream:
+            raise UnsupportedField("echo", "echo is not supported with stream=true")
         if self.best_of not in (None, 1, self.n):
             raise UnsupportedField("best_of", "best_of other than n is not supported by this server")
         if self.suffix:
@@ -152,6 +153,14 @@ class CompletionRequest(_SamplingFields):
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def sampling_params(self, max_tokens: int, index: int = 0) -> SamplingParams:
+        """As the other routes'; with ``echo`` and ``logprobs`` the prompt tokens are scored too
+        (``prompt_logprobs``: the request is then prefilled in full, no cache reuse)."""
+        params = super().sampling_params(max_tokens, index)
+        if self.echo and self.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=self.logprobs)
+        return params
 
     def prompts(self) -> list:
         """The engine prompts, one per choice group."""

@@ -198,7 +198,7 @@ def test_cache_salt_keeps_tenants_apart_and_flush_cache(client):
 
 @pytest.mark.parametrize("body, status, param", [
     ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
-    ({"prompt": "a", "echo": True}, 400, "echo"),
+    ({"prompt": "a", "echo": True, "stream": True}, 400, "echo"),
     ({"prompt": "a", "presence_penalty": 2.5}, 400, None),
     ({"prompt": "a", "logit_bias": {"x": 1.0}}, 400, "logit_bias"),
     ({"prompt": "a", "logit_bias": {"99999": 1.0}}, 400, None),
@@ -476,3 +476,34 @@ def test_serve_command_line_builds_the_engine():
         assert engine.engine.pic.seam == 0.5
     finally:
         engine.shutdown(timeout_s=1)
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_offline_engine_does(client, reference):
+    # the request an evaluation harness sends for a log-likelihood: echo, logprobs, one token
+    prompt = PROMPTS[1]
+    body = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True,
+                                                "logprobs": 2}).json()
+    want = reference.generate(prompt, SamplingParams(temperature=0, max_tokens=1, logprobs=2, prompt_logprobs=2),
+                              use_tqdm=False)[0]
+    choice = body["choices"][0]
+    assert choice["text"] == prompt + want.outputs[0].text
+    lp = choice["logprobs"]
+    ids = want.prompt_token_ids + want.outputs[0].token_ids
+    assert len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    expected = [e[t].logprob for e, t in zip(want.prompt_logprobs[1:], want.prompt_token_ids[1:])]
+    expected.append(want.outputs[0].logprobs[0][ids[-1]].logprob)
+    assert lp["token_logprobs"][1:] == pytest.approx(expected, abs=1e-5)
+    assert all(len(top) <= 3 for top in lp["top_logprobs"][1:])
+    assert lp["text_offset"] == sorted(lp["text_offset"])
+    # without logprobs: the text only; a segmented prompt is echoed as its tokens' text, scored in full
+    plain = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0,
+                                                 "echo": True}).json()["choices"][0]
+    assert plain["text"].startswith(prompt) and plain["logprobs"] is None
+    segmented = PIC_SEP.join(DOCS[:2] + [QUESTION])
+    body = client.post("/v1/completions", json={"prompt": segmented, "max_tokens": 1, "temperature": 0,
+                                                "echo": True, "logprobs": 0}).json()
+    tokenizer = reference.get_tokenizer()
+    ids = tokenizer.encode(DOCS[0]) + tokenizer.encode(DOCS[1]) + tokenizer.encode(QUESTION)
+    assert body["choices"][0]["text"].startswith(tokenizer.decode(ids))
+    assert len(body["choices"][0]["logprobs"]["tokens"]) == len(ids) + 1
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
