@@ -58,6 +58,7 @@ def test_the_same_plain_prompt_twice_is_a_prefix_hit(reference):
 def test_chat_turns_hit_the_turns_before_them(reference):
     llm = LLM("tiny", seed=0)
     prompt = plain_prompt(6, 1)
+    previous = None  # the last turn's prompt tokens
     for turn in range(3):
         got, want = greedy(llm, prompt), greedy(reference, prompt)
         assert got.outputs[0].token_ids == want.outputs[0].token_ids

@@ -160,7 +160,7 @@ def test_rotated_bodies_equal_a_forward_whose_keys_carry_rope_at_their_true_posi
     full, cu_full, live, cu_live, body, cu_body, source, cu_chains = chain_problem(
         ROPE_PIECES, live_order, seed=6, h=H, hv=H, kd=K, vd=V)
     rotary = RotaryEmbedding(K, K // 2, 10000.0)
-    starts, pos, live_pos, body_pos, body_starts = [], 0, [], [], []
+    pos, live_pos, body_pos, body_starts = 0, [], [], []
     for chain_start, chain in zip(cu_full.tolist(), ROPE_PIECES):
         pos = chain_start
         for kind, n in chain:
