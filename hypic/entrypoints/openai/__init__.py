@@ -14,8 +14,8 @@ chunk per engine step that produced tokens, with empty text while a stop string 
 ``min_new_tokens`` and the penalties included, ``stream``; ``meta_info``
 with prompt, completion and cached tokens), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus),
 ``POST /tokenize``, ``POST /detokenize``, ``POST /flush_cache`` (drops the segment-store entries no
-request holds). ``echo`` (completions, not streamed) returns the prompt's text before the
-completion and, with ``logprobs``, the prompt tokens' log-probabilities before the completion's:
+request holds). ``echo`` (completions; streamed, the prompt goes out with the first token) returns the prompt's
+text before the completion and, with ``logprobs``, the prompt tokens' log-probabilities before the completion's:
 such a request is prefilled in full (``SamplingParams.prompt_logprobs``), the request an
 evaluation harness sends for a log-likelihood. ``suffix``, ``best_of`` other than ``n`` and tools
 are refused with a 400.

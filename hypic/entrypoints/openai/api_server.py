@@ -24,7 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hypic.engine.async_engine import AsyncLLMEngine, EngineClosedError, QueueFullError, RequestStream
 from hypic.engine.outputs import RequestOutput
 from hypic.entrypoints.llm import chat_prompt
-from hypic.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs, echoed_completion_logprobs
+from hypic.entrypoints.openai.logprobs import (
+    chat_logprobs, completion_logprobs, joined, next_offset, prompt_logprobs,
+)
 from hypic.entrypoints.openai.metrics import ServerMetrics
 from hypic.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -64,6 +66,7 @@ class _Choice:
         self.sent_tokens = 0  # tokens whose log-probabilities were streamed
         self.logprob_chars = 0  # characters of those tokens' own texts (the next text_offset)
         self.streamed_ids = 0  # tokens whose ids were streamed (return_token_ids)
+        self.echoed = False  # the prompt's text went out (echo)
         self.output: RequestOutput | None = None
 
     def delta(self, output: RequestOutput) -> str:
@@ -301,20 +304,32 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
                 return prompt
             return engine.tokenizer.decode(c.output.prompt_token_ids) if engine.tokenizer is not None else ""
 
+        def echoed_logprobs(c: _Choice) -> dict:
+            """The prompt's part of an echo choice's logprobs; the completion's offsets go on after it."""
+            ids = c.output.prompt_token_ids
+            first = engine.tokenizer.decode([ids[0]]) if engine.tokenizer is not None else f"token_id:{ids[0]}"
+            body = prompt_logprobs(c.output.prompt_logprobs, ids, first, req.num_logprobs)
+            c.logprob_chars = next_offset(body)
+            return body
+
         def choice_logprobs(c: _Choice):
             if not req.echo or req.num_logprobs is None:
                 return c.logprobs(False, req.num_logprobs, streamed=False)
-            out = c.output
-            ids = out.prompt_token_ids
-            first = engine.tokenizer.decode([ids[0]]) if engine.tokenizer is not None else f"token_id:{ids[0]}"
-            completion = out.outputs[0]
-            return echoed_completion_logprobs(out.prompt_logprobs, ids, first, completion.logprobs,
-                                              completion.token_ids, req.num_logprobs)
+            head_part = echoed_logprobs(c)
+            return joined(head_part, c.logprobs(False, req.num_logprobs, streamed=True))
 
         def chunk(c: _Choice, piece, output, new_ids):
             if output is None:
                 return None
-            choice = {"index": c.index, "text": piece, "logprobs": c.logprobs(False, req.num_logprobs, streamed=True),
+            if req.echo and not c.echoed:  # the prompt goes out with the first token
+                c.echoed = True
+                piece = echoed(c) + piece
+                head_part = echoed_logprobs(c) if req.num_logprobs is not None else None
+                tail = c.logprobs(False, req.num_logprobs, streamed=True)
+                logprobs = tail if head_part is None else joined(head_part, tail)
+            else:
+                logprobs = c.logprobs(False, req.num_logprobs, streamed=True)
+            choice = {"index": c.index, "text": piece, "logprobs": logprobs,
                       "finish_reason": _finish(output), "stop_reason": _stop(output)}
             if req.return_token_ids:
                 choice["token_ids"] = new_ids

@@ -42,19 +42,26 @@ def completion_logprobs(entries: Sequence[dict[int, Logprob]], token_ids: Sequen
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def echoed_completion_logprobs(prompt_entries: Sequence[dict[int, Logprob] | None], prompt_ids: Sequence[int],
-                               first_text: str, entries: Sequence[dict[int, Logprob]], token_ids: Sequence[int],
-                               num_top: int) -> dict:
-    """The ``logprobs`` object of an ``echo`` choice: the prompt's tokens (the first one, which
-    nothing scores, with null log-probabilities; its text ``first_text``), then the completion's,
-    the text offsets running on over both."""
+def prompt_logprobs(prompt_entries: Sequence[dict[int, Logprob] | None], prompt_ids: Sequence[int],
+                    first_text: str, num_top: int) -> dict:
+    """The prompt's part of an ``echo`` choice's ``logprobs``: its first token (which nothing
+    scores) with null log-probabilities and the text ``first_text``, then the others as scored by
+    ``SamplingParams.prompt_logprobs``. The completion's part continues at :func:`next_offset`."""
     body = completion_logprobs(prompt_entries[1:], prompt_ids[1:], num_top, len(first_text))
-    tail = completion_logprobs(entries, token_ids, num_top,
-                               body["text_offset"][-1] + len(body["tokens"][-1]) if body["tokens"] else len(first_text))
-    return {"tokens": [first_text] + body["tokens"] + tail["tokens"],
-            "token_logprobs": [None] + body["token_logprobs"] + tail["token_logprobs"],
-            "top_logprobs": [None] + body["top_logprobs"] + tail["top_logprobs"],
-            "text_offset": [0] + body["text_offset"] + tail["text_offset"]}
+    return {"tokens": [first_text] + body["tokens"], "token_logprobs": [None] + body["token_logprobs"],
+            "top_logprobs": [None] + body["top_logprobs"], "text_offset": [0] + body["text_offset"]}
+
+
+def next_offset(body: dict, start: int = 0) -> int:
+    """The text offset of the token after ``body``'s last (``start`` when it has none)."""
+    return body["text_offset"][-1] + len(body["tokens"][-1]) if body["tokens"] else start
+
+
+def joined(first: dict, second: dict | None) -> dict:
+    """Two ``logprobs`` objects of consecutive tokens as one."""
+    if second is None:
+        return first
+    return {key: first[key] + second[key] for key in first}
 
 
 def chat_logprobs(entries: Sequence[dict[int, Logprob]], token_ids: Sequence[int], num_top: int) -> dict:

@@ -6,7 +6,7 @@ Field names and defaults follow OpenAI's API and vLLM's extensions (``top_k``, `
 ``pic_mode`` / ``seam`` / ``cold_policy``. The penalties (``presence_penalty``,
 ``frequency_penalty``, vLLM's ``repetition_penalty``), ``logit_bias`` (token-id strings as keys),
 ``min_p`` and ``min_tokens`` have vLLM's meaning (:class:`SamplingParams`). Fields OpenAI defines
-that the engine cannot honour (tools, ``suffix``, ``echo`` with ``stream``, ...) are accepted only at
+that the engine cannot honour (tools, ``suffix``, ...) are accepted only at
 their neutral value; anything else is refused with :class:`UnsupportedField` (a 400 naming the field).
 """
 
@@ -141,8 +141,6 @@ class CompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo and self.stream:
-            raise UnsupportedField("echo", "echo is not supported with stream=true")
         if self.best_of not in (None, 1, self.n):
             raise UnsupportedField("best_of", "best_of other than n is not supported by this server")
         if self.suffix:

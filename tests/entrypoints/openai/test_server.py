@@ -198,7 +198,7 @@ def test_cache_salt_keeps_tenants_apart_and_flush_cache(client):
 
 @pytest.mark.parametrize("body, status, param", [
     ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
-    ({"prompt": "a", "echo": True, "stream": True}, 400, "echo"),
+    ({"prompt": "a", "suffix": "b"}, 400, "suffix"),
     ({"prompt": "a", "presence_penalty": 2.5}, 400, None),
     ({"prompt": "a", "logit_bias": {"x": 1.0}}, 400, "logit_bias"),
     ({"prompt": "a", "logit_bias": {"99999": 1.0}}, 400, None),
@@ -495,6 +495,15 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_offline_engine_does(client,
     assert lp["token_logprobs"][1:] == pytest.approx(expected, abs=1e-5)
     assert all(len(top) <= 3 for top in lp["top_logprobs"][1:])
     assert lp["text_offset"] == sorted(lp["text_offset"])
+    # streamed: the prompt goes out with the first token, and the chunks add up to the same choice
+    events = sse_events(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0,
+                                                             "echo": True, "logprobs": 2, "stream": True}).text)
+    whole = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": True,
+                                                 "logprobs": 2}).json()["choices"][0]
+    pieces = [e["choices"][0] for e in events if e["choices"]]
+    assert pieces[0]["text"].startswith(prompt) and "".join(p["text"] for p in pieces) == whole["text"]
+    for key in ("tokens", "token_logprobs", "text_offset"):
+        assert [x for p in pieces if p["logprobs"] for x in p["logprobs"][key]] == whole["logprobs"][key]
     # without logprobs: the text only; a segmented prompt is echoed as its tokens' text, scored in full
     plain = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0,
                                                  "echo": True}).json()["choices"][0]
