@@ -204,6 +204,7 @@ class LLMEngine:
         seam: int | float | None = None,
         cold_policy: str | None = None,
         cache_salt: str | None = None,
+        start_after: str | None = None,
     ) -> str:
         """Queue a request; returns its id. ``prompt``: text, token ids, or a vLLM-style dict
         ``{"prompt": text}`` / ``{"prompt_token_ids": ids}`` (either may carry ``"cache_salt"``);
@@ -214,7 +215,13 @@ class LLMEngine:
         may reuse and writes; entries of one salt never serve another. Raises ValueError for
         input that cannot be served (empty prompt or segment, token ids outside the vocabulary,
         prompt longer than max_model_len, prompt + max_tokens longer than max_model_len, unknown
-        mode, ...)."""
+        mode, ...).
+
+        ``start_after``: the id of another completion of the same prompt (``n`` > 1): a prompt
+        without segments then starts once that one has its first token, and resumes from the
+        prefix-cache checkpoints its prefill wrote instead of prefilling the prompt again. Segmented
+        prompts start at once (their concurrent completions share the cold segments' stages), as
+        does any prompt without the prefix cache (docs/decisions.md, n > 1)."""
         if sampling_params is None:
             sampling_params = SamplingParams()
         if request_id is None:
@@ -266,6 +273,11 @@ class LLMEngine:
                 f"{request.num_prompt_tokens} tokens and max_model_len={self.max_model_len} leaves room for "
                 f"{room} generated tokens"
             )
+        if (start_after is not None and request.pic is None and self.prefix_block_tokens is not None
+                and sampling_params.prompt_logprobs is None):
+            sibling = self.scheduler.find(start_after)
+            if sibling is not None and sibling.prompt_token_ids == request.prompt_token_ids:
+                request.waits_for = sibling
         seed = sampling_params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))

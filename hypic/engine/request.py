@@ -182,6 +182,9 @@ class Request:
         # per output token {token_id: Logprob} (the sampled token and the top ones) when
         # sampling_params.logprobs is set; None otherwise
         self.output_logprobs: list[dict] | None = [] if sampling_params.logprobs is not None else None
+        # another completion of the same prompt whose first token this one waits for
+        # (LLMEngine.add_request's ``start_after``)
+        self.waits_for: "Request | None" = None
         # vLLM's shape: None for the first prompt token (nothing before it), then one dict a token
         self.prompt_logprobs: list[dict | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None)

@@ -28,9 +28,10 @@ class SamplingParams:
     ignore_eos: keep generating past the model's end-of-sequence tokens.
     seed: seeds this request's own generator (reproducible regardless of batch neighbours).
     n: completions per prompt. ``LLM.generate`` (and the server's ``n``) run them as n requests
-    of one completion each, seeded seed, seed + 1, ... when seeded; ``LLM.generate`` starts
-    completions 1..n-1 of a prompt without segments once completion 0 has prefilled it, so they
-    resume from its prefix-cache checkpoints. LLMEngine.add_request takes n = 1 only.
+    of one completion each, seeded seed, seed + 1, ... when seeded; completions 1..n-1 of a
+    prompt without segments start once completion 0 has prefilled it, so they resume from its
+    prefix-cache checkpoints (``LLMEngine.add_request``'s ``start_after``). LLMEngine.add_request
+    takes n = 1 only.
     skip_special_tokens: drop special tokens when detokenising the output.
     logprobs: None (none), or the number k in [0, 20] of most likely tokens whose log-probabilities
     are returned for every generated token, beside the sampled token's own (vLLM's meaning). They

@@ -155,6 +155,14 @@ class Scheduler:
                     return request
         return None
 
+    def find(self, request_id: str) -> Request | None:
+        """The unfinished request ``request_id`` (None if unknown or finished)."""
+        for queue in (self.waiting, self.running):
+            for request in queue:
+                if request.request_id == request_id:
+                    return request
+        return None
+
     def _ids(self) -> set[str]:
         return {r.request_id for r in self.waiting} | {r.request_id for r in self.running}
 
@@ -202,6 +210,10 @@ class Scheduler:
         for k, request in enumerate(self.waiting):
             if budget == 0:
                 break
+            if request.waits_for is not None:
+                if not (request.waits_for.is_finished or request.waits_for.output_token_ids):
+                    continue  # starts once its sibling's prefill has written the checkpoints it reuses
+                request.waits_for = None
             if not request.prefill_started:
                 if holding >= self.config.max_num_seqs:
                     break  # strict arrival order: a later request never overtakes this one

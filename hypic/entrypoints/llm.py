@@ -88,44 +88,28 @@ class LLM:
     def _generate(self, prompt_list, params_list, use_tqdm, pic_mode, seam, cold_policy,
                   cache_salt) -> list[RequestOutput]:
         engine = self.llm_engine
-        options = dict(mode=pic_mode, seam=seam, cold_policy=cold_policy, cache_salt=cache_salt)
         groups: list[tuple[str, list[str]]] = []  # per prompt: its id and its completions' requests
-        request_ids: list[str] = []  # every completion's, in prompt order
-        queued: list[str] = []
-        # Completions 1..n-1 of a prompt without segments join once completion 0 has its first
-        # token: its prefill has then written the prompt's prefix-cache checkpoints, which they
-        # resume from instead of prefilling the prompt again. Segmented prompts join at once: their
-        # concurrent completions share the cold segments' stages (docs/decisions.md, n > 1).
-        later: dict[str, list[tuple]] = {}
+        request_ids: list[str] = []
         try:
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
                 parent_id = f"gen-{self._request_counter}"
                 self._request_counter += 1
                 children = [parent_id] if params.n == 1 else [f"{parent_id}-{k}" for k in range(params.n)]
-                try:
-                    engine.add_request(prompt, _completion_params(params, 0), request_id=children[0], **options)
-                except ValueError as e:
-                    raise ValueError(f"prompt {i}: {e}") from e
-                queued.append(children[0])
-                if params.n > 1 and _has_segments(prompt):
-                    for k in range(1, params.n):
-                        engine.add_request(prompt, _completion_params(params, k), request_id=children[k], **options)
-                        queued.append(children[k])
-                if params.n > 1 and not _has_segments(prompt):
-                    later[children[0]] = [(prompt, _completion_params(params, k), children[k])
-                                          for k in range(1, params.n)]
-                request_ids.extend(children)
+                for k, request_id in enumerate(children):
+                    try:
+                        # completions 1..n-1 may start after completion 0 (LLMEngine.add_request)
+                        engine.add_request(prompt, _completion_params(params, k), request_id=request_id,
+                                           mode=pic_mode, seam=seam, cold_policy=cold_policy, cache_salt=cache_salt,
+                                           start_after=children[0] if k else None)
+                    except ValueError as e:
+                        raise ValueError(f"prompt {i}: {e}") from e
+                    request_ids.append(request_id)
                 groups.append((parent_id, children))
         except ValueError:
-            for request_id in queued:  # leave the engine as we found it
+            for request_id in request_ids:  # leave the engine as we found it
                 engine.abort_request(request_id)
             raise
-
-        def release(first_id: str) -> None:
-            for prompt, params, request_id in later.pop(first_id):
-                engine.add_request(prompt, params, request_id=request_id, **options)
-
-        finished = dict(zip(request_ids, self._run_engine(request_ids, use_tqdm, later, release)))
+        finished = dict(zip(request_ids, self._run_engine(request_ids, use_tqdm)))
         return [_merge(parent_id, [finished[c] for c in children]) for parent_id, children in groups]
 
     def chat(
@@ -148,12 +132,8 @@ class LLM:
         prompts = [chat_prompt(tokenizer, c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, cache_salt=cache_salt)
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool, later: dict | None = None,
-                    release=None) -> list[RequestOutput]:
-        """Step the engine until every request of ``request_ids`` has finished; ``release(id)``
-        is called once request ``id`` of ``later`` has its first token (or has finished)."""
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
-        later = {} if later is None else later
         pending = set(request_ids)
         finished: dict[str, RequestOutput] = {}
         bar = None
@@ -164,8 +144,6 @@ class LLM:
         try:
             while pending:
                 for output in engine.step():
-                    if output.request_id in later and (output.finished or output.outputs[0].token_ids):
-                        release(output.request_id)
                     if output.finished and output.request_id in pending:
                         pending.discard(output.request_id)
                         finished[output.request_id] = output
@@ -177,10 +155,6 @@ class LLM:
             for request_id in pending:  # interrupted: do not leave orphans in the engine
                 engine.abort_request(request_id)
         return [finished[r] for r in request_ids]
-
-
-def _has_segments(prompt: Prompt) -> bool:
-    return (isinstance(prompt, str) and PIC_SEP in prompt) or (isinstance(prompt, dict) and "segments" in prompt)
 
 
 def _completion_params(params: SamplingParams, index: int) -> SamplingParams:

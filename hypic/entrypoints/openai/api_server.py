@@ -218,7 +218,9 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
             for i, prompt in enumerate(prompts):
                 for j in range(n):
                     params = make_params(j)
-                    streams.append(await engine.add_request(prompt, params, f"{base_id}-{i}-{j}", **options))
+                    # samples 1..n-1 may start after sample 0 and reuse its prefill (LLMEngine.add_request)
+                    after = {"start_after": f"{base_id}-{i}-0"} if j else {}
+                    streams.append(await engine.add_request(prompt, params, f"{base_id}-{i}-{j}", **options, **after))
         except BaseException as e:
             for s in streams:
                 s.finished = True

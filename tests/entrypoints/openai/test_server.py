@@ -516,3 +516,15 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_offline_engine_does(client,
     assert body["choices"][0]["text"].startswith(tokenizer.decode(ids))
     assert len(body["choices"][0]["logprobs"]["tokens"]) == len(ids) + 1
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_n_samples_of_a_plain_prompt_reuse_the_first_ones_prefill(client, engine, reference):
+    body_text = " ".join(["this passage is about divur . divur lives in santon . divur owns a snake ."] * 10)
+    prompt = "the " + body_text + " <sep> question : where does divur live ? answer :"
+    before = engine.segment_cache_stats().prefix_hits
+    body = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0, "n": 3}).json()
+    hits = engine.segment_cache_stats().prefix_hits - before
+    # sample 0 prefills the fresh prompt; samples 1 and 2 start after its first token, from its checkpoints
+    assert hits >= 2 and hits % 2 == 0
+    want = greedy(reference, prompt, max_tokens=3)
+    assert [c["text"] for c in body["choices"]] == [want.text] * 3
