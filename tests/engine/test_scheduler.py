@@ -444,3 +444,31 @@ def test_a_plain_chunk_leaves_room_for_the_segmented_prompt_behind_it():
     batch = s.schedule()
     assert [r.request_id for r in batch.requests] == ["long", "short"]
     assert batch.num_scheduled_tokens == [5, 20]
+
+
+def test_a_request_waiting_for_its_sibling_starts_after_the_siblings_first_token():
+    s = make_scheduler(budget=16)
+    first, second, other = req("a", 20), req("b", 20), req("c", 4)
+    second.waits_for = first
+    for r in (first, second, other):
+        s.add(r)
+    scheduled: list[list[str]] = []
+    while not first.output_token_ids:  # a prefills in chunks; c, behind b, is not held up by it
+        batch = s.schedule()
+        scheduled.append([r.request_id for r in batch.requests])
+        s.postprocess(batch, [5] * len(batch.sampling_requests))
+    assert all("b" not in ids for ids in scheduled) and any("c" in ids for ids in scheduled)
+    for _ in range(4):  # then b starts at the next prefill
+        batch = s.schedule()
+        s.postprocess(batch, [6] * len(batch.sampling_requests))
+        if second.prefill_started:
+            break
+    assert second.prefill_started and second.waits_for is None
+    # a sibling that finishes (an abort here) releases the wait as well
+    s2 = make_scheduler()
+    x, y = req("x", 4), req("y", 4)
+    y.waits_for = x
+    s2.add(x)
+    s2.add(y)
+    s2.abort("x")
+    assert [r.request_id for r in s2.schedule().requests] == ["y"]
