@@ -38,7 +38,7 @@ from .long_language import (
 )
 from .long_vocab import COUNTER_OBJECTS, VARIABLES
 from .request import Request
-from .suites import zipf_sample
+from .suites import check_task, zipf_sample
 
 LONG_TASKS: Tuple[str, ...] = ("multi_key", "variable_tracking", "doc_order", "counting")
 # Keys, variables and counters a pool's documents use: few enough that a request of 16 documents
@@ -69,8 +69,7 @@ class LongSuiteConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.task not in LONG_TASKS:
-            raise ValueError(f"task: {self.task!r} is not one of {LONG_TASKS}")
+        check_task(self.task, LONG_TASKS)
         check_split(self.split)
         if not isinstance(self.min_docs, int) or self.min_docs < 3:
             raise ValueError(f"min_docs: must be an int >= 3 (an order question needs a passage on each side), "
@@ -275,8 +274,7 @@ def fresh_long_request(rng: random.Random, task: str, num_docs: int, context_tok
                        request_id: str = "") -> Request:
     """A request of ``task`` over ``num_docs`` new documents of about ``context_tokens`` tokens in
     all (training data; never reused). New documents are drawn until the task has a question."""
-    if task not in LONG_TASKS:
-        raise ValueError(f"task: {task!r} is not one of {LONG_TASKS}")
+    check_task(task, LONG_TASKS)
     if not isinstance(num_docs, int) or num_docs < 3:
         raise ValueError(f"num_docs: must be an int >= 3, got {num_docs!r}")
     if not isinstance(context_tokens, int) or context_tokens < num_docs:

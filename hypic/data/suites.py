@@ -50,7 +50,8 @@ _RECALL_VALUES: Tuple[str, ...] = CITIES + JOBS + COLORS + ANIMALS
 _COPY_WORDS: Tuple[str, ...] = NAMES + CITIES + JOBS + COLORS + ANIMALS
 
 
-def _check_task(task: str, allowed: Sequence[str]) -> None:
+def check_task(task: str, allowed: Sequence[str]) -> None:
+    """ValueError unless ``task`` is one of ``allowed``."""
     if task not in allowed:
         raise ValueError(f"task: {task!r} is not one of {tuple(allowed)}")
 
@@ -70,7 +71,7 @@ class SuiteConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_task(self.task, SUITE_TASKS)
+        check_task(self.task, SUITE_TASKS)
         check_split(self.split)
         if not isinstance(self.min_docs, int) or self.min_docs < 2:
             raise ValueError(f"min_docs: must be an int >= 2 (two-hop needs two documents), got {self.min_docs!r}")
@@ -257,7 +258,7 @@ def fresh_request(
     arguments: one document of ``copy_length`` random words, or of ``recall_pairs`` (distinct name,
     random attribute) pairs.
     """
-    _check_task(task, ALL_TASKS)
+    check_task(task, ALL_TASKS)
     check_split(split)
     if task == "recall":
         low, high = recall_pairs

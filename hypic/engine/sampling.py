@@ -116,8 +116,8 @@ def _penalise(logits: torch.Tensor, params, prompts, outputs) -> torch.Tensor:
     rows, ids = _flat(outputs, device)
     counts.index_put_((rows, ids), torch.ones(ids.shape[0], device=device), accumulate=True)
     generated = counts > 0
-    repetition = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
     if any(p.repetition_penalty != 1.0 for p in params):
+        repetition = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
         seen = generated.clone()
         rows, ids = _flat(prompts, device)
         seen[rows, ids] = True

@@ -147,13 +147,11 @@ class Scheduler:
 
     def abort(self, request_id: str) -> Request | None:
         """Finish the request with reason "abort"; returns it (None if unknown or finished)."""
-        for queue in (self.waiting, self.running):
-            for request in queue:
-                if request.request_id == request_id:
-                    queue.remove(request)
-                    request.finish(FINISH_ABORT)
-                    return request
-        return None
+        request = self.find(request_id)
+        if request is not None:
+            (self.waiting if request in self.waiting else self.running).remove(request)
+            request.finish(FINISH_ABORT)
+        return request
 
     def find(self, request_id: str) -> Request | None:
         """The unfinished request ``request_id`` (None if unknown or finished)."""

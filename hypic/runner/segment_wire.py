@@ -19,6 +19,7 @@ names the batch it belongs to, so the engine drops what arrives for a batch it h
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -140,10 +141,7 @@ def unpack_tensors(buffer: torch.Tensor, specs: Sequence[tuple]) -> Dict[str, to
     out = {}
     for name, dtype_name, shape, start in specs:
         dtype = getattr(torch, dtype_name)
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         out[name] = buffer[start:start + nbytes].view(dtype).view(shape)
     return out
 

@@ -309,12 +309,16 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
         def echoed_logprobs(c: _Choice) -> dict:
             """The prompt's part of an echo choice's logprobs; the completion's offsets go on after it."""
             ids = c.output.prompt_token_ids
-            first = engine.tokenizer.decode([ids[0]]) if engine.tokenizer is not None else f"token_id:{ids[0]}"
+            # the first token's text as the engine writes every scored token's (special tokens kept)
+            first = (engine.tokenizer.decode([ids[0]], skip_special_tokens=False) if engine.tokenizer is not None
+                     else f"token_id:{ids[0]}")
             body = prompt_logprobs(c.output.prompt_logprobs, ids, first, req.num_logprobs)
             c.logprob_chars = next_offset(body)
             return body
 
         def choice_logprobs(c: _Choice):
+            """The whole choice's logprobs (with echo, the prompt's first; from the first chunk on, what
+            was not streamed yet is all of it)."""
             if not req.echo or req.num_logprobs is None:
                 return c.logprobs(False, req.num_logprobs, streamed=False)
             head_part = echoed_logprobs(c)
@@ -326,9 +330,7 @@ def create_app(engine: AsyncLLMEngine, *, served_model_name: str, api_key: str |
             if req.echo and not c.echoed:  # the prompt goes out with the first token
                 c.echoed = True
                 piece = echoed(c) + piece
-                head_part = echoed_logprobs(c) if req.num_logprobs is not None else None
-                tail = c.logprobs(False, req.num_logprobs, streamed=True)
-                logprobs = tail if head_part is None else joined(head_part, tail)
+                logprobs = choice_logprobs(c)
             else:
                 logprobs = c.logprobs(False, req.num_logprobs, streamed=True)
             choice = {"index": c.index, "text": piece, "logprobs": logprobs,
