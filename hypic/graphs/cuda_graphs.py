@@ -39,6 +39,7 @@ from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 
+from hypic.graphs.layer_graphs import release_rng_after_failed_capture
 from hypic.ops.fused import recording_graph
 from hypic.ops.linear.checks import concrete_device
 
@@ -273,6 +274,7 @@ class TokenGraphs:
                 del result
         except Exception as err:  # noqa: BLE001 - any capture failure means "run eagerly"
             torch.cuda.current_stream(self.device).wait_stream(side)
+            release_rng_after_failed_capture(self.device)
             self._fail(fn, fn_key, f"{type(err).__name__}: {err}")
             return None
         if moved:

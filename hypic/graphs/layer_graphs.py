@@ -75,6 +75,20 @@ def _layout(t: Optional[torch.Tensor]):
     return None if t is None else (tuple(t.shape), t.dtype)
 
 
+def release_rng_after_failed_capture(device: torch.device) -> None:
+    """Clears the capture mark a failed capture leaves on the device's default generator.
+
+    ``capture_begin`` registers the default CUDA generator with the graph, and only a successful
+    ``capture_end`` takes the registration back: after a capture that raised (a host read inside
+    it, say), every random op on the device that draws from the default generator raises "Offset
+    increment outside graph capture encountered unexpectedly" (seen on an H100 in ``pytest -m
+    cuda``: the test after ``test_a_block_that_cannot_be_captured_runs_eagerly`` failed so).
+    A clone of the state has the same seed and offset and no capture mark."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    generator.graphsafe_set_state(generator.clone_state())
+
+
 class CudaGraphBackend:
     """Captures on a side stream with ``capture_begin``/``capture_end`` rather than
     ``torch.cuda.graph``, whose entry synchronises the device and empties the allocator's cache
@@ -99,6 +113,9 @@ class CudaGraphBackend:
                     out = fn(*inputs)
                 finally:
                     graph.capture_end()
+        except Exception:
+            release_rng_after_failed_capture(self.device)
+            raise
         finally:
             current.wait_stream(self._stream)
         graph.replay()  # the capture only recorded: this runs the call the capture stood for

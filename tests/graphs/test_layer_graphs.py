@@ -345,3 +345,19 @@ def test_a_large_forward_on_a_new_layout_runs_its_cores_eagerly(monkeypatch):
     assert runner._replays is not None and runner._replays.num_captures >= 1 and len(runner.layout_graphs) == 1
     for got, want in zip((fresh, kept), eager):
         torch.testing.assert_close(got.logits, want.logits)
+
+
+@pytest.mark.cuda
+def test_a_failed_cuda_capture_runs_eagerly_and_leaves_random_ops_usable():
+    from hypic.graphs.layer_graphs import CudaGraphBackend
+
+    replays = LayerReplays(CudaGraphBackend(torch.device("cuda"), torch.cuda.graph_pool_handle()))
+
+    def syncing(x):
+        return x * float(x.abs().max())  # a host read: not capturable
+
+    x = torch.ones(4, device="cuda")
+    for _ in range(3):
+        assert torch.equal(replays.run("core", syncing, x), x)
+    assert replays.num_captures == 0 and replays.failures()["core"]
+    assert torch.randn(4, device="cuda").isfinite().all()

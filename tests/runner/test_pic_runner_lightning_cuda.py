@@ -51,6 +51,14 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+# fla's chunk kernels run fp32 dots in TF32 (2^-11 rounding); the states they carry are fp32. The
+# spine of prefix_cache (a chunk boundary every 16 tokens) and addition's uncorrected sums carry
+# more of those roundings to the logits: on an H100, Ring's 2.8e-3 (prefix_cache, cold) and
+# 6.8e-3 (addition, inline entries) against at most 2e-3 in the other modes. A wrong state,
+# span or rotation is off by O(1e-1) or more.
+TF32_RTOL = {"hypic": 2e-3, "transition_rope": 2e-3, "transition": 2e-3, "addition": 1e-2, "prefix_cache": 1e-2}
+
+
 @pytest.mark.parametrize("mode", ["hypic", "transition_rope", "transition", "addition", "prefix_cache"])
 @pytest.mark.parametrize("cold_policy", ["inline", "standalone"])
 def test_cached_requests_on_cuda_match_cpu(checkpoint, mode, cold_policy):
@@ -63,15 +71,15 @@ def test_cached_requests_on_cuda_match_cpu(checkpoint, mode, cold_policy):
     for h in (cpu, gpu):
         _, cold = h.run(list(reversed(segs)), query, mode, cold_policy)
         h.cold = cold
-    assert _rel(gpu.cold.logits, cpu.cold.logits) < 2e-3
+    rtol = TF32_RTOL[mode]
+    assert _rel(gpu.cold.logits, cpu.cold.logits) < rtol, (name, mode)
     plan, want = cpu.run(segs, query, mode, cold_policy)
     _, got = gpu.run(segs, query, mode, cold_policy)
     if mode not in ("prefix_cache",):
         assert plan.cached_tokens > 0
-    # fla's chunk kernels run fp32 dots in TF32; the states they carry are fp32
-    assert _rel(got.logits, want.logits) < 2e-3, (name, mode)
+    assert _rel(got.logits, want.logits) < rtol, (name, mode)
     for layer in spec.linear_layer_ids:
-        assert _rel(got.cache.layers[layer].recurrent_state, want.cache.layers[layer].recurrent_state) < 2e-3
+        assert _rel(got.cache.layers[layer].recurrent_state, want.cache.layers[layer].recurrent_state) < rtol
     assert got.logits.argmax() == want.logits.argmax()
 
 

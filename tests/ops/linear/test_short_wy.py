@@ -221,3 +221,32 @@ def test_fla_paths_take_the_tiles_only_when_every_span_fits():
     long_cu = torch.tensor([0, 8, 73])
     assert _short_tiles(128, 128, long_cu, long_cu.clone()) is None  # a 65-token span
     assert _short_tiles(96, 128, cu, cu.clone()) is None  # not a power-of-two key dim
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("key_dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("value_dim", [8, 128])
+def test_wy_tiles_match_torch_for_every_key_dim_on_cuda(key_dim, value_dim):
+    """Each tile size (16 and 64 rows) of the Triton WY step against the torch WY, per span, for
+    the key dims the kernels accept: the 64-row tile runs on the side stream and compiles to other
+    MMA shapes than the 16-row one."""
+    from hypic.ops.linear.short_wy import short_span_wy_triton
+
+    dev = torch.device("cuda")
+    lengths = [8, 8, 0, 64, 1, 8]
+    gen = torch.Generator().manual_seed(3)
+    t, h, hv = sum(lengths), 2, 4
+    k = F.normalize(torch.randn(t, h, key_dim, generator=gen), dim=-1).bfloat16().to(dev)
+    v = torch.randn(t, hv, value_dim, generator=gen).bfloat16().to(dev)
+    beta = torch.sigmoid(torch.randn(t, hv, generator=gen)).bfloat16().to(dev)
+    g = F.logsigmoid(torch.randn(t, hv, generator=gen) + 2.0).to(dev)
+    cu_cpu = torch.tensor([0] + lengths).cumsum(0)
+    cu = cu_cpu.to(dev)
+    gc, w, u = short_span_wy_triton(k, v, g, beta, cu, short_span_rows(cu, cu_cpu, 64, classes=False))
+    torch.cuda.synchronize()
+    gc_ref, w_ref, u_ref = short_span_wy(k, v, g, beta, short_span_rows(cu, cu_cpu, 64))
+    errors = {}
+    for s, e in zip(cu_cpu[:-1].tolist(), cu_cpu[1:].tolist()):
+        if e > s:
+            errors[e - s] = (rel(gc[s:e], gc_ref[s:e]), rel(w[s:e], w_ref[s:e]), rel(u[s:e], u_ref[s:e]))
+    assert all(max(err) < 2e-2 for err in errors.values()), errors
