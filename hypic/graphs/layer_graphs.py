@@ -41,10 +41,13 @@ of the same core: consume them, or clone what is kept, before the core runs agai
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 # A forward that writes nothing, on a layout whose graphs will not be kept (seen for the first
 # time, as nearly every RAG request's is), runs its cores eagerly from this many live tokens on.
@@ -86,7 +89,10 @@ def release_rng_after_failed_capture(device: torch.device) -> None:
     A clone of the state has the same seed and offset and no capture mark."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     generator = torch.cuda.default_generators[index]
-    generator.graphsafe_set_state(generator.clone_state())
+    try:
+        generator.graphsafe_set_state(generator.clone_state())
+    except RuntimeError as err:  # the caller's eager fallback must not fail on this
+        logger.warning("could not clear a failed capture's mark on cuda:%d's generator: %s", index, err)
 
 
 class CudaGraphBackend:

@@ -361,3 +361,25 @@ def test_a_failed_cuda_capture_runs_eagerly_and_leaves_random_ops_usable():
         assert torch.equal(replays.run("core", syncing, x), x)
     assert replays.num_captures == 0 and replays.failures()["core"]
     assert torch.randn(4, device="cuda").isfinite().all()
+
+
+def test_releasing_the_generator_swaps_in_a_clone_and_never_raises(monkeypatch, caplog):
+    class FakeGenerator:
+        def __init__(self, fail=False):
+            self.fail, self.state = fail, "capturing"
+
+        def clone_state(self):
+            return "clone"
+
+        def graphsafe_set_state(self, state):
+            if self.fail:
+                raise RuntimeError("no")
+            self.state = state
+
+    gens = [FakeGenerator(), FakeGenerator(fail=True)]
+    monkeypatch.setattr(torch.cuda, "default_generators", gens)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    layer_graphs.release_rng_after_failed_capture(torch.device("cuda"))
+    assert gens[0].state == "clone"
+    layer_graphs.release_rng_after_failed_capture(torch.device("cuda", 1))  # logged, not raised
+    assert gens[1].state == "capturing" and "cuda:1" in caplog.text
