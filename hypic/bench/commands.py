@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, NamedTuple, Optional
 
-from hypic.bench import (deviation, kernels, op_count, prefix_spacing, profile, quality, segment_parallel, serve,
-                         small_segments, ttft)
+from hypic.bench import (deviation, kernels, op_count, parallel_sampling, prefix_spacing, profile, quality,
+                         segment_parallel, serve, small_segments, ttft)
 
 
 class BenchCommand(NamedTuple):
@@ -27,4 +27,5 @@ BENCH_COMMANDS: Dict[str, BenchCommand] = {
     "serve": BenchCommand(serve.HELP, serve.add_arguments, serve.run),
     "small-segments": BenchCommand(small_segments.HELP, small_segments.add_arguments, small_segments.run),
     "prefix-spacing": BenchCommand(prefix_spacing.HELP, prefix_spacing.add_arguments, prefix_spacing.run),
+    "parallel-sampling": BenchCommand(parallel_sampling.HELP, parallel_sampling.add_arguments, parallel_sampling.run),
 }

@@ -53,6 +53,13 @@ class LLM:
         """Segment-store counters (hits, misses, bytes per tier, evictions, ...)."""
         return self.llm_engine.segment_cache_stats()
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached entry no running request holds: prefix-cache checkpoints and
+        segment entries, in every tier, the disk tier's files too (the server's ``/flush_cache``).
+        Returns how many were dropped. Waits for a ``generate`` running in another thread."""
+        with self._generate_lock:
+            return self.llm_engine.store.clear()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 

@@ -71,6 +71,12 @@ SMOKE = {
                        {"device", "model", "rows"},
                        {"block_tokens", "shared_hit_fraction", "repeat_hit_fraction", "chat_hit_fraction",
                         "bytes_ratio", "hit_ttft_ms"}, "rows"),
+    "parallel-sampling": (lambda cfg: ["--model", "tiny", "--device", "cpu", "--prompt-tokens", "40",
+                                       "--segment-tokens", "16", "--query-tokens", "4", "--n", "1,2",
+                                       "--max-tokens", "2", "--repeats", "1"],
+                          {"device", "model", "rows"},
+                          {"prompt", "n", "submission", "wall_ms", "ratio_to_n1", "prefix_checkpoint_hits",
+                           "segment_hits"}, "rows"),
 }
 
 
@@ -82,8 +88,16 @@ def _serve_counts_add_up(report):
         assert row["median_itl_ms"] is not None and row["median_ttft_ms"] < row["median_e2el_ms"]
 
 
+def _n_resumes_from_completion_0(report):
+    # SamplingParams(n=2) of a plain prompt: completion 1 resumes from completion 0's checkpoints;
+    # two separate requests start together and both prefill
+    rows = {(r["prompt"], r["n"], r["submission"]): r for r in report["rows"]}
+    assert rows["plain", 2, "n"]["prefix_checkpoint_hits"] >= 1
+    assert rows["plain", 2, "separate"]["prefix_checkpoint_hits"] == 0
+
+
 # invariants a subcommand's JSON must hold beyond its keys
-CHECKS = {"serve": _serve_counts_add_up}
+CHECKS = {"serve": _serve_counts_add_up, "parallel-sampling": _n_resumes_from_completion_0}
 
 
 @pytest.fixture(scope="module")

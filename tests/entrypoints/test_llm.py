@@ -226,3 +226,15 @@ def test_n_completions_of_a_plain_prompt_resume_from_the_first_ones_checkpoints(
     # completion 0 prefills; 1 and 2 join after it and resume from its checkpoints
     assert stats().prefix_hits - before == 2 * per_request
     assert fresh.outputs[0].token_ids == fresh.outputs[1].token_ids == fresh.outputs[2].token_ids
+
+
+def test_reset_prefix_cache_drops_what_no_request_holds(llm):
+    prompt = " ".join(["this passage is about kolton . kolton lives in santon ."] * 12) + " where does kolton live ?"
+    first = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    hit = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    assert hit.metrics.prefix_hit_tokens > 0
+    assert llm.reset_prefix_cache() > 0
+    stats = llm.segment_cache_stats()
+    assert stats.device_entries == stats.host_entries == stats.device_bytes == 0
+    again = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    assert again.metrics.prefix_hit_tokens == 0 and again.outputs[0].token_ids == first.outputs[0].token_ids
