@@ -129,10 +129,13 @@ def _penalise(logits: torch.Tensor, params, prompts, outputs) -> torch.Tensor:
 
 
 def _flat(token_lists, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, token id) of every token of every row, as two index tensors."""
-    rows = [i for i, tokens in enumerate(token_lists) for _ in tokens]
-    ids = [t for tokens in token_lists for t in tokens]
-    return (torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(ids, dtype=torch.long, device=device))
+    """(row, token id) of every token of every row, as two index tensors: built on the host a row
+    at a time (a 32k-token prompt is one list conversion, not a Python loop over its tokens),
+    then copied to ``device`` once each."""
+    lengths = torch.tensor([len(tokens) for tokens in token_lists], dtype=torch.long)
+    ids = torch.cat([torch.as_tensor(tokens, dtype=torch.long) for tokens in token_lists])
+    rows = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
+    return rows.to(device), ids.to(device)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

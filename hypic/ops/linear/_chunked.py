@@ -221,10 +221,11 @@ def chunked_recurrence(
         sub_bounds = [0]
         for i in seqs:
             sub_bounds.append(sub_bounds[-1] + lengths[i])
-        # the group's token rows in one gather index: each span's offset from its packed start
-        shifts = torch.tensor([bounds[i] - sub_bounds[j] for j, i in enumerate(seqs)], device=device)
-        counts = torch.tensor([lengths[i] for i in seqs], device=device)
-        rows = torch.arange(sub_bounds[-1], device=device) + torch.repeat_interleave(shifts, counts)
+        # the group's token rows in one gather index (each span's offset from its packed start),
+        # built on the host and copied once: repeat_interleave on a device would sync for its size
+        shifts = torch.tensor([bounds[i] - sub_bounds[j] for j, i in enumerate(seqs)])
+        counts = torch.tensor([lengths[i] for i in seqs])
+        rows = (torch.arange(sub_bounds[-1]) + torch.repeat_interleave(shifts, counts)).to(device)
         pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
         index = torch.tensor(seqs, dtype=torch.long, device=device)
         init = None if initial_state is None else initial_state.index_select(0, index)
